@@ -151,9 +151,7 @@ def settings() -> Settings:
     cached = _cached
     if cached is not None and cached[0] == snapshot:
         return cached[1]
-    current = Settings(
-        {k: v for k, v in zip(_WATCHED, map(os.environ.get, _WATCHED)) if v is not None}
-    )
+    current = Settings({k: v for k in _WATCHED if (v := os.environ.get(k)) is not None})
     _cached = (snapshot, current)
     return current
 
