@@ -14,30 +14,49 @@ the compiler identity in the key covers them.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterable, Sequence
 
 from cuforge.key import bytes_digest
 
-__all__ = ["file_digest", "stat_signature", "parse_depfile", "scan_includes", "IncludeScan"]
+__all__ = [
+    "file_digest",
+    "stat_signature",
+    "settled",
+    "parse_depfile",
+    "scan_includes",
+    "IncludeScan",
+]
 
-# path -> ((mtime_ns, size, inode), digest)
-_digest_memo: dict[str, tuple[tuple[int, int, int], str]] = {}
+#: A file changed less than this long ago may change again within the same timestamp tick
+#: (file systems stamp with a coarse clock), so its stat signature is not trusted yet.
+SETTLE_NS = 2_000_000_000
+
+# path -> ((mtime_ns, size, inode, ctime_ns), digest)
+_digest_memo: dict[str, tuple[tuple[int, int, int, int], str]] = {}
 
 
-def stat_signature(path: str) -> tuple[int, int, int] | None:
-    """(mtime_ns, size, inode) of ``path``, or None when it does not exist."""
+def stat_signature(path: str) -> tuple[int, int, int, int] | None:
+    """(mtime_ns, size, inode, ctime_ns) of ``path``, or None when it does not exist."""
     try:
         st = os.stat(path)
     except OSError:
         return None
-    return (st.st_mtime_ns, st.st_size, st.st_ino)
+    return (st.st_mtime_ns, st.st_size, st.st_ino, st.st_ctime_ns)
+
+
+def settled(sig: tuple[int, int, int, int]) -> bool:
+    """True when the file last changed long enough ago that an unchanged signature means
+    unchanged content (as ccache's "file too new" rule)."""
+    return time.time_ns() - max(sig[0], sig[3]) > SETTLE_NS
 
 
 def file_digest(path: str) -> str | None:
     """SHA-256 of the file's bytes, or None when it cannot be read.
 
     Memoized by the file's stat signature: a touched-but-unchanged file is re-hashed once
-    and gives the same digest; an unchanged one is not read at all.
+    and gives the same digest; an unchanged one is not read at all. A file that changed in
+    the last two seconds is re-hashed on every call until it settles.
     """
     sig = stat_signature(path)
     if sig is None:
@@ -51,7 +70,10 @@ def file_digest(path: str) -> str | None:
             digest = bytes_digest(f.read())
     except OSError:
         return None
-    _digest_memo[path] = (sig, digest)
+    if settled(sig):
+        _digest_memo[path] = (sig, digest)
+    else:
+        _digest_memo.pop(path, None)
     return digest
 
 

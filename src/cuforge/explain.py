@@ -1,0 +1,164 @@
+"""Why did a lookup miss? History of key fields per source name, and a log of explained misses.
+
+On every compile, the pipeline remembers the new key's labeled fields under the source's
+name. On the next miss for that name, :func:`explain` compares the new fields with the
+nearest remembered ones (the fewest differing fields) and says what changed:
+"header include/common.cuh changed", "option -O3 added", "arch sm_80 -> sm_90".
+
+Files (under ``<cache_dir>/explain/``, small and bounded):
+
+* ``names/<sha256(name)[:32]>.json`` -- the last :data:`HISTORY_PER_NAME` key records of a name.
+* ``misses.jsonl`` -- explained misses, newest last; trimmed to its newest half past
+  :data:`MISS_LOG_MAX_BYTES`. ``cuforge cache explain`` reads it.
+
+All writes are atomic (temp file + ``os.replace``) or single small appends, and every
+I/O failure here is swallowed after one debug log line: explaining must never make a
+compile fail. With file caching off, the history lives in this process only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from typing import Any
+
+from cuforge.key import diff_fields
+
+__all__ = ["remember", "explain", "log_miss", "recent_misses", "last_miss"]
+
+HISTORY_PER_NAME = 8
+MISS_LOG_MAX_BYTES = 1 << 20
+
+_memory_history: dict[str, list[dict[str, Any]]] = {}
+_last_misses: list[dict[str, Any]] = []
+
+
+def _name_file(cache_dir: str, name: str) -> str:
+    digest = hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+    return os.path.join(cache_dir, "explain", "names", digest + ".json")
+
+
+def _read_history(cache_dir: str | None, name: str) -> list[dict[str, Any]]:
+    if cache_dir is None:
+        return _memory_history.get(name, [])
+    try:
+        with open(_name_file(cache_dir, name), encoding="utf-8") as f:
+            records = json.load(f)
+    except (OSError, ValueError):
+        return _memory_history.get(name, [])
+    return records if isinstance(records, list) else []
+
+
+def remember(cache_dir: str | None, name: str, key: str, fields: dict[str, Any]) -> None:
+    """Record that ``name`` was built with ``key`` from ``fields``."""
+    history = [r for r in _read_history(cache_dir, name) if r.get("key") != key]
+    history.append({"key": key, "time": time.time(), "fields": fields})
+    history = history[-HISTORY_PER_NAME:]
+    _memory_history[name] = history
+    if cache_dir is None:
+        return
+    path = _name_file(cache_dir, name)
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(history, f)
+        os.replace(tmp, path)
+    except OSError as exc:
+        _debug(f"could not record key history for {name!r}: {exc}")
+
+
+def explain(cache_dir: str | None, name: str, fields: dict[str, Any]) -> list[str]:
+    """Reasons the key built from ``fields`` differs from the nearest earlier key of ``name``.
+
+    An empty list means nothing was built under this name before (a first compile)."""
+    history = _read_history(cache_dir, name)
+    if not history:
+        return []
+    best: list[str] | None = None
+    for record in reversed(history):
+        reasons = diff_fields(record.get("fields", {}), fields)
+        if best is None or len(reasons) < len(best):
+            best = reasons
+    if best == []:
+        return [
+            "an identical key was built before but its entry is gone (evicted, pruned or corrupt)"
+        ]
+    return [_relative(r) for r in best or []]
+
+
+def _relative(reason: str) -> str:
+    """Show header paths under the working directory relative to it."""
+    if not reason.startswith("header /"):
+        return reason
+    cwd = os.getcwd().rstrip(os.sep) + os.sep
+    path = reason[len("header ") :]
+    return "header " + path[len(cwd) :] if path.startswith(cwd) else reason
+
+
+def log_miss(cache_dir: str | None, name: str, key: str, reasons: list[str]) -> None:
+    """Append an explained miss to the bounded miss log (and keep it for :func:`last_miss`)."""
+    record = {"time": time.time(), "name": name, "key": key, "reasons": reasons}
+    _last_misses.append(record)
+    del _last_misses[:-64]
+    if cache_dir is None:
+        return
+    path = os.path.join(cache_dir, "explain", "misses.jsonl")
+    line = (json.dumps(record) + "\n").encode("utf-8", "surrogateescape")
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, line)
+            size = os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+        if size > MISS_LOG_MAX_BYTES:
+            _trim(path)
+    except OSError as exc:
+        _debug(f"could not log a cache miss: {exc}")
+
+
+def _trim(path: str) -> None:
+    with open(path, "rb") as f:
+        data = f.read()
+    keep = data[len(data) // 2 :]
+    keep = keep[keep.find(b"\n") + 1 :]
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(keep)
+    os.replace(tmp, path)
+
+
+def recent_misses(cache_dir: str, limit: int = 20) -> list[dict[str, Any]]:
+    """The newest ``limit`` explained misses recorded under ``cache_dir``, oldest first.
+    Each is ``{"time", "name", "key", "reasons": [str, ...]}``."""
+    path = os.path.join(cache_dir, "explain", "misses.jsonl")
+    try:
+        with open(path, encoding="utf-8", errors="surrogateescape") as f:
+            lines = f.readlines()
+    except OSError:
+        return []
+    records = []
+    for line in lines[-limit:]:
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue  # a torn line from a crashed writer; the rest stay readable
+    return records
+
+
+def last_miss(name: str | None = None) -> dict[str, Any] | None:
+    """The last miss this process explained (for ``name``, if given)."""
+    for record in reversed(_last_misses):
+        if name is None or record["name"] == name:
+            return record
+    return None
+
+
+def _debug(message: str) -> None:
+    import logging
+
+    logging.getLogger("cuforge").debug(message)
