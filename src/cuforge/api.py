@@ -6,13 +6,13 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from cuforge.compile.cached import compile_cached
+from cuforge.pipeline import compile_cached
 from cuforge.program import Program
 
 __all__ = ["compile", "compile_file", "explain_miss", "cache"]
 
 
-def compile(  # noqa: A001 - the natural name; cuforge.compile shadows nothing users need
+def compile(
     source: str,
     *,
     name: str = "kernel.cu",

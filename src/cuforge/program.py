@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from cuforge.compile.outputs import Artifact
+from cuforge.compiler.outputs import Artifact
 
 if TYPE_CHECKING:
     from cuforge.runtime.kernel import Kernel

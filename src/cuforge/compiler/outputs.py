@@ -74,6 +74,6 @@ class Artifact:
 
     def __repr__(self) -> str:
         return (
-            f"Artifact({self.name!r}, {self.output} for {self.arch}, {len(self.binary or b'')} bytes, "
+            f"{type(self).__name__}({self.name!r}, {self.output} for {self.arch}, {len(self.binary or b'')} bytes, "
             f"from {self.source_of_result})"
         )

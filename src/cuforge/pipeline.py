@@ -29,8 +29,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from cuforge import explain as _explain
-from cuforge.compile.outputs import BACKENDS, OUTPUT_KINDS, Artifact, CompileOutput
+from cuforge.compiler.outputs import BACKENDS, OUTPUT_KINDS, Artifact, CompileOutput
 from cuforge.config import Settings, settings
 from cuforge.deps import file_digest, scan_includes, settled, stat_signature
 from cuforge.key import KeyBuilder
@@ -103,10 +102,10 @@ class CompileRequest:
 
     def _compiler_options(self) -> tuple[str, ...]:
         if self.backend == "nvrtc":
-            from cuforge.compile.nvrtc import nvrtc_options
+            from cuforge.compiler.nvrtc import nvrtc_options
 
             return tuple(nvrtc_options(self.options, self.archs[0], self.output))
-        from cuforge.compile.nvcc import nvcc_command
+        from cuforge.compiler.nvcc import nvcc_command
 
         return tuple(nvcc_command(self.options, self.archs, self.output))
 
@@ -131,7 +130,7 @@ class CompileRequest:
 
     def compile(self) -> CompileOutput:
         if self.backend == "nvrtc":
-            from cuforge.compile.nvrtc import compile_nvrtc
+            from cuforge.compiler.nvrtc import compile_nvrtc
 
             return compile_nvrtc(
                 self.source,
@@ -142,7 +141,7 @@ class CompileRequest:
                 name_expressions=self.name_expressions,
                 headers=self.headers,
             )
-        from cuforge.compile.nvcc import compile_nvcc
+        from cuforge.compiler.nvcc import compile_nvcc
 
         return compile_nvcc(
             self.source,
@@ -511,6 +510,8 @@ def _compile_and_store(
         headers=tuple(headers),
     )
     if store is not None:
+        from cuforge import explain as _explain  # json + re: only on the compile path
+
         reasons = _explain.explain(cache_dir, request.name, final.fields)
         if reasons:
             _explain.log_miss(cache_dir, request.name, key, reasons)
