@@ -75,8 +75,8 @@ def raw_nvrtc(source: str, name: str, options: list[str], exprs: tuple[str, ...]
 
 def bench_cold(arch: str, runs: int) -> list[dict]:
     import cuforge
-    from cuforge.pipeline import CompileRequest, reset_memo
     from cuforge.compiler.nvrtc import nvrtc_options
+    from cuforge.pipeline import CompileRequest, reset_memo
     from cuforge.toolchain import nvcc_path
 
     rows = []
