@@ -34,6 +34,7 @@ __all__ = [
     "Settings",
     "settings",
     "codegen_environment",
+    "result_environment",
     "parse_size",
     "normalize_arch",
     "parse_arch_list",
@@ -71,15 +72,19 @@ _SETTING_VARS: tuple[str, ...] = (
     "HOME",
 )
 _WATCHED = _SETTING_VARS + CODEGEN_ENV_VARS
+#: The variables that can change what an identical compile() call returns.
+_RESULT_VARS = ("CUFORGE_DISABLE_CACHE", "CUFORGE_ARCH", "TORCH_CUDA_ARCH_LIST") + CODEGEN_ENV_VARS
 
 # os.environ keeps its real data in a plain dict; reading it directly is what makes the
 # change check cheap enough for the hot path. Fall back to the public mapping elsewhere.
 _environ_data = getattr(os.environ, "_data", None)
 if os.name == "posix" and isinstance(_environ_data, dict):
     _WATCHED_KEYS: tuple = tuple(os.fsencode(k) for k in _WATCHED)
+    _RESULT_KEYS: tuple = tuple(os.fsencode(k) for k in _RESULT_VARS)
     _env_get = _environ_data.get
 else:  # pragma: no cover - non-posix
     _WATCHED_KEYS = _WATCHED
+    _RESULT_KEYS = _RESULT_VARS
     _env_get = os.environ.get
 
 
@@ -154,6 +159,12 @@ def settings() -> Settings:
     current = Settings({k: v for k in _WATCHED if (v := os.environ.get(k)) is not None})
     _cached = (snapshot, current)
     return current
+
+
+def result_environment() -> tuple:
+    """The raw values of the variables that can change an identical compile's result
+    (codegen variables, arch fallbacks, the cache switch): the hot path's memo keys on it."""
+    return tuple(map(_env_get, _RESULT_KEYS))
 
 
 def codegen_environment() -> tuple[tuple[str, str], ...]:

@@ -86,16 +86,22 @@ def explain(cache_dir: str | None, name: str, fields: dict[str, Any]) -> list[st
         return [
             "an identical key was built before but its entry is gone (evicted, pruned or corrupt)"
         ]
-    return [_relative(r) for r in best or []]
+    return [_relative(r, fields) for r in best or []]
 
 
-def _relative(reason: str) -> str:
-    """Show header paths under the working directory relative to it."""
+def _relative(reason: str, fields: dict[str, Any]) -> str:
+    """Show a header path relative to the include directory it was found in (the first
+    ``-I`` holding it; for compile_file that is the source's directory), else to the
+    working directory: "header include/common.cuh changed"."""
     if not reason.startswith("header /"):
         return reason
-    cwd = os.getcwd().rstrip(os.sep) + os.sep
-    path = reason[len("header ") :]
-    return "header " + path[len(cwd) :] if path.startswith(cwd) else reason
+    path, _, tail = reason[len("header ") :].rpartition(" ")
+    roots = [o[2:] for o in fields.get("options", []) if isinstance(o, str) and o.startswith("-I")]
+    for root in [*roots, os.getcwd()]:
+        prefix = root.rstrip(os.sep) + os.sep
+        if path.startswith(prefix):
+            return f"header {path[len(prefix) :]} {tail}"
+    return reason
 
 
 def log_miss(cache_dir: str | None, name: str, key: str, reasons: list[str]) -> None:

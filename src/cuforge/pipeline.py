@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from cuforge.compiler.outputs import BACKENDS, OUTPUT_KINDS, Artifact, CompileOutput
-from cuforge.config import Settings, settings
+from cuforge.config import Settings, result_environment, settings
 from cuforge.deps import file_digest, scan_includes, settled, stat_signature
 from cuforge.key import KeyBuilder
 from cuforge.store import default_store, lock_dir
@@ -179,27 +179,28 @@ def compile_cached(
     See :func:`cuforge.compile` for the arguments. Returns ``result_type`` (an
     :class:`Artifact` or subclass) whose ``source_of_result`` says where it came from.
     """
-    cfg = settings()
+    # The hot path: an identical call answered from the call memo. Everything here is
+    # cheap on purpose (no settings object, no key hashing): ~1 us plus a stat per header.
     memo_key = (
         source,
         name,
         tuple(options),
         tuple(include_dirs),
         tuple(defines.items()) if defines else (),
-        arch if arch is None or isinstance(arch, (str, int)) else tuple(arch),
+        arch if arch is None or arch.__class__ is str or arch.__class__ is int else tuple(arch),
         backend,
         output,
         tuple(name_expressions),
         source_dir,
         tuple(headers.items()) if headers else (),
         result_type,
-        cfg,
+        result_environment(),
     )
-    if not cfg.disable_cache:
-        memo = _memo.get(memo_key)
-        if memo is not None and _still_valid(memo[1], memo[2]):
-            counters["call_memo_hits"] += 1
-            return memo[0]
+    memo = _memo.get(memo_key)
+    if memo is not None and ((not memo[1] and not memo[2]) or _still_valid(memo[1], memo[2])):
+        counters["call_memo_hits"] += 1
+        return memo[0]
+    cfg = settings()
     started = time.perf_counter()
     request = _normalize(
         source,
