@@ -1,0 +1,177 @@
+"""Several tiers as one store: look up fastest first, promote hits, write everywhere."""
+
+from __future__ import annotations
+
+import os
+
+from cuforge.store import telemetry as _telemetry
+from cuforge.store.base import Entry, EntryInfo, Store, StoreStats
+
+TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs ~10 ms
+if TYPE_CHECKING:  # pragma: no cover
+    from collections.abc import Iterator, Sequence
+
+
+__all__ = ["TieredStore"]
+
+
+class TieredStore(Store):
+    """``tiers`` fastest first (e.g. ``[MemoryStore, DiskStore]``).
+
+    * ``get`` / :meth:`get_with_tier` ask each tier in order; a hit in a slower tier is
+      put into the faster ones (promotion).
+    * ``put`` writes every tier; True when at least one stored it.
+    * ``delete`` deletes from every tier.
+    * ``stats()`` is the aggregate: ``hits`` counts lookups some tier answered, ``misses``
+      lookups no tier answered (this process), ``puts`` this process's puts, ``entries`` /
+      ``bytes`` those of the largest (last) tier; ``extra["tiers"]`` holds each tier's own
+      ``stats().as_dict()``. Per tier: ``[t.stats() for t in store.tiers]``.
+
+    Telemetry: tiers that keep none themselves (the memory tier) are recorded here, under
+    the root of the first disk tier, so ``cuforge cache stats`` shows memory hits too.
+    """
+
+    tier = "tiered"
+
+    def __init__(self, tiers: Sequence[Store]) -> None:
+        if not tiers:
+            raise ValueError("TieredStore needs at least one tier")
+        self.tiers: list[Store] = list(tiers)
+        self.hits = self.misses = self.puts = 0
+        # the telemetry root: the first tier recording shared telemetry itself
+        self._root: str | None = None
+        for t in self.tiers:
+            if getattr(t, "telemetry", False) is True and isinstance(getattr(t, "root", None), str):
+                self._root = t.root  # type: ignore[attr-defined]
+                break
+        self._unrecorded = tuple(
+            (t, t.tier) for t in self.tiers if getattr(t, "telemetry", None) is not True
+        )
+        # memory-tier hits, buffered (a list append is all a hit costs) and handed to
+        # telemetry in bulk: every _BUFFER hits, and whenever telemetry flushes or sums up
+        self._mem_hits: list[Entry] = []
+        self._mem_misses = 0
+        self._pid = os.getpid()
+        if self._root is not None:
+            _telemetry.add_drain(self._drain)
+
+    def get(self, key: str) -> Entry | None:
+        return self.get_with_tier(key)[0]
+
+    def get_with_tier(self, key: str) -> tuple[Entry | None, str | None]:
+        """(entry, name of the tier that had it) or (None, None). Promotes lower-tier hits."""
+        record = self._root is not None
+        tiers = self.tiers
+        for i, tier in enumerate(tiers):
+            entry = tier.get(key)
+            if record and tier.tier == "memory":
+                if entry is None:
+                    self._mem_misses += 1
+                else:
+                    hits = self._mem_hits
+                    hits.append(entry)
+                    if len(hits) >= _BUFFER:
+                        self._drain()
+            if entry is not None:
+                for faster in tiers[:i]:
+                    faster.put(entry)
+                self.hits += 1
+                return entry, tier.tier
+        self.misses += 1
+        return None, None
+
+    def put(self, entry: Entry) -> bool:
+        stored = False
+        for tier in self.tiers:
+            if tier.put(entry):
+                stored = True
+        if stored:
+            self.puts += 1
+            root = self._root
+            if root is not None:
+                for _tier, name in self._unrecorded:
+                    if name == "memory":
+                        _telemetry.record(
+                            root,
+                            "put",
+                            tier="memory",
+                            kind=entry.kind,
+                            name=_name(entry),
+                            nbytes=len(entry.payload),
+                        )
+        return stored
+
+    def delete(self, key: str) -> bool:
+        removed = False
+        for tier in self.tiers:
+            if tier.delete(key):
+                removed = True
+        return removed
+
+    def iterate(self) -> Iterator[EntryInfo]:
+        """Every key once; the slowest (most durable) tier's description wins."""
+        seen: set[str] = set()
+        for tier in reversed(self.tiers):
+            for info in tier.iterate():
+                if info.key not in seen:
+                    seen.add(info.key)
+                    yield info
+
+    def stats(self) -> StoreStats:
+        per = [t.stats() for t in self.tiers]
+        last = per[-1]
+        return StoreStats(
+            "tiered",
+            entries=last.entries,
+            bytes=last.bytes,
+            hits=self.hits,
+            misses=self.misses,
+            puts=self.puts,
+            evictions=sum(s.evictions for s in per),
+            corrupt=sum(s.corrupt for s in per),
+            extra={"tiers": {s.tier: s.as_dict() for s in per}},
+        )
+
+    def _drain(self) -> None:
+        """Hand the buffered memory-tier hits and misses to telemetry."""
+        root = self._root
+        hits, self._mem_hits = self._mem_hits, []
+        misses, self._mem_misses = self._mem_misses, 0
+        if root is None or self._pid != os.getpid():
+            self._pid = os.getpid()  # a forked child: those counts were the parent's
+            return
+        if misses:
+            _telemetry.record(root, "miss", tier="memory", kind="", name=None, count=misses)
+        grouped: dict[int, list] = {}
+        for entry in hits:
+            slot = grouped.get(id(entry))
+            if slot is None:
+                grouped[id(entry)] = [entry, 1]
+            else:
+                slot[1] += 1
+        for entry, count in grouped.values():
+            seconds = entry.meta.get("compile_seconds", 0.0)
+            if not isinstance(seconds, (int, float)):
+                seconds = 0.0
+            _telemetry.record(
+                root,
+                "hit",
+                tier="memory",
+                kind=entry.kind,
+                name=_name(entry),
+                nbytes=len(entry.payload) * count,
+                seconds_saved=seconds * count,
+                count=count,
+            )
+
+    def __repr__(self) -> str:
+        return f"TieredStore({self.tiers!r})"
+
+
+#: memory-tier hits buffered before they are handed to telemetry
+_BUFFER = 1024
+
+
+def _name(entry: Entry):
+    name = entry.meta.get("name")
+    return name if isinstance(name, str) else None

@@ -1,0 +1,115 @@
+"""Telemetry: recorded by the stores, merged across processes, bounded, can be turned off."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from cuforge.store import telemetry
+from cuforge.store.base import Entry
+from cuforge.store.disk import DiskStore
+
+from .helpers import child_env, finish, key_of, run_child, spawn
+
+CHILD = """
+    import json, os
+    from cuforge.store.disk import DiskStore
+    from cuforge.store.memory import MemoryStore
+    from cuforge.store.tiered import TieredStore
+    from cuforge.store.base import Entry
+    name = os.environ["NAME"]
+    store = TieredStore([MemoryStore(1 << 20), DiskStore({root!r}, 1 << 30)])
+    key = name.encode().hex().ljust(64, "0")
+    store.put(Entry(key, "kernel", b"x" * 1000, {{"name": name, "compile_seconds": 0.5}}))
+    store.tiers[0].delete(key)
+    for _ in range(3):
+        store.get(key)           # 1 disk hit, then 2 memory hits
+    store.get("f" * 64)          # a miss in both tiers
+    print(json.dumps({{"ok": True}}))
+"""  # the counts are flushed at exit
+
+
+def test_records_from_two_processes_land_in_summary(tmp_path):
+    root = str(tmp_path / "cache")
+    procs = [spawn(CHILD.format(root=root), child_env(NAME=n)) for n in ("a.cu", "b.cu")]
+    for p in procs:
+        finish(p)
+    s = telemetry.summary(root)
+    assert s["tiers"]["disk"]["hits"] == 2 and s["tiers"]["disk"]["misses"] == 2
+    assert s["tiers"]["disk"]["puts"] == 2 and s["tiers"]["disk"]["bytes_put"] == 2000
+    assert s["tiers"]["memory"]["hits"] == 4 and s["tiers"]["memory"]["misses"] == 4
+    assert abs(s["seconds_saved"] - 6 * 0.5) < 1e-6
+    top = {(t["name"], t["kind"]): t for t in s["top"]}
+    assert top[("a.cu", "kernel")]["hits"] == 3 and top[("b.cu", "kernel")]["hits"] == 3
+    assert abs(top[("a.cu", "kernel")]["seconds_saved"] - 1.5) < 1e-6
+    assert s["kinds"]["kernel"]["hits"] == 6
+    assert s["enabled"] is True and s["since"] is not None
+    # the disk tier's stats() reports the shared counters
+    st = DiskStore(root, 1 << 30).stats()
+    assert (st.hits, st.misses, st.puts) == (2, 2, 2)
+    assert st.extra["counters"] == "shared"
+
+
+def test_disabled_telemetry_writes_nothing(tmp_path):
+    root = str(tmp_path / "cache")
+    run_child(CHILD.format(root=root), child_env(NAME="a.cu", CUFORGE_TELEMETRY="0"))
+    assert os.path.isdir(os.path.join(root, "v1", "entries"))  # the cache itself works
+    assert not os.path.exists(telemetry.telemetry_dir(root))
+
+
+def test_disabled_in_process(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUFORGE_TELEMETRY", "0")
+    root = str(tmp_path / "cache")
+    store = DiskStore(root, 1 << 30)
+    store.put(Entry(key_of(1), "kernel", b"x", {"name": "a.cu"}))
+    store.get(key_of(1))
+    telemetry.flush()
+    assert not os.path.exists(telemetry.telemetry_dir(root))
+    s = telemetry.summary(root)
+    assert s["enabled"] is False and s["tiers"] == {}
+    assert store.stats().hits == 1 and store.stats().extra["counters"] == "process"
+
+
+def test_store_without_telemetry_records_nothing(tmp_path):
+    root = str(tmp_path / "cache")
+    store = DiskStore(root, 1 << 30, telemetry=False)
+    store.put(Entry(key_of(1), "kernel", b"x", {"name": "a.cu"}))
+    store.get(key_of(1))
+    telemetry.flush()
+    assert not os.path.exists(telemetry.telemetry_dir(root))
+
+
+def test_flush_is_one_appended_line_and_record_stays_bounded(tmp_path, monkeypatch):
+    root = str(tmp_path / "cache")
+    path = os.path.join(telemetry.telemetry_dir(root), "events.jsonl")
+    telemetry.record(root, "hit", tier="disk", kind="kernel", name="a.cu", seconds_saved=1.0)
+    telemetry.flush(root)
+    telemetry.record(root, "miss", tier="disk", kind="", name=None)
+    telemetry.flush(root)
+    lines = open(path).read().splitlines()
+    assert len(lines) == 2 and all(json.loads(x)["v"] == 1 for x in lines)
+
+    monkeypatch.setattr(telemetry, "MAX_FILE_BYTES", 20_000)
+    monkeypatch.setattr(telemetry, "MAX_NAMES", 50)
+    for i in range(3000):
+        telemetry.record(
+            root, "hit", tier="disk", kind="kernel", name=f"k{i}.cu", seconds_saved=i / 1000
+        )
+        if i % 10 == 0:
+            telemetry.flush(root)
+    telemetry.flush(root)
+    assert os.path.getsize(path) < 40_000  # compacted, not 3000 names' worth of lines
+    s = telemetry.summary(root, top=5)
+    assert s["tiers"]["disk"]["hits"] == 3001 and s["tiers"]["disk"]["misses"] == 1
+    expected = 1.0 + sum(i / 1000 for i in range(3000))
+    assert abs(s["seconds_saved"] - expected) < 1e-3
+    assert [t["name"] for t in s["top"]][:3] == ["k2999.cu", "k2998.cu", "k2997.cu"]
+
+
+def test_torn_lines_are_skipped(tmp_path):
+    root = str(tmp_path / "cache")
+    telemetry.record(root, "put", tier="disk", kind="kernel", name="a.cu", nbytes=10)
+    telemetry.flush(root)
+    with open(os.path.join(telemetry.telemetry_dir(root), "events.jsonl"), "a") as f:
+        f.write('{"v": 1, "c": [["disk", "hit"')  # a writer died mid-line
+    assert telemetry.summary(root)["tiers"]["disk"]["puts"] == 1
