@@ -1,7 +1,8 @@
 """cuforge: compile CUDA once, load in milliseconds, launch in microseconds.
 
-The public API. Names are resolved lazily so that ``import cuforge`` stays cheap and
-needs none of torch, CuPy or the CUDA Python bindings:
+The public API. ``import cuforge`` loads the compile path (and nothing heavy: no torch,
+CuPy, CUDA Python bindings, json or typing), so that a warm cache hit right after the
+import costs only the lookup. The launch runtime and the torch helpers load on first use:
 
 * :func:`compile`, :func:`compile_file` -> :class:`Program` (cached by content)
 * :meth:`Program.kernel` -> :class:`Kernel`, launched as ``k[grid, block](*args)``
@@ -15,6 +16,9 @@ needs none of torch, CuPy or the CUDA Python bindings:
 from __future__ import annotations
 
 from cuforge._version import __version__
+from cuforge.api import cache, compile, compile_file, explain_miss
+from cuforge.errors import ArchError, CompileError, CuforgeError, ToolchainError
+from cuforge.program import Program
 
 __all__ = [
     "__version__",
@@ -33,28 +37,25 @@ __all__ = [
 ]
 
 _LAZY = {
-    "compile": ("cuforge.api", "compile"),
-    "compile_file": ("cuforge.api", "compile_file"),
-    "explain_miss": ("cuforge.api", "explain_miss"),
-    "cache": ("cuforge.api", "cache"),
-    "Program": ("cuforge.program", "Program"),
     "Kernel": ("cuforge.runtime.kernel", "Kernel"),
     "Pointer": ("cuforge.runtime.args", "Pointer"),
     "LaunchError": ("cuforge.runtime.errors", "LaunchError"),
-    "CompileError": ("cuforge.errors", "CompileError"),
-    "ArchError": ("cuforge.errors", "ArchError"),
-    "ToolchainError": ("cuforge.errors", "ToolchainError"),
-    "CuforgeError": ("cuforge.errors", "CuforgeError"),
 }
 
 
+#: subpackages reachable as attributes without an explicit import (``cuforge.torch.load``)
+_SUBPACKAGES = ("torch", "runtime", "store", "cli")
+
+
 def __getattr__(name: str):
+    import importlib
+
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"cuforge.{name}")
     try:
         module_name, attr = _LAZY[name]
     except KeyError:
         raise AttributeError(f"module 'cuforge' has no attribute {name!r}") from None
-    import importlib
-
     value = getattr(importlib.import_module(module_name), attr)
     globals()[name] = value
     return value
