@@ -1,0 +1,373 @@
+"""Toolchain discovery, the compiler identity and its on-disk memo, and arch resolution.
+
+Real toolchain, no mocks: fake toolkits and fake nvcc scripts are real files in tmp dirs."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+
+import pytest
+
+from cuforge import toolchain
+from cuforge.errors import ArchError, ToolchainError
+from tests.conftest import child_env, run_python
+
+REAL_ROOT = toolchain.toolkit_root()
+needs_toolkit = pytest.mark.skipif(
+    REAL_ROOT is None or not os.path.isfile(os.path.join(REAL_ROOT or "", "bin", "nvcc")),
+    reason="no CUDA toolkit with bin/nvcc",
+)
+
+
+def _clean_toolkit_env(monkeypatch):
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+
+
+def _write_exe(path, text: str) -> str:
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return str(path)
+
+
+# -- finding the toolkit --------------------------------------------------------------
+
+
+@needs_toolkit
+def test_toolkit_root_follows_a_shell_script_wrapper_on_path(tmp_path, monkeypatch):
+    _clean_toolkit_env(monkeypatch)
+    bindir = tmp_path / "wrapper-bin"
+    bindir.mkdir()
+    real_nvcc = os.path.join(REAL_ROOT, "bin", "nvcc")
+    _write_exe(bindir / "nvcc", f'#!/bin/sh\nexec {real_nvcc} "$@"\n')
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}/usr/bin{os.pathsep}/bin")
+    assert toolchain.toolkit_root() == os.path.realpath(REAL_ROOT)
+
+
+@needs_toolkit
+def test_toolkit_root_follows_a_symlink_on_path(tmp_path, monkeypatch):
+    _clean_toolkit_env(monkeypatch)
+    bindir = tmp_path / "link-bin"
+    bindir.mkdir()
+    os.symlink(os.path.join(REAL_ROOT, "bin", "nvcc"), bindir / "nvcc")
+    monkeypatch.setenv("PATH", str(bindir))
+    assert toolchain.toolkit_root() == os.path.realpath(REAL_ROOT)
+
+
+def test_cuda_home_overrides_and_an_invalid_one_is_ignored(tmp_path, monkeypatch):
+    fake = tmp_path / "fake-cuda"
+    (fake / "include").mkdir(parents=True)
+    (fake / "include" / "cuda_runtime.h").write_text("// fake\n")
+    monkeypatch.setenv("CUDA_HOME", str(fake))
+    assert toolchain.toolkit_root() == os.path.realpath(fake)
+    # CUDA_PATH is read too
+    monkeypatch.delenv("CUDA_HOME")
+    monkeypatch.setenv("CUDA_PATH", str(fake))
+    assert toolchain.toolkit_root() == os.path.realpath(fake)
+    # a symlink to a toolkit resolves to the real directory
+    link = tmp_path / "cuda-link"
+    os.symlink(fake, link)
+    monkeypatch.setenv("CUDA_PATH", str(link))
+    assert toolchain.toolkit_root() == os.path.realpath(fake)
+    # a CUDA_HOME that is no toolkit is skipped, not trusted
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "empty"))
+    monkeypatch.delenv("CUDA_PATH")
+    root = toolchain.toolkit_root()
+    assert root != str(tmp_path / "empty")
+    assert root is None or os.path.isdir(os.path.join(root, "include"))
+
+
+def test_no_toolkit_anywhere_gives_none_and_a_helpful_nvcc_error(tmp_path, monkeypatch):
+    if os.path.exists("/usr/local/cuda"):
+        pytest.skip("/usr/local/cuda exists: the fallback finds it")
+    _clean_toolkit_env(monkeypatch)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert toolchain.toolkit_root() is None
+    with pytest.raises(ToolchainError, match="CUDA_HOME"):
+        toolchain.nvcc_path()
+
+
+@needs_toolkit
+def test_nvcc_path_and_include_dirs():
+    nvcc = toolchain.nvcc_path()
+    assert os.path.isfile(nvcc) and os.access(nvcc, os.X_OK)
+    dirs = toolchain.toolkit_include_dirs()
+    assert any(os.path.isfile(os.path.join(d, "cuda_fp16.h")) for d in dirs)
+    assert any(os.path.isdir(os.path.join(d, "cub")) for d in dirs)
+
+
+def test_cuforge_nvcc_that_is_not_executable_says_how_to_fix(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUFORGE_NVCC", str(tmp_path / "missing-nvcc"))
+    with pytest.raises(ToolchainError, match="CUFORGE_NVCC"):
+        toolchain.nvcc_path()
+
+
+def test_nvrtc_library_is_found():
+    path = toolchain.nvrtc_library_path()
+    assert os.path.isfile(path) and "nvrtc" in os.path.basename(path)
+
+
+# -- the compiler identity ------------------------------------------------------------
+
+IDENTITY_CHILD = """
+import json, sys
+from cuforge.toolchain import compiler_identity
+out = {"nvrtc": compiler_identity("nvrtc")}
+try:
+    out["nvcc"] = compiler_identity("nvcc")
+except Exception as exc:
+    out["nvcc"] = repr(exc)
+out["cuda_modules"] = sorted(m for m in sys.modules if m == "cuda" or m.startswith("cuda."))
+out["subprocess"] = "subprocess" in sys.modules
+with open("/proc/self/maps") as f:
+    out["nvrtc_loaded"] = "libnvrtc" in f.read()
+print(json.dumps(out))
+"""
+
+
+def test_identity_in_a_warm_fresh_process_needs_no_bindings_nvrtc_or_nvcc(isolated_cache):
+    env = child_env()
+    cold = run_python(IDENTITY_CHILD, env)
+    assert (isolated_cache / "toolchain.json").is_file()
+    warm = run_python(IDENTITY_CHILD, env)
+    assert warm["nvrtc"] == cold["nvrtc"]
+    assert warm["nvcc"] == cold["nvcc"]
+    assert warm["cuda_modules"] == []
+    assert warm["nvrtc_loaded"] is False
+    assert warm["subprocess"] is False  # nvcc --version was not run
+    nvrtc = warm["nvrtc"]
+    assert nvrtc["compiler"] == "nvrtc"
+    assert re.fullmatch(r"\d+\.\d+", nvrtc["version"])
+    assert re.fullmatch(r"[0-9a-f]{64}", nvrtc["library_sha256"])
+    assert os.path.isfile(nvrtc["library"])
+    # the identity seen in this process is the same
+    assert toolchain.compiler_identity("nvrtc") == nvrtc
+
+
+FAKE_NVCC = """#!/bin/sh
+if [ "$1" = "--version" ]; then
+  echo "nvcc: NVIDIA (R) Cuda compiler driver"
+  echo "Cuda compilation tools, release {major}, V{full}"
+  exit 0
+fi
+exit 1
+"""
+
+
+def test_identity_follows_the_memo_stat_of_the_executable(tmp_path, monkeypatch, isolated_cache):
+    fake = tmp_path / "bin" / "nvcc"
+    fake.parent.mkdir()
+    _write_exe(fake, FAKE_NVCC.format(major="12.9", full="12.9.41"))
+    monkeypatch.setenv("CUFORGE_NVCC", str(fake))
+    first = toolchain.compiler_identity("nvcc")
+    assert first["path"] == str(fake)
+    assert first["version"] == "12.9.41"
+    assert "V12.9.41" in first["version_output"]
+    memo = json.loads((isolated_cache / "toolchain.json").read_text())
+    assert any(str(fake) in k for k in memo["probes"])
+
+    # same stat: the memo answers, even for a different process (checked by the next step)
+    assert toolchain.compiler_identity("nvcc") == first
+
+    # a different executable behind the same path (new size and mtime): re-probed
+    _write_exe(fake, FAKE_NVCC.format(major="12.8", full="12.8.93-custom"))
+    st = os.stat(fake)
+    os.utime(fake, ns=(st.st_atime_ns, st.st_mtime_ns + 5_000_000_000))
+    second = toolchain.compiler_identity("nvcc")
+    assert second["version"] == "12.8.93-custom"
+    assert second != first
+
+    # pointing CUFORGE_NVCC at another copy changes the identity too
+    other = tmp_path / "other" / "nvcc"
+    other.parent.mkdir()
+    _write_exe(other, FAKE_NVCC.format(major="12.9", full="12.9.41"))
+    monkeypatch.setenv("CUFORGE_NVCC", str(other))
+    third = toolchain.compiler_identity("nvcc")
+    assert third["path"] == str(other) and third != first
+
+
+def test_a_broken_nvcc_is_a_toolchain_error(tmp_path, monkeypatch):
+    fake = tmp_path / "nvcc"
+    _write_exe(fake, "#!/bin/sh\necho broken >&2\nexit 3\n")
+    monkeypatch.setenv("CUFORGE_NVCC", str(fake))
+    with pytest.raises(ToolchainError, match="--version failed"):
+        toolchain.compiler_identity("nvcc")
+    assert toolchain.nvcc_version() is None
+
+
+def test_unwritable_memo_dir_just_reprobes(tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("CUFORGE_CACHE_DIR", str(blocker / "cache"))
+    fake = tmp_path / "nvcc"
+    _write_exe(fake, FAKE_NVCC.format(major="12.9", full="12.9.41"))
+    monkeypatch.setenv("CUFORGE_NVCC", str(fake))
+    assert toolchain.compiler_identity("nvcc")["version"] == "12.9.41"
+    assert toolchain.compiler_identity("nvrtc")["compiler"] == "nvrtc"
+
+
+def test_corrupt_memo_is_ignored_and_rewritten(isolated_cache):
+    isolated_cache.mkdir(parents=True, exist_ok=True)
+    (isolated_cache / "toolchain.json").write_text("{ not json")
+    result = run_python(IDENTITY_CHILD)
+    assert result["nvrtc"]["compiler"] == "nvrtc"
+    json.loads((isolated_cache / "toolchain.json").read_text())
+
+
+LOCATE_CHILD = """
+import json, sys
+from cuforge.toolchain import nvrtc_library_path
+path = nvrtc_library_path()
+print(json.dumps({"path": path, "searched": "cuda.pathfinder" in sys.modules}))
+"""
+
+
+def test_remembered_nvrtc_location_is_revalidated(isolated_cache):
+    env = child_env()
+    first = run_python(LOCATE_CHILD, env)
+    assert first["searched"] is True
+    assert run_python(LOCATE_CHILD, env) == {"path": first["path"], "searched": False}
+    memo_path = isolated_cache / "toolchain.json"
+    memo = json.loads(memo_path.read_text())
+    (entry,) = memo["locate"].values()
+    # a wheel installed or removed since (site-packages changed): search again
+    entry["site"] = [[p, m + 1] for p, m in entry["site"]] or [["/nowhere", 1]]
+    memo_path.write_text(json.dumps(memo))
+    assert run_python(LOCATE_CHILD, env) == {"path": first["path"], "searched": True}
+    # the remembered library is gone: search again
+    memo = json.loads(memo_path.read_text())
+    (entry,) = memo["locate"].values()
+    entry["path"] = str(isolated_cache / "gone" / "libnvrtc.so.13")
+    memo_path.write_text(json.dumps(memo))
+    assert run_python(LOCATE_CHILD, env) == {"path": first["path"], "searched": True}
+
+
+def test_unknown_backend():
+    with pytest.raises(ValueError, match="nvrtc"):
+        toolchain.compiler_identity("clang")
+
+
+def test_doctor_helpers():
+    assert re.fullmatch(r"\d+\.\d+", toolchain.nvrtc_version() or "")
+    nvrtc_archs = toolchain.supported_archs("nvrtc")
+    assert "sm_90" in nvrtc_archs
+    if REAL_ROOT is not None and os.path.isfile(os.path.join(REAL_ROOT, "bin", "nvcc")):
+        assert re.fullmatch(r"\d+\.\d+(\.\d+)?", toolchain.nvcc_version() or "")
+        assert "sm_90" in toolchain.supported_archs("nvcc")
+
+
+# -- the driver and archs -------------------------------------------------------------
+
+
+def test_visible_gpu_archs_and_driver_version_never_raise():
+    archs = toolchain.visible_gpu_archs()
+    assert isinstance(archs, list)
+    assert all(re.fullmatch(r"sm_\d{2,3}", a) for a in archs)
+    assert toolchain.visible_gpu_archs() == archs
+    version = toolchain.driver_version()
+    assert version is None or version >= 1000
+    if archs:
+        assert version is not None
+
+
+GPU_CHILD = """
+import json, time
+from cuforge.toolchain import visible_gpu_archs
+start = time.perf_counter()
+archs = visible_gpu_archs()
+seconds = time.perf_counter() - start
+with open("/proc/self/maps") as f:
+    loaded = "libcuda" in f.read()
+print(json.dumps({"archs": archs, "libcuda_loaded": loaded, "seconds": seconds}))
+"""
+
+
+@pytest.mark.gpu
+def test_visible_archs_are_remembered_across_processes_without_cuinit(isolated_cache):
+    env = child_env()
+    first = run_python(GPU_CHILD, env)
+    assert first["archs"] and first["archs"] == toolchain.visible_gpu_archs()
+    if not os.path.isdir("/proc/driver/nvidia/gpus"):
+        pytest.skip("the driver exposes no /proc/driver/nvidia/gpus to key the memo on")
+    second = run_python(GPU_CHILD, env)
+    assert second["archs"] == first["archs"]
+    assert second["libcuda_loaded"] is False  # no cuInit: the on-disk memo answered
+    # a different CUDA_VISIBLE_DEVICES is a different key: the driver is asked again
+    third = run_python(GPU_CHILD, child_env(CUDA_VISIBLE_DEVICES="0"))
+    assert third["libcuda_loaded"] is True
+    assert third["archs"] == first["archs"][:1]
+
+
+@pytest.mark.parametrize(
+    "spelling, expected",
+    [
+        ("sm_90", ("sm_90",)),
+        ("9.0", ("sm_90",)),
+        ("90", ("sm_90",)),
+        (90, ("sm_90",)),
+        ("sm_90a", ("sm_90a",)),
+        ("compute_80", ("compute_80",)),
+        (["8.0", "sm_90", 90], ("sm_80", "sm_90")),
+        ("8.0;9.0", ("sm_80", "sm_90")),
+    ],
+)
+def test_explicit_arch_spellings(spelling, expected):
+    assert toolchain.resolve_archs(spelling, allow_many=True) == expected
+
+
+def test_explicit_arch_wins_over_environment(monkeypatch):
+    monkeypatch.setenv("CUFORGE_ARCH", "sm_80")
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "7.5")
+    assert toolchain.resolve_archs("sm_90", allow_many=False) == ("sm_90",)
+
+
+def test_several_explicit_archs_for_one_arch_compile_is_an_error():
+    with pytest.raises(ArchError, match="fatbin"):
+        toolchain.resolve_archs(["sm_80", "sm_90"], allow_many=False)
+
+
+def test_bad_arch_strings():
+    for bad in ("sm_9x", "banana", "", "9.0.1", 5):
+        with pytest.raises(ArchError):
+            toolchain.resolve_archs(bad, allow_many=False)
+
+
+def test_environment_order(monkeypatch):
+    gpus = toolchain.visible_gpu_archs()
+    monkeypatch.setenv("CUFORGE_ARCH", "8.0;9.0")
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "7.5 8.6+PTX")
+    if gpus:  # the visible GPU comes before both variables
+        assert toolchain.resolve_archs(None, allow_many=False) == (gpus[0],)
+        return
+    # CUFORGE_ARCH first; the highest when one arch is needed
+    assert toolchain.resolve_archs(None, allow_many=False) == ("sm_90",)
+    assert toolchain.resolve_archs(None, allow_many=True) == ("sm_80", "sm_90")
+    # then TORCH_CUDA_ARCH_LIST (+PTX dropped)
+    monkeypatch.delenv("CUFORGE_ARCH")
+    assert toolchain.resolve_archs(None, allow_many=False) == ("sm_86",)
+    assert toolchain.resolve_archs(None, allow_many=True) == ("sm_75", "sm_86")
+    # a bad value names the variable
+    monkeypatch.setenv("CUFORGE_ARCH", "sm_nine")
+    with pytest.raises(ArchError, match="CUFORGE_ARCH"):
+        toolchain.resolve_archs(None, allow_many=False)
+
+
+def test_no_arch_anywhere_says_exactly_how_to_set_it(monkeypatch):
+    if toolchain.visible_gpu_archs():
+        pytest.skip("a GPU is visible: its arch is used")
+    monkeypatch.delenv("CUFORGE_ARCH", raising=False)
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
+    with pytest.raises(ArchError) as info:
+        toolchain.resolve_archs(None, allow_many=False)
+    message = str(info.value)
+    assert "CUFORGE_ARCH=sm_90" in message
+    assert "arch='sm_90'" in message
+    assert "no GPU" in message
+
+
+def test_arch_number_orders_archs():
+    archs = ["sm_90a", "sm_100", "sm_80", "sm_90"]
+    assert sorted(archs, key=toolchain.arch_number) == ["sm_80", "sm_90", "sm_90a", "sm_100"]
