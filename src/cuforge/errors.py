@@ -122,9 +122,11 @@ class CompileError(CuforgeError):
         lines = self.source.splitlines()
         base = self.name.rsplit("/", 1)[-1]
         quoted: list[str] = []
+        shown: set[int] = set()
         for diag in self.diagnostics[:3]:
-            if "error" not in diag.severity or not diag.file.endswith(base):
+            if "error" not in diag.severity or not diag.file.endswith(base) or diag.line in shown:
                 continue
             if 1 <= diag.line <= len(lines):
+                shown.add(diag.line)
                 quoted.append(f"  {diag.line:>5} | {lines[diag.line - 1]}")
         return "\n".join(quoted)
