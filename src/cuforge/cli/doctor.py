@@ -1,0 +1,938 @@
+"""``cuforge doctor``: the setup checklist, made executable.
+
+Every check prints PASS, WARN or FAIL with a one-line fix; SKIP marks a check that could
+not run here (no GPU, no torch) and says why. The exit code is 1 when any check FAILs.
+``--json`` gives a stable document (``"schema": 1``)::
+
+    {"schema": 1, "command": "doctor", "ok": bool,
+     "summary": {"pass": n, "warn": n, "fail": n, "skip": n},
+     "gpus": [{"index", "name", "arch", "memory_bytes"}], "no_gpu_reason": str | null,
+     "skipped": ["gpu.arch", ...],
+     "checks": [{"id", "title", "status", "detail", "fix", "data"}, ...]}
+
+Check ids: ninja, gpu, gpu.arch, gpu.driver, arch_list (arch_list.TORCH_CUDA_ARCH_LIST,
+arch_list.CUFORGE_ARCH when set), build_jobs, ccache, sccache, nvrtc, nvcc, cuda_home,
+cuda_headers, torch, cache.dir, cache.size, cache.hits, cache.integrity. The doctor never
+raises: a check that breaks becomes a WARN saying so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+from collections.abc import Callable
+from typing import Any
+
+from cuforge.cli import output
+
+__all__ = ["add_parser", "run", "collect", "Check", "STATUSES"]
+
+STATUSES = ("PASS", "WARN", "FAIL", "SKIP")
+
+
+class Check:
+    """One row of the report."""
+
+    __slots__ = ("id", "title", "status", "detail", "fix", "data")
+
+    def __init__(
+        self,
+        id: str,
+        title: str,
+        status: str,
+        detail: str,
+        fix: str | None = None,
+        data: dict[str, Any] | None = None,
+    ) -> None:
+        assert status in STATUSES, status
+        self.id, self.title, self.status, self.detail = id, title, status, detail
+        self.fix, self.data = fix, data or {}
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+def _rows(id: str, title: str) -> Callable[..., Check]:
+    """``row(status, detail, fix=None, **data)`` making Checks of one id and title."""
+
+    def row(status: str, detail: str, fix: str | None = None, **data: Any) -> Check:
+        return Check(id, title, status, detail, fix, data)
+
+    return row
+
+
+def _run(cmd: list[str], timeout: float = 20) -> tuple[int, str]:
+    import subprocess
+
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return -1, str(exc)
+    return proc.returncode, (proc.stdout + proc.stderr).strip()
+
+
+def _version_tuple(text: str | None) -> tuple[int, ...]:
+    out: list[int] = []
+    for part in (text or "").split("."):
+        if not part.isdigit():
+            break
+        out.append(int(part))
+    return tuple(out)
+
+
+class _Probe:
+    """Facts several checks share, each found once."""
+
+    def __init__(self) -> None:
+        from cuforge.cli.env import machine_resources
+
+        self.resources = machine_resources()
+        self._gpus: tuple[list[dict[str, Any]], str | None] | None = None
+        self._memo: dict[str, Any] = {}
+
+    def once(self, name: str, fn: Callable[[], Any]) -> Any:
+        if name not in self._memo:
+            try:
+                self._memo[name] = (fn(), None)
+            except Exception as exc:  # noqa: BLE001 - kept and re-raised to each asker
+                self._memo[name] = (None, exc)
+        value, exc = self._memo[name]
+        if exc is not None:
+            raise exc
+        return value
+
+    def gpus(self) -> tuple[list[dict[str, Any]], str | None]:
+        """([{"index", "name", "arch", "memory_bytes"}], None) or ([], why there are none)."""
+        if self._gpus is None:
+            self._gpus = _query_gpus()
+        return self._gpus
+
+
+def _query_gpus() -> tuple[list[dict[str, Any]], str | None]:
+    """The visible GPUs through the driver API (ctypes; no CUDA Python bindings needed)."""
+    import ctypes
+
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return [], "no NVIDIA driver (libcuda.so.1 cannot be loaded)"
+    rc = lib.cuInit(0)
+    if rc == 100:
+        return [], "the NVIDIA driver sees no GPU (CUDA_ERROR_NO_DEVICE)"
+    if rc != 0:
+        return [], f"the NVIDIA driver did not start (cuInit error {rc})"
+    count = ctypes.c_int()
+    if lib.cuDeviceGetCount(ctypes.byref(count)) != 0 or count.value == 0:
+        return [], "the NVIDIA driver sees no GPU"
+    gpus = []
+    for i in range(count.value):
+        dev = ctypes.c_int()
+        if lib.cuDeviceGet(ctypes.byref(dev), i) != 0:
+            continue
+        name = ctypes.create_string_buffer(256)
+        lib.cuDeviceGetName(name, 256, dev)
+        major, minor = ctypes.c_int(), ctypes.c_int()
+        # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75, _MINOR = 76
+        lib.cuDeviceGetAttribute(ctypes.byref(major), 75, dev)
+        lib.cuDeviceGetAttribute(ctypes.byref(minor), 76, dev)
+        mem = ctypes.c_size_t()
+        lib.cuDeviceTotalMem_v2(ctypes.byref(mem), dev)
+        gpus.append(
+            {
+                "index": i,
+                "name": name.value.decode(errors="replace"),
+                "arch": f"sm_{major.value}{minor.value}",
+                "memory_bytes": mem.value,
+            }
+        )
+    return gpus, None
+
+
+def _kernel_driver_version() -> str | None:
+    """The display driver's version (``580.159.04``), or None."""
+    try:
+        with open("/proc/driver/nvidia/version") as f:
+            text = f.read()
+    except OSError:
+        return None
+    for token in text.split():
+        if token.count(".") >= 1 and token.replace(".", "").isdigit():
+            return token
+    return None
+
+
+# -- the checks -----------------------------------------------------------------------
+
+
+def check_ninja(p: _Probe) -> list[Check]:
+    row = _rows("ninja", "ninja")
+    path = shutil.which("ninja")
+    if path:
+        rc, text = _run([path, "--version"])
+        if rc == 0:
+            return [row("PASS", f"ninja {text} ({path})", path=path)]
+        return [
+            row(
+                "FAIL",
+                f"{path} --version failed: {text[:200]}",
+                "pip install --force-reinstall ninja",
+            )
+        ]
+    try:
+        import ninja  # type: ignore[import-not-found]
+
+        bin_dir = getattr(ninja, "BIN_DIR", None)
+    except ImportError:
+        bin_dir = None
+    if bin_dir and os.path.exists(os.path.join(bin_dir, "ninja")):
+        return [
+            row(
+                "WARN",
+                f"ninja is not on PATH; the pip package has it in {bin_dir} "
+                "(torch extension builds look on PATH)",
+                f'export PATH="{bin_dir}:$PATH"',
+                path=None,
+                pip_bin_dir=bin_dir,
+            )
+        ]
+    return [
+        row(
+            "FAIL",
+            "ninja is not installed: torch extension builds need it",
+            "pip install ninja  (or apt-get install ninja-build)",
+            path=None,
+        )
+    ]
+
+
+def check_nvrtc(p: _Probe) -> list[Check]:
+    from cuforge import toolchain
+
+    row = _rows("nvrtc", "NVRTC")
+    try:
+        path = toolchain.nvrtc_library_path()
+    except Exception as exc:  # noqa: BLE001 - ToolchainError says how to fix it
+        return [
+            row("FAIL", f"NVRTC cannot be used: {exc}", "pip install 'nvidia-cuda-nvrtc>=13,<14'")
+        ]
+    version = toolchain.nvrtc_version()
+    if not version:
+        return [
+            row(
+                "FAIL",
+                f"NVRTC at {path} cannot be loaded",
+                "pip install --force-reinstall nvidia-cuda-nvrtc",
+            )
+        ]
+    return [row("PASS", f"NVRTC {version} ({path})", version=version, path=path)]
+
+
+def check_nvcc(p: _Probe) -> list[Check]:
+    from cuforge import toolchain
+
+    row = _rows("nvcc", "nvcc")
+    try:
+        path = toolchain.nvcc_path()
+    except Exception as exc:  # noqa: BLE001 - ToolchainError says how to fix it
+        return [
+            row(
+                "WARN",
+                f"nvcc not found: backend='nvcc' and torch extension builds need it ({exc})",
+                "install the CUDA toolkit and export CUDA_HOME=<its root>",
+            )
+        ]
+    version = toolchain.nvcc_version()
+    if not version:
+        return [
+            row(
+                "FAIL",
+                f"{path} does not run",
+                "reinstall the CUDA toolkit, or point CUFORGE_NVCC at a working nvcc",
+            )
+        ]
+    return [row("PASS", f"nvcc {version} ({path})", version=version, path=path)]
+
+
+def _torch_cuda_home_guess() -> tuple[str | None, str]:
+    """What torch.utils.cpp_extension would use as CUDA_HOME, and how it got there."""
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(var):
+            return os.environ[var], f"from {var}"
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        return os.path.dirname(os.path.dirname(nvcc)), f"guessed from `which nvcc` = {nvcc}"
+    if os.path.exists("/usr/local/cuda"):
+        return "/usr/local/cuda", "the default /usr/local/cuda"
+    return None, "nvcc is not on PATH and /usr/local/cuda does not exist"
+
+
+def _has_toolkit(root: str) -> bool:
+    return os.path.isfile(os.path.join(root, "include", "cuda_runtime.h")) and os.path.isfile(
+        os.path.join(root, "bin", "nvcc")
+    )
+
+
+def check_cuda_home(p: _Probe) -> list[Check]:
+    from cuforge import toolchain
+
+    root = toolchain.toolkit_root()
+    guess, how = _torch_cuda_home_guess()
+    row = _rows("cuda_home", "CUDA toolkit root")
+    data = {"toolkit_root": root, "torch_cuda_home": guess}
+    set_var = next((v for v in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(v)), None)
+    if set_var:
+        value = os.environ[set_var]
+        if _has_toolkit(value):
+            return [row("PASS", f"{set_var}={value}", **data)]
+        return [
+            row(
+                "FAIL",
+                f"{set_var}={value} is not a CUDA toolkit (no bin/nvcc and include/cuda_runtime.h)",
+                f"export {set_var}={root}" if root else f"unset {set_var}",
+                **data,
+            )
+        ]
+    if root is None:
+        return [
+            row(
+                "WARN",
+                "no CUDA toolkit found (NVRTC still works; nvcc and torch extensions need one)",
+                "install the CUDA toolkit and export CUDA_HOME=<its root>",
+                **data,
+            )
+        ]
+    if guess and _has_toolkit(guess):
+        return [row("PASS", f"{root} (CUDA_HOME unset; torch finds {guess}, {how})", **data)]
+    return [
+        row(
+            "WARN",
+            f"toolkit at {root}, but CUDA_HOME is unset and torch.utils.cpp_extension would "
+            f"use {guess} ({how}), which is not a toolkit (cuforge.torch finds the toolkit itself)",
+            f"export CUDA_HOME={root}",
+            **data,
+        )
+    ]
+
+
+def _torch_info() -> dict[str, Any] | None:
+    """torch's version and CUDA version, read from torch/version.py without importing
+    torch (which takes seconds and may initialize CUDA). None when torch is absent."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = os.path.join(list(spec.submodule_search_locations)[0], "version.py")
+    info: dict[str, Any] = {"path": os.path.dirname(path)}
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        return info
+    for line in text.splitlines():
+        name, sep, value = line.partition("=")
+        name = name.split(":")[0].strip()
+        value = value.strip()
+        if sep and name in ("__version__", "cuda", "hip"):
+            info[name.strip("_")] = None if value == "None" else value.strip("'\"")
+    return info
+
+
+def check_cuda_headers(p: _Probe) -> list[Check]:
+    from cuforge import toolchain
+    from cuforge.cli.env import TORCH_HEADERS, find_library_headers
+
+    root = toolchain.toolkit_root()
+    torch = p.once("torch", _torch_info)
+    places, where = find_library_headers(root)
+    row = _rows("cuda_headers", "CUDA library headers")
+    data = {"headers": places, "from": where}
+    missing = [h for h, d in places.items() if not d]
+    pip_only = [h for h in places if where.get(h) == "pip"]
+    if missing:
+        return [
+            row(
+                "FAIL" if torch else "WARN",
+                f"{', '.join(missing)} not found in the toolkit ({root}) or in pip nvidia "
+                "packages: torch's CUDA headers include them"
+                + ("" if torch else " (needed only for torch extensions; torch is not installed)"),
+                "pip install nvidia-cusparse nvidia-cublas  (or the toolkit's "
+                "libcusparse-dev / libcublas-dev packages)",
+                **data,
+            )
+        ]
+    if pip_only:
+        dirs = sorted({places[h] for h in pip_only if places[h]})
+        fix = (
+            f"export CUDA_INC_PATH={dirs[0]}  (torch's cpp_extension adds it; `cuforge env` does this)"
+            if len(dirs) == 1
+            else f'export CPATH="{os.pathsep.join(dirs)}:$CPATH"'
+        )
+        return [
+            row(
+                "WARN",
+                f"{', '.join(pip_only)} only in pip nvidia packages: {', '.join(dirs)} "
+                f"(not under the toolkit {root}): cuforge.torch adds them, a plain "
+                "torch.utils.cpp_extension build misses them",
+                fix,
+                **data,
+            )
+        ]
+    headers = ", ".join(h for _, h in TORCH_HEADERS)
+    return [row("PASS", f"{headers} in the toolkit ({root})", **data)]
+
+
+def check_gpus(p: _Probe) -> list[Check]:
+    from cuforge import toolchain
+
+    gpu_row = _rows("gpu", "GPUs")
+    arch_row = _rows("gpu.arch", "GPU arch support")
+    driver_row = _rows("gpu.driver", "driver vs toolkit")
+    gpus, why = p.gpus()
+    if not gpus:
+        return [
+            gpu_row("SKIP", f"no GPU: {why}", gpus=[]),
+            arch_row("SKIP", "skipped: no GPU"),
+            driver_row("SKIP", "skipped: no GPU"),
+        ]
+    driver = toolchain.driver_version()
+    kernel_driver = _kernel_driver_version()
+    drv = f"{driver // 1000}.{driver % 1000 // 10}" if driver else "?"
+    desc = "; ".join(f"#{g['index']} {g['name']} ({g['arch']})" for g in gpus)
+    rows = [
+        gpu_row(
+            "PASS",
+            f"{desc}; driver {kernel_driver or '?'} (CUDA {drv})",
+            gpus=gpus,
+            driver_cuda=driver,
+            driver=kernel_driver,
+        )
+    ]
+    # Can the compilers target each GPU's arch?
+    archs = sorted({g["arch"] for g in gpus})
+    problems, notes = [], []
+    for backend in ("nvrtc", "nvcc"):
+        supported = p.once(f"supported.{backend}", lambda b=backend: toolchain.supported_archs(b))
+        if not supported:
+            notes.append(f"{backend}: unavailable")
+            continue
+        bad = [a for a in archs if a not in supported]
+        if bad:
+            problems.append(f"{backend} cannot build {', '.join(bad)}")
+        else:
+            notes.append(f"{backend} builds {', '.join(archs)}")
+    if problems:
+        rows.append(
+            arch_row(
+                "FAIL" if any(pb.startswith("nvrtc") for pb in problems) else "WARN",
+                "; ".join(problems + notes),
+                "install a newer CUDA toolkit / nvidia-cuda-nvrtc that knows this GPU",
+            )
+        )
+    else:
+        rows.append(arch_row("PASS", "; ".join(notes)))
+    # Is the driver new enough for what the compilers emit?
+    if not driver:
+        rows.append(
+            driver_row("WARN", "the driver's CUDA version is unknown", "update the NVIDIA driver")
+        )
+        return rows
+    dv = (driver // 1000, driver % 1000 // 10)
+    worst, lines, fix = "PASS", [], None
+    for label, version in (
+        ("NVRTC", toolchain.nvrtc_version()),
+        ("nvcc", toolchain.nvcc_version()),
+    ):
+        tv = _version_tuple(version)[:2]
+        if len(tv) < 2:
+            continue
+        if tv[0] > dv[0]:
+            worst = "FAIL"
+            lines.append(
+                f"{label} {version} is CUDA {tv[0]}, the driver only CUDA {drv}: its output "
+                "cannot load (CUDA_ERROR_UNSUPPORTED_PTX_VERSION)"
+            )
+            fix = (
+                f"install a driver for CUDA {tv[0]}.{tv[1]}+, or a CUDA {dv[0]} toolkit / "
+                "nvidia-cuda-nvrtc"
+            )
+        elif tv > dv:
+            worst = "WARN" if worst == "PASS" else worst
+            lines.append(
+                f"{label} {version} is newer than the driver's CUDA {drv}: cubins load, but its "
+                "PTX fails with CUDA_ERROR_UNSUPPORTED_PTX_VERSION"
+            )
+            fix = fix or (
+                f"compile to cubin (the default), or install a driver for CUDA {tv[0]}.{tv[1]}+"
+            )
+        else:
+            lines.append(f"{label} {version} <= driver CUDA {drv}")
+    rows.append(driver_row(worst, "; ".join(lines), fix))
+    return rows
+
+
+def check_arch_list(p: _Probe) -> list[Check]:
+    from cuforge.cli.env import arch_findings, arch_to_torch, supported_archs
+
+    gpus, why = p.gpus()
+    gpu_archs = sorted({g["arch"] for g in gpus})
+    supported = p.once("supported.nvrtc", lambda: supported_archs())
+    rows = []
+    for name in ("TORCH_CUDA_ARCH_LIST", "CUFORGE_ARCH"):
+        value = os.environ.get(name)
+        if not value:
+            continue
+        row = _rows(f"arch_list.{name}", name)
+        found = arch_findings(name, value, gpu_archs, supported)
+        if not found:
+            rows.append(row("PASS", f"{name}={value!r}"))
+            continue
+        rows.append(
+            row(
+                "FAIL" if any(st == "FAIL" for st, _, _ in found) else "WARN",
+                "; ".join(msg for _, msg, _ in found),
+                next(fix for _, _, fix in found if fix),
+                findings=[{"status": s, "message": m, "fix": f} for s, m, f in found],
+            )
+        )
+    if rows:
+        return rows
+    row = _rows("arch_list", "arch list")
+    if gpu_archs:
+        want = ";".join(arch_to_torch(a) for a in gpu_archs)
+        return [
+            row(
+                "WARN",
+                f"not set: kernels use the visible GPU ({', '.join(gpu_archs)}), torch "
+                "extensions build for every visible card and warn; pin it for "
+                "reproducible, shareable builds",
+                f"export TORCH_CUDA_ARCH_LIST='{want}'",
+            )
+        ]
+    return [
+        row(
+            "WARN",
+            f"not set, and {why}: compile() without arch= raises ArchError, "
+            "and torch cannot tell which arch to build",
+            "export CUFORGE_ARCH=sm_90 TORCH_CUDA_ARCH_LIST='9.0'  (your target GPU)",
+        )
+    ]
+
+
+def check_jobs(p: _Probe) -> list[Check]:
+    from cuforge.cli.env import recommended_jobs
+    from cuforge.torch.jobs import TORCH_TU_BYTES
+
+    res = p.resources
+    cores, mem = res["cores"], res["memory_available"] or 0
+    jobs, why = recommended_jobs(res)
+    row = _rows("build_jobs", "build jobs")
+    data = {**res, "recommended": jobs}
+    fix = f"export MAX_JOBS={jobs}"
+    have = f"{cores} cores, {output.human_bytes(mem)} available"
+    current = os.environ.get("MAX_JOBS")
+    if not current:
+        ninja_default = cores + 2
+        if mem and ninja_default * TORCH_TU_BYTES > mem:
+            return [
+                row(
+                    "WARN",
+                    f"MAX_JOBS unset: ninja runs {ninja_default} jobs, but "
+                    f"{output.human_bytes(mem)} fits {jobs} ({why})",
+                    fix,
+                    **data,
+                )
+            ]
+        return [row("PASS", f"{have}: {jobs} jobs ({why})", **data)]
+    if not current.strip().isdigit():
+        return [row("FAIL", f"MAX_JOBS={current!r} is not a number", fix, **data)]
+    n = int(current)
+    if mem and n * TORCH_TU_BYTES > mem:
+        need = output.human_bytes(n * TORCH_TU_BYTES)
+        return [
+            row(
+                "WARN",
+                f"MAX_JOBS={n} needs ~{need}, {output.human_bytes(mem)} available: builds may "
+                "be OOM-killed",
+                fix,
+                **data,
+            )
+        ]
+    if n > cores * 2:
+        return [row("WARN", f"MAX_JOBS={n} for {cores} cores oversubscribes the CPU", fix, **data)]
+    return [row("PASS", f"MAX_JOBS={n}; {have}", **data)]
+
+
+def _ccache_stats(path: str) -> dict[str, Any]:
+    rc, text = _run([path, "--print-stats"])
+    if rc != 0:
+        return {}
+    stats: dict[str, int] = {}
+    for line in text.splitlines():
+        parts = line.split("\t")
+        if len(parts) == 2 and parts[1].strip().isdigit():
+            stats[parts[0]] = int(parts[1])
+    hits = stats.get("direct_cache_hit", 0) + stats.get("preprocessed_cache_hit", 0)
+    return {"hits": hits, "misses": stats.get("cache_miss", 0)}
+
+
+def _sccache_stats(path: str) -> dict[str, Any]:
+    import json
+
+    rc, text = _run([path, "--show-stats", "--stats-format", "json"], timeout=30)
+    if rc != 0:
+        return {}
+    try:
+        data = json.loads(text[text.find("{") :])
+        stats = data.get("stats", data)
+        hits = sum((stats.get("cache_hits", {}) or {}).get("counts", {}).values())
+        misses = sum((stats.get("cache_misses", {}) or {}).get("counts", {}).values())
+    except (ValueError, AttributeError, TypeError):
+        return {}
+    return {"hits": hits, "misses": misses}
+
+
+def check_compiler_caches(p: _Probe) -> list[Check]:
+    rows = []
+    for tool, stats_fn in (("ccache", _ccache_stats), ("sccache", _sccache_stats)):
+        row = _rows(tool, tool)
+        path = shutil.which(tool)
+        if not path:
+            rows.append(
+                row(
+                    "PASS",
+                    "not installed (optional: cuforge caches kernels and extension objects itself)",
+                    path=None,
+                )
+            )
+            continue
+        rc, text = _run([path, "--version"])
+        detail = f"{text.splitlines()[0] if rc == 0 and text else '?'} ({path})"
+        stats = stats_fn(path)
+        if "hits" in stats:
+            total = stats["hits"] + stats["misses"]
+            rate = f"{100 * stats['hits'] / total:.0f}%" if total else "no lookups yet"
+            detail += f"; {stats['hits']} hits, {stats['misses']} misses ({rate})"
+        rows.append(row("PASS", detail, path=path, **stats))
+    return rows
+
+
+def check_torch(p: _Probe) -> list[Check]:
+    from cuforge import toolchain
+
+    row = _rows("torch", "torch")
+    info = p.once("torch", _torch_info)
+    if info is None:
+        return [
+            row(
+                "SKIP",
+                "torch is not installed: torch checks skipped (pip install 'cuforge[torch]' "
+                "for extension builds)",
+            )
+        ]
+    version, cuda = info.get("version"), info.get("cuda")
+    data = {"version": version, "cuda": cuda, "path": info.get("path")}
+    if not cuda:
+        return [
+            row(
+                "WARN",
+                f"torch {version} is a CPU-only build: it cannot build or run CUDA extensions",
+                "pip install torch --index-url https://download.pytorch.org/whl/cu130",
+                **data,
+            )
+        ]
+    nvcc = toolchain.nvcc_version()
+    data["nvcc"] = nvcc
+    if not nvcc:
+        return [
+            row(
+                "WARN",
+                f"torch {version} (CUDA {cuda}); no nvcc to build extensions with",
+                f"install the CUDA {cuda} toolkit",
+                **data,
+            )
+        ]
+    tv, nv = _version_tuple(cuda), _version_tuple(nvcc)
+    if tv[:1] != nv[:1]:
+        wheel = f"cu{nv[0]}{nv[1] if len(nv) > 1 else 0}"
+        return [
+            row(
+                "FAIL",
+                f"torch {version} is built for CUDA {cuda} but nvcc is {nvcc}: extension "
+                "builds fail (major versions differ)",
+                f"install torch for CUDA {nv[0]} (pip install torch --index-url "
+                f"https://download.pytorch.org/whl/{wheel}), or point CUDA_HOME at a CUDA "
+                f"{tv[0]} toolkit",
+                **data,
+            )
+        ]
+    if tv[:2] != nv[:2]:
+        return [
+            row(
+                "WARN",
+                f"torch {version} (CUDA {cuda}) and nvcc {nvcc} differ in the minor version: "
+                "builds work, torch warns",
+                f"use a CUDA {cuda} toolkit to silence it",
+                **data,
+            )
+        ]
+    return [row("PASS", f"torch {version}, CUDA {cuda} = nvcc {nvcc}", **data)]
+
+
+def _probe_writable(root: str) -> bool:
+    import tempfile
+
+    try:
+        fd, path = tempfile.mkstemp(prefix=".doctor-", dir=root)
+    except OSError:
+        return False
+    os.close(fd)
+    os.unlink(path)
+    return True
+
+
+def _check_cache_dir(root: str, disabled: str | None) -> list[Check]:
+    row = _rows("cache.dir", "cache dir")
+    rows = []
+    if disabled:
+        rows.append(row("WARN", f"{disabled}=1: nothing is cached on disk", f"unset {disabled}"))
+    if not os.path.isdir(root):
+        parent = root
+        while parent and not os.path.exists(parent):
+            parent = os.path.dirname(parent)
+        if parent and os.access(parent, os.W_OK | os.X_OK):
+            rows.append(
+                row(
+                    "PASS", f"{root} (created with mode 0700 on first use)", path=root, exists=False
+                )
+            )
+        else:
+            rows.append(
+                row(
+                    "FAIL",
+                    f"{root} cannot be created ({parent} is not writable): nothing will be cached",
+                    "export CUFORGE_CACHE_DIR=<a writable directory>",
+                    path=root,
+                    exists=False,
+                )
+            )
+        return rows
+    mode = os.stat(root).st_mode & 0o777
+    writable = _probe_writable(root)
+    data = {"path": root, "exists": True, "mode": oct(mode), "writable": writable}
+    if not writable:
+        rows.append(
+            row(
+                "FAIL",
+                f"{root} is not writable: compiles work but nothing is cached",
+                f"chmod u+rwx {root}  (or export CUFORGE_CACHE_DIR=<a writable directory>)",
+                **data,
+            )
+        )
+    elif mode & 0o077:
+        rows.append(
+            row(
+                "WARN",
+                f"{root} has mode {oct(mode)}: other users can read or plant cached binaries",
+                f"chmod 700 {root}",
+                **data,
+            )
+        )
+    else:
+        rows.append(row("PASS", f"{root} (mode {oct(mode)})", **data))
+    return rows
+
+
+def check_cache(p: _Probe) -> list[Check]:
+    from cuforge.config import settings
+    from cuforge.store import telemetry
+    from cuforge.store.disk import DiskStore
+
+    st = settings()
+    root = st.cache_dir
+    disabled = (
+        "CUFORGE_DISABLE_CACHE"
+        if st.disable_cache
+        else "CUFORGE_DISABLE_FILE_CACHE"
+        if st.disable_file_cache
+        else None
+    )
+    rows = _check_cache_dir(root, disabled)
+    if not os.path.isdir(root):
+        return rows
+
+    store = DiskStore(root, st.cache_max_bytes, telemetry=False)
+    stats = store.stats()
+    cap, used = st.cache_max_bytes, stats.bytes
+    row = _rows("cache.size", "cache size")
+    detail = f"{stats.entries} entries, {output.human_bytes(used)}"
+    if cap:
+        detail += f" of {output.human_bytes(cap)} ({100 * used / cap:.0f}%)"
+    data = {"entries": stats.entries, "bytes": used, "max_bytes": cap}
+    if cap and used > cap:
+        rows.append(
+            row(
+                "WARN",
+                detail + ": over the cap (the next write evicts)",
+                "cuforge cache prune",
+                **data,
+            )
+        )
+    else:
+        rows.append(row("PASS", detail, **data))
+
+    row = _rows("cache.hits", "cache hit rate")
+    summ = telemetry.summary(root)
+    disk = summ.get("tiers", {}).get("disk", {})
+    hits, misses = disk.get("hits", 0), disk.get("misses", 0)
+    if not summ.get("enabled", True):
+        rows.append(row("PASS", "telemetry is off (CUFORGE_TELEMETRY=0)", enabled=False))
+    elif hits + misses == 0:
+        rows.append(row("PASS", "no lookups recorded yet", **disk))
+    else:
+        rate = hits / (hits + misses)
+        saved = output.human_seconds(summ.get("seconds_saved", 0.0))
+        rows.append(
+            row(
+                "PASS",
+                f"disk tier: {hits} hits, {misses} misses ({100 * rate:.0f}%), "
+                f"{saved} of compiling saved",
+                hit_rate=rate,
+                **disk,
+            )
+        )
+
+    row = _rows("cache.integrity", "cache integrity")
+    report = store.verify(repair=False, quick=True)
+    corrupt, checked = len(report.corrupt), report.checked
+    if corrupt:
+        rows.append(
+            row(
+                "WARN",
+                f"{corrupt} of {checked} entries are damaged (they miss and get rebuilt; "
+                "never served)",
+                "cuforge cache verify --repair",
+                checked=checked,
+                corrupt=corrupt,
+            )
+        )
+    else:
+        rows.append(
+            row(
+                "PASS",
+                f"{checked} entries checked (quick), none damaged",
+                checked=checked,
+                corrupt=0,
+            )
+        )
+    return rows
+
+
+#: In the order of the issue's checklist: build tools, GPUs, archs, parallelism, compiler
+#: caches, the toolkit, torch, the cache.
+CHECKS: tuple[tuple[str, Callable[[_Probe], list[Check]]], ...] = (
+    ("ninja", check_ninja),
+    ("gpu", check_gpus),
+    ("arch_list", check_arch_list),
+    ("build_jobs", check_jobs),
+    ("ccache", check_compiler_caches),
+    ("nvrtc", check_nvrtc),
+    ("nvcc", check_nvcc),
+    ("cuda_home", check_cuda_home),
+    ("cuda_headers", check_cuda_headers),
+    ("torch", check_torch),
+    ("cache", check_cache),
+)
+
+
+def collect() -> tuple[list[Check], _Probe]:
+    """Run every check. A check that breaks becomes a WARN saying so, never a crash."""
+    probe = _Probe()
+    rows: list[Check] = []
+    for name, fn in CHECKS:
+        try:
+            rows.extend(fn(probe))
+        except Exception as exc:  # noqa: BLE001 - the doctor must finish its report
+            rows.append(
+                Check(
+                    name,
+                    name,
+                    "WARN",
+                    f"could not run this check ({type(exc).__name__}: {exc})",
+                    "report this at the cuforge issue tracker with `cuforge doctor --json`",
+                )
+            )
+    return rows, probe
+
+
+_COLORS = {"PASS": "green", "WARN": "yellow", "FAIL": "bold red", "SKIP": "dim"}
+
+
+def render(rows: list[Check], summary: dict[str, int], skipped: list[str]) -> None:
+    """One line per check (status, title, detail), a ``fix:`` line under each problem,
+    and a summary line. Colored on a terminal, plain text otherwise."""
+    if output.fancy():
+        from rich.console import Console
+        from rich.markup import escape
+
+        console = Console(highlight=False)
+
+        def say(status: str | None, text: str) -> None:
+            head = f"[{_COLORS[status]}]{status}[/]" if status else "    "
+            console.print(f"{head}  {escape(text)}")
+    else:
+
+        def say(status: str | None, text: str) -> None:
+            print(f"{status or '    '}  {text}")
+
+    width = max(len(r.title) for r in rows)
+    for r in rows:
+        say(r.status, f"{r.title.ljust(width)}  {r.detail}")
+        if r.fix and r.status in ("WARN", "FAIL"):
+            say(None, f"  {' ' * width}fix: {r.fix}")
+    line = (
+        f"{summary['pass']} passed, {summary['warn']} warnings, {summary['fail']} failed, "
+        f"{summary['skip']} skipped"
+    )
+    if skipped:
+        line += f" ({', '.join(skipped)})"
+    print(f"\n{line}")
+
+
+def add_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:
+    p = subparsers.add_parser(
+        "doctor",
+        parents=[common],
+        help="check this machine's CUDA/torch build setup (PASS/WARN/FAIL with fixes)",
+        description="Check ninja, the GPUs, the CUDA toolkit, NVRTC, torch, the arch "
+        "settings, build parallelism and the cuforge cache. Exit code 1 when any check "
+        "FAILs. Works without a GPU (GPU checks are SKIPped).",
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    rows, probe = collect()
+    summary = {s.lower(): sum(1 for r in rows if r.status == s) for s in STATUSES}
+    skipped = [r.id for r in rows if r.status == "SKIP"]
+    failed = summary["fail"] > 0
+    if args.json:
+        gpus, why = probe.gpus()
+        output.emit_json(
+            {
+                "command": "doctor",
+                "ok": not failed,
+                "summary": summary,
+                "gpus": gpus,
+                "no_gpu_reason": why,
+                "skipped": skipped,
+                "checks": [r.as_dict() for r in rows],
+            }
+        )
+    else:
+        render(rows, summary, skipped)
+    return 1 if failed else 0

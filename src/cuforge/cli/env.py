@@ -1,0 +1,480 @@
+"""``cuforge env``: the tuned build settings for this machine, as shell exports.
+
+Usable as ``eval "$(cuforge env)"`` (bash, zsh), ``cuforge env --shell fish | source``, or
+``cuforge env --json``. ``--explain`` says where each value comes from. Problems with the
+current environment (an unreadable ``TORCH_CUDA_ARCH_LIST``, an arch no GPU has, ninja
+missing) are warned about on stderr, so the exports on stdout stay eval-able.
+
+Also home of the machine facts ``cuforge doctor`` shares: :func:`machine_resources` and
+:func:`recommended_jobs`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import sys
+from typing import Any
+
+from cuforge.cli import output
+
+__all__ = [
+    "add_parser",
+    "run",
+    "compute",
+    "machine_resources",
+    "recommended_jobs",
+    "arch_to_torch",
+    "arch_findings",
+    "supported_archs",
+    "find_library_headers",
+    "TORCH_HEADERS",
+]
+
+# -- machine facts --------------------------------------------------------------------
+
+
+def machine_resources() -> dict[str, Any]:
+    """``{"cores", "memory_available"}`` as cuforge.torch's builds see them (CPU affinity;
+    MemAvailable capped by a cgroup memory limit)."""
+    from cuforge.torch.jobs import available_memory, cpu_count
+
+    return {"cores": cpu_count(), "memory_available": available_memory()}
+
+
+def recommended_jobs(resources: dict[str, Any] | None = None) -> tuple[int, str]:
+    """(parallel build jobs, why) for this machine, whatever ``MAX_JOBS`` says now: the
+    cores, capped so that every job's torch-TU memory (cuforge.torch's estimate) fits in
+    the available memory -- the rule cuforge.torch's builds follow when MAX_JOBS is unset."""
+    from cuforge.torch.jobs import TORCH_TU_BYTES
+
+    res = resources or machine_resources()
+    cores = res["cores"]
+    available = res["memory_available"]
+    if not available:
+        return cores, f"{cores} cores (available memory unknown)"
+    by_memory = max(1, available // TORCH_TU_BYTES)
+    jobs = max(1, min(cores, by_memory))
+    why = (
+        f"min({cores} cores, {output.human_bytes(available)} available / "
+        f"{output.human_bytes(TORCH_TU_BYTES)} per compile job = {by_memory})"
+    )
+    return jobs, why
+
+
+def arch_to_torch(arch: str) -> str:
+    """``sm_90`` -> ``9.0``; ``sm_90a`` -> ``9.0a``; ``sm_100`` -> ``10.0``."""
+    body = arch.split("_", 1)[-1]
+    suffix = ""
+    if body and body[-1].isalpha():
+        body, suffix = body[:-1], body[-1]
+    return f"{body[:-1]}.{body[-1]}{suffix}"
+
+
+#: The CUDA library headers torch's own CUDA headers include (ATen/cuda/CUDAContext.h).
+TORCH_HEADERS = (("cusparse", "cusparse.h"), ("cublas", "cublas_v2.h"))
+
+
+def find_library_headers(root: str | None) -> tuple[dict[str, str | None], dict[str, str]]:
+    """({header: include dir or None}, {header: "toolkit" or "pip"}) for
+    :data:`TORCH_HEADERS`: the toolkit's include dirs first, else pip ``nvidia`` packages
+    (through cuda-pathfinder)."""
+    places: dict[str, str | None] = {}
+    where: dict[str, str] = {}
+    for lib, header in TORCH_HEADERS:
+        found = None
+        if root:
+            dirs = [os.path.join(root, "include")]
+            targets = os.path.join(root, "targets")
+            if os.path.isdir(targets):
+                dirs += [os.path.join(targets, t, "include") for t in sorted(os.listdir(targets))]
+            for inc in dirs:
+                if os.path.isfile(os.path.join(inc, header)):
+                    found, where[header] = inc, "toolkit"
+                    break
+        if found is None:
+            try:
+                import cuda.pathfinder as pathfinder
+
+                found = pathfinder.find_nvidia_header_directory(lib)
+            except Exception:  # noqa: BLE001 - no pathfinder, or no such package
+                found = None
+            if found:
+                where[header] = "pip"
+        places[header] = found
+    return places, where
+
+
+def _torch_installed() -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+# -- the settings ---------------------------------------------------------------------
+
+
+def _visible_archs() -> tuple[list[str], str | None]:
+    """(archs of the visible GPUs, None) or ([], why none)."""
+    try:
+        from cuforge import toolchain
+
+        archs = list(toolchain.visible_gpu_archs() or [])
+    except Exception as exc:  # noqa: BLE001 - no driver, no GPU, no bindings: all "none"
+        return [], f"no GPU visible ({type(exc).__name__}: {exc})"
+    if not archs:
+        return [], "no GPU visible"
+    out: list[str] = []
+    for a in archs:
+        a = str(a)
+        if a not in out:
+            out.append(a)
+    return out, None
+
+
+def _arch_key(arch: str) -> tuple[int, str]:
+    from cuforge.toolchain import arch_number
+
+    return arch_number(arch)
+
+
+def _coverage(entries: list[tuple[str, bool]], gpu: str) -> str | None:
+    """How an arch list serves a GPU: "exact", "compatible" (a same-major lower-minor
+    cubin, or PTX of a lower arch JIT-compiled at load), or None (no kernel image)."""
+    g_num, g_suffix = _arch_key(gpu)
+    result = None
+    for arch, ptx in entries:
+        num, suffix = _arch_key(arch)
+        if num == g_num and (suffix == g_suffix or not suffix):
+            return "exact"
+        if not suffix and num // 10 == g_num // 10 and num < g_num:
+            result = "compatible"
+        if ptx and not suffix and num < g_num:
+            result = "compatible"
+    return result
+
+
+def arch_findings(
+    name: str, text: str, gpu_archs: list[str], supported: list[str]
+) -> list[tuple[str, str, str | None]]:
+    """Problems of an arch-list variable, as (status, message, fix) with status "FAIL" or
+    "WARN"; [] when it is fine. ``supported``: what the toolkit builds ([] = unknown)."""
+    from cuforge.config import ArchError, parse_arch_list
+
+    suggestion = ";".join(arch_to_torch(a) for a in gpu_archs) or "9.0"
+    fix_value = suggestion if name == "TORCH_CUDA_ARCH_LIST" else (gpu_archs or ["sm_90"])[0]
+    fix = f"export {name}='{fix_value}'" + ("" if gpu_archs else "  (your target GPU's arch)")
+    try:
+        archs = list(parse_arch_list(text))
+    except ArchError as exc:
+        return [("FAIL", f"{name}={text!r} cannot be read: {exc}", fix)]
+    ptx = {a: False for a in archs}
+    for part in text.replace(",", ";").replace(" ", ";").split(";"):
+        if part.strip().upper().endswith("+PTX"):
+            try:
+                ptx[parse_arch_list(part)[0]] = True
+            except ArchError:
+                pass
+    found: list[tuple[str, str, str | None]] = []
+    if name == "CUFORGE_ARCH" and gpu_archs:
+        # compile() targets a visible GPU first: CUFORGE_ARCH only matters without one.
+        if gpu_archs[0] not in archs:
+            found.append(
+                (
+                    "WARN",
+                    f"{name}={text!r} is ignored while a GPU is visible: compile() targets "
+                    f"the GPU's {gpu_archs[0]}",
+                    f"unset {name}  (or pass arch= to compile() to force another arch)",
+                )
+            )
+        gpu_archs = []
+    if supported:
+        base = {a.rstrip("af") for a in supported}
+        unknown = [a for a in archs if a.replace("compute_", "sm_").rstrip("af") not in base]
+        if unknown:
+            lo, hi = min(supported, key=_arch_key), max(supported, key=_arch_key)
+            found.append(
+                (
+                    "FAIL",
+                    f"{name}={text!r}: the CUDA toolkit cannot build {', '.join(unknown)} "
+                    f"(it builds {lo} .. {hi})",
+                    fix,
+                )
+            )
+    for gpu in gpu_archs:
+        how = _coverage(list(ptx.items()), gpu)
+        if how is None:
+            found.append(
+                (
+                    "FAIL",
+                    f"{name}={text!r} has no arch for the visible {gpu} GPU: its kernels "
+                    "would fail with 'no kernel image is available'",
+                    fix,
+                )
+            )
+        elif how == "compatible":
+            found.append(
+                (
+                    "WARN",
+                    f"{name}={text!r} serves the visible {gpu} GPU only through "
+                    "compatibility (an older cubin or PTX JIT at load): not tuned for it",
+                    fix,
+                )
+            )
+    if gpu_archs and not found:  # all GPUs served: is anything built for nothing?
+        extra = [a for a in archs if all(_coverage([(a, ptx[a])], g) is None for g in gpu_archs)]
+        if extra:
+            found.append(
+                (
+                    "WARN",
+                    f"{name}={text!r} also builds {', '.join(extra)}, which no visible GPU "
+                    "has: slower builds for nothing here",
+                    fix,
+                )
+            )
+    if len(archs) > 4:
+        found.append(
+            (
+                "WARN",
+                f"{name}={text!r} names {len(archs)} archs: every extension TU is compiled "
+                f"{len(archs)} times (slow builds)",
+                fix,
+            )
+        )
+    return found
+
+
+def supported_archs() -> list[str]:
+    """What NVRTC can build ([] when unknown)."""
+    try:
+        from cuforge import toolchain
+
+        return list(toolchain.supported_archs("nvrtc"))
+    except Exception:  # noqa: BLE001 - no NVRTC: nothing to compare against
+        return []
+
+
+def compute(environ: dict[str, str] | None = None) -> dict[str, Any]:
+    """The settings ``cuforge env`` prints: ``{"vars": {NAME: {"value", "why"}},
+    "findings": [(status, message, fix)], "gpu_archs", "no_gpu", "resources"}``. A variable
+    whose value is None is left as it is (the reason says why)."""
+    from cuforge.config import parse_arch_list, settings
+
+    env = os.environ if environ is None else environ
+    res = machine_resources()
+    gpu_archs, no_gpu = _visible_archs()
+    supported = supported_archs()
+    findings: list[tuple[str, str, str | None]] = []
+    out: dict[str, dict[str, Any]] = {}
+
+    # TORCH_CUDA_ARCH_LIST: the visible GPUs' archs; else a readable existing setting.
+    readable: dict[str, bool] = {}
+    for name in ("TORCH_CUDA_ARCH_LIST", "CUFORGE_ARCH"):
+        text = env.get(name)
+        if text:
+            problems = arch_findings(name, text, gpu_archs, supported)
+            findings.extend(problems)
+            readable[name] = not any(st == "FAIL" for st, _, _ in problems)
+    if gpu_archs:
+        out["TORCH_CUDA_ARCH_LIST"] = {
+            "value": ";".join(arch_to_torch(a) for a in gpu_archs),
+            "why": f"the visible GPUs are {', '.join(gpu_archs)}: build for exactly those",
+        }
+    elif readable.get("TORCH_CUDA_ARCH_LIST"):
+        out["TORCH_CUDA_ARCH_LIST"] = {
+            "value": env["TORCH_CUDA_ARCH_LIST"],
+            "why": f"{no_gpu}: keeping the current setting",
+        }
+    elif readable.get("CUFORGE_ARCH"):
+        archs = parse_arch_list(env["CUFORGE_ARCH"])
+        out["TORCH_CUDA_ARCH_LIST"] = {
+            "value": ";".join(arch_to_torch(a) for a in archs),
+            "why": f"{no_gpu}: the arch CUFORGE_ARCH names",
+        }
+    else:
+        out["TORCH_CUDA_ARCH_LIST"] = {
+            "value": None,
+            "why": f"{no_gpu} and no usable arch setting: name your target GPU's arch",
+        }
+        if not readable:
+            findings.append(
+                (
+                    "WARN",
+                    f"{no_gpu} and neither CUFORGE_ARCH nor TORCH_CUDA_ARCH_LIST is set: "
+                    "nothing says which arch to build for",
+                    "export CUFORGE_ARCH=sm_90 TORCH_CUDA_ARCH_LIST='9.0'  (your target GPU's arch)",
+                )
+            )
+    # CUFORGE_ARCH matters only without a GPU (a visible GPU wins); keep a good one.
+    if not gpu_archs and readable.get("CUFORGE_ARCH"):
+        out["CUFORGE_ARCH"] = {
+            "value": env["CUFORGE_ARCH"],
+            "why": f"{no_gpu}: kernels compile for this arch (keeping the current setting)",
+        }
+    elif not gpu_archs and readable.get("TORCH_CUDA_ARCH_LIST"):
+        archs = parse_arch_list(env["TORCH_CUDA_ARCH_LIST"])
+        best = max(archs, key=_arch_key)
+        out["CUFORGE_ARCH"] = {
+            "value": best,
+            "why": f"{no_gpu}: the newest arch of TORCH_CUDA_ARCH_LIST",
+        }
+
+    # MAX_JOBS: ninja's parallelism for torch extension builds.
+    jobs, why = recommended_jobs(res)
+    out["MAX_JOBS"] = {"value": str(jobs), "why": why}
+    current_jobs = env.get("MAX_JOBS")
+    if current_jobs and current_jobs != str(jobs):
+        findings.append(
+            (
+                "WARN",
+                f"MAX_JOBS={current_jobs} is set; this machine suits {jobs} ({why})",
+                f"export MAX_JOBS={jobs}",
+            )
+        )
+    if not shutil.which("ninja", path=env.get("PATH", "")):
+        findings.append(
+            (
+                "WARN",
+                "ninja is not on PATH: torch extension builds need it, and MAX_JOBS does "
+                "nothing without it",
+                "pip install ninja, and put its bin directory on PATH",
+            )
+        )
+
+    # nvcc threads: split each nvcc call's archs across threads when jobs leave cores idle.
+    arch_value = out["TORCH_CUDA_ARCH_LIST"]["value"]
+    n_archs = len(arch_value.split(";")) if arch_value else 1
+    threads = max(1, min(n_archs, res["cores"] // max(1, jobs)))
+    out["NVCC_THREADS"] = {
+        "value": str(threads),
+        "why": f"{n_archs} arch(s) per nvcc call, {res['cores']} cores shared by {jobs} jobs"
+        + ("" if threads > 1 else ": one thread each is best")
+        + " (read by flash-attn/vLLM-style setup.py files; cuforge.torch passes nvcc "
+        "--threads itself)",
+    }
+
+    # CUDA_HOME: torch guesses it from `which nvcc`; a wrapper script on PATH fools it.
+    root = _toolkit_root()
+    if root:
+        current_home = env.get("CUDA_HOME") or env.get("CUDA_PATH")
+        if current_home and os.path.realpath(current_home) != os.path.realpath(root):
+            findings.append(
+                (
+                    "WARN",
+                    f"CUDA_HOME={current_home!r} is not the toolkit cuforge uses ({root})",
+                    f"export CUDA_HOME={root}",
+                )
+            )
+        out["CUDA_HOME"] = {
+            "value": root,
+            "why": "the CUDA toolkit cuforge found; torch's own guess from `which nvcc` "
+            "is wrong when nvcc on PATH is a wrapper script",
+        }
+
+    # CUDA_INC_PATH: torch's cpp_extension adds it to the include path; needed when the
+    # library headers its CUDA headers include come only from pip nvidia packages.
+    if root and not env.get("CUDA_INC_PATH") and _torch_installed():
+        places, where = find_library_headers(root)
+        pip_dirs = sorted({places[h] for h, w in where.items() if w == "pip" and places[h]})
+        if len(pip_dirs) == 1:
+            out["CUDA_INC_PATH"] = {
+                "value": pip_dirs[0],
+                "why": f"{', '.join(h for h, w in where.items() if w == 'pip')} come only "
+                f"from pip nvidia packages, not the toolkit at {root}; torch extension "
+                "builds add CUDA_INC_PATH to their include path",
+            }
+
+    # The cache directory, made explicit so that every tool and process shares it.
+    out["CUFORGE_CACHE_DIR"] = {
+        "value": settings().cache_dir,
+        "why": "the cuforge cache in use"
+        + (" (from CUFORGE_CACHE_DIR)" if env.get("CUFORGE_CACHE_DIR") else " (the default)"),
+    }
+    return {
+        "vars": out,
+        "findings": findings,
+        "gpu_archs": gpu_archs,
+        "no_gpu": no_gpu,
+        "resources": res,
+    }
+
+
+def _toolkit_root() -> str | None:
+    try:
+        from cuforge import toolchain
+
+        root = toolchain.toolkit_root()
+    except Exception:  # noqa: BLE001 - no toolkit: leave CUDA_HOME alone
+        return None
+    return os.fspath(root) if root else None
+
+
+# -- rendering ------------------------------------------------------------------------
+
+
+def _fish_quote(value: str) -> str:
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def render(settings_: dict[str, Any], shell: str, explain: bool) -> str:
+    lines: list[str] = []
+    for name, item in settings_["vars"].items():
+        value, why = item["value"], item["why"]
+        if explain:
+            lines.append(f"# {name}: {why}")
+        if value is None:
+            lines.append(f"# {name} left unset")
+            continue
+        if shell == "fish":
+            lines.append(f"set -gx {name} {_fish_quote(value)};")
+        else:
+            lines.append(f"export {name}={shlex.quote(value)}")
+    return "\n".join(lines)
+
+
+def add_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:
+    p = subparsers.add_parser(
+        "env",
+        parents=[common],
+        help="print tuned build settings as shell exports",
+        description="Print the tuned build settings for this machine as shell exports. "
+        'Use as: eval "$(cuforge env)"  (fish: cuforge env --shell fish | source).',
+    )
+    p.add_argument(
+        "--shell",
+        choices=("bash", "zsh", "fish", "sh"),
+        default="bash",
+        help="syntax of the exports (default: bash; zsh and sh read the same)",
+    )
+    p.add_argument("--explain", action="store_true", help="explain each value in a comment")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    result = compute()
+    if args.json:
+        output.emit_json(
+            {
+                "command": "env",
+                "vars": {k: v["value"] for k, v in result["vars"].items()},
+                "explain": {k: v["why"] for k, v in result["vars"].items()},
+                "findings": [
+                    {"status": st, "message": msg, "fix": fix}
+                    for st, msg, fix in result["findings"]
+                ],
+                "gpu_archs": result["gpu_archs"],
+                "resources": result["resources"],
+            }
+        )
+        return 0
+    # Findings go to stderr so that stdout stays eval-able.
+    for status, message, fix in result["findings"]:
+        line = f"cuforge env: {status} {message}"
+        print(line + (f"\n    fix: {fix}" if fix else ""), file=sys.stderr)
+    print(render(result, args.shell, args.explain))
+    return 0

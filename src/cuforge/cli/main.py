@@ -1,0 +1,281 @@
+"""The ``cuforge`` command.
+
+::
+
+    cuforge doctor                      check this machine; PASS / WARN / FAIL with fixes
+    cuforge env [--shell fish]          tuned build settings: eval "$(cuforge env)"
+    cuforge cache stats|ls|show|explain|clear|prune|verify|export|import
+    cuforge compile FILE...             compile kernels through the cache; says where each came from
+    cuforge bench-build ...             time extension builds (see its --help)
+
+Every command takes ``--json`` (one JSON document on stdout with a ``"schema"`` field).
+Errors go to stderr and give a non-zero exit code: 1 for a failure, 2 for a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from cuforge._version import __version__
+from cuforge.cli import output
+
+__all__ = ["main", "build_parser"]
+
+
+def _common() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--json", action="store_true", help="print one JSON document (stable schema) on stdout"
+    )
+    return common
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from cuforge.cli import cache, doctor, env
+
+    parser = argparse.ArgumentParser(
+        prog="cuforge",
+        description="cuforge: compile CUDA once, load in milliseconds, launch in microseconds.",
+        epilog="Run 'cuforge COMMAND --help' for a command's options.",
+    )
+    parser.add_argument("--version", action="version", version=f"cuforge {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    common = _common()
+    doctor.add_parser(subparsers, common)
+    env.add_parser(subparsers, common)
+    cache.add_parser(subparsers, common)
+    _add_compile_parser(subparsers, common)
+    _add_bench_build(subparsers)
+    return parser
+
+
+# -- bench-build: owned by cuforge.cli.bench_build ------------------------------------
+
+
+def _add_bench_build(subparsers: Any) -> None:
+    try:
+        from cuforge.cli import bench_build
+    except ImportError as exc:
+        reason = str(exc)
+        p = subparsers.add_parser(
+            "bench-build", help="time torch extension builds (not available in this install)"
+        )
+        p.set_defaults(func=lambda args: _missing_bench_build(reason))
+        return
+    bench_build.add_parser(subparsers)
+    # Its parser sets its own func when it wants to; else dispatch to its run().
+    chosen = subparsers.choices.get("bench-build")
+    if chosen is not None and chosen.get_default("func") is None:
+        chosen.set_defaults(func=bench_build.run)
+
+
+def _missing_bench_build(reason: str) -> int:
+    output.error(
+        f"'cuforge bench-build' is not available: cuforge.cli.bench_build cannot be imported "
+        f"({reason}). Reinstall cuforge (pip install -e '.[torch]') or update it."
+    )
+    return 1
+
+
+# -- compile --------------------------------------------------------------------------
+
+
+def _add_compile_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:
+    p = subparsers.add_parser(
+        "compile",
+        parents=[common],
+        help="compile .cu files through the cache and say where each result came from",
+        description="Compile CUDA files through cuforge's cache (a batch warm-up, e.g. in CI) "
+        "and print, for each, where the result came from: memory, disk or compiled.",
+    )
+    p.add_argument("files", nargs="+", metavar="FILE", help=".cu files")
+    p.add_argument(
+        "--arch",
+        action="append",
+        help="target arch (sm_90, 9.0 or 90); repeat for a fatbin with --backend nvcc "
+        "(default: the visible GPU, else CUFORGE_ARCH, else TORCH_CUDA_ARCH_LIST)",
+    )
+    p.add_argument("--backend", choices=("nvrtc", "nvcc"), default="nvrtc")
+    p.add_argument("--output", choices=("cubin", "ptx", "fatbin"), default="cubin")
+    p.add_argument("-I", dest="include_dirs", action="append", default=[], metavar="DIR")
+    p.add_argument("-D", dest="defines", action="append", default=[], metavar="NAME[=VALUE]")
+    p.add_argument(
+        "--option",
+        "-X",
+        dest="options",
+        action="append",
+        default=[],
+        metavar="OPT",
+        help="a compiler option, e.g. --option=-lineinfo (repeatable)",
+    )
+    p.add_argument(
+        "--name-expression",
+        dest="name_expressions",
+        action="append",
+        default=[],
+        metavar="EXPR",
+        help="a template instance to keep, e.g. 'block_sum<256, float>' (repeatable)",
+    )
+    p.add_argument(
+        "-o",
+        "--out",
+        metavar="PATH",
+        help="write the binary here (a directory when several files are given)",
+    )
+    p.set_defaults(func=_run_compile)
+
+
+def _parse_defines(items: list[str]) -> dict[str, str]:
+    defines: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not name:
+            raise ValueError(f"-D {item!r}: expected NAME or NAME=VALUE")
+        defines[name] = value if sep else "1"
+    return defines
+
+
+def _run_compile(args: argparse.Namespace) -> int:
+    import time
+
+    import cuforge
+    from cuforge.errors import CuforgeError
+
+    defines = _parse_defines(args.defines)
+    arch: Any = None
+    if args.arch:
+        arch = args.arch[0] if len(args.arch) == 1 else tuple(args.arch)
+    out_dir = None
+    if args.out and len(args.files) > 1:
+        out_dir = args.out
+        os.makedirs(out_dir, exist_ok=True)
+    results: list[dict[str, Any]] = []
+    failed = 0
+    with output.progress("compiling", total=len(args.files), enabled=not args.json) as bar:
+        for path in args.files:
+            bar.describe(f"compiling {os.path.basename(path)}")
+            start = time.perf_counter()
+            try:
+                prog = cuforge.compile_file(
+                    path,
+                    options=tuple(args.options),
+                    include_dirs=tuple(args.include_dirs),
+                    defines=defines,
+                    arch=arch,
+                    backend=args.backend,
+                    output=args.output,
+                    name_expressions=tuple(args.name_expressions),
+                )
+            except (CuforgeError, OSError, ValueError) as exc:
+                failed += 1
+                output.error(f"{path}: {exc}")
+                results.append({"file": path, "ok": False, "error": str(exc)})
+                bar.advance()
+                continue
+            seconds = time.perf_counter() - start
+            written = None
+            if args.out:
+                written = (
+                    os.path.join(
+                        out_dir,
+                        os.path.splitext(os.path.basename(path))[0] + "." + (prog.output or "bin"),
+                    )
+                    if out_dir
+                    else args.out
+                )
+                with open(written, "wb") as f:
+                    f.write(prog.binary)
+            results.append(
+                {
+                    "file": path,
+                    "ok": True,
+                    "source_of_result": prog.source_of_result,
+                    "seconds": round(seconds, 6),
+                    "compile_seconds": prog.compile_seconds,
+                    "arch": list(prog.arch) if isinstance(prog.arch, (list, tuple)) else prog.arch,
+                    "backend": prog.backend,
+                    "output": prog.output,
+                    "bytes": len(prog.binary or b""),
+                    "key": prog.key,
+                    "lowered_names": dict(prog.lowered_names or {}),
+                    "written": written,
+                }
+            )
+            bar.advance()
+    if args.json:
+        output.emit_json(
+            {"command": "compile", "ok": failed == 0, "failed": failed, "results": results}
+        )
+    else:
+        rows = [
+            (
+                r["file"],
+                ",".join(r["arch"]) if isinstance(r["arch"], list) else r["arch"],
+                r["source_of_result"],
+                output.human_seconds(r["seconds"]),
+                output.human_seconds(r["compile_seconds"]),
+                output.human_bytes(r["bytes"]),
+                r["key"][:16],
+            )
+            for r in results
+            if r["ok"]
+        ]
+        if rows:
+            output.table(
+                ("file", "arch", "from", "time", "compile cost", "size", "key"),
+                rows,
+                right=(3, 4, 5),
+            )
+        if failed:
+            print(f"{failed} of {len(results)} failed (errors above)")
+    return 1 if failed else 0
+
+
+# -- entry point ----------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench-build"]:
+        try:
+            import cuforge.cli.bench_build  # noqa: F401
+        except ImportError as exc:
+            return _missing_bench_build(str(exc))
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(func(args) or 0)
+    except KeyboardInterrupt:
+        output.error("interrupted")
+        return 130
+    except BrokenPipeError:
+        # `cuforge cache ls | head`: the reader left; that is not an error.
+        try:
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the exit-time flush
+        except OSError:
+            pass
+        return 0
+    except Exception as exc:  # noqa: BLE001 - the command line reports every failure readably
+        from cuforge.errors import CuforgeError
+
+        if isinstance(exc, (CuforgeError, OSError, ValueError)):
+            output.error(str(exc))
+            return 1
+        if os.environ.get("CUFORGE_DEBUG"):
+            raise
+        output.error(
+            f"{type(exc).__name__}: {exc} (this is a bug in cuforge; set CUFORGE_DEBUG=1 "
+            "for the traceback)"
+        )
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

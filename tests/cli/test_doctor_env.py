@@ -1,0 +1,336 @@
+"""`cuforge doctor`, `cuforge env`, and the command line's general behavior, as subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.cli.conftest import base_env
+from tests.conftest import GPU_VISIBLE
+
+#: Checks that need only the CPU and the Python environment: they pass on CI's box.
+CPU_CHECKS = ("ninja", "build_jobs", "nvrtc", "cache.dir", "cache.size", "cache.integrity")
+
+
+def _rows(doc: dict) -> dict[str, dict]:
+    return {c["id"]: c for c in doc["checks"]}
+
+
+def _bare_path(tmp_path) -> str:
+    """A PATH with nothing but an empty directory: no ninja, no nvcc wrapper, no ccache."""
+    empty = tmp_path / "bin"
+    empty.mkdir(exist_ok=True)
+    return str(empty)
+
+
+def _no_ninja_module(tmp_path) -> str:
+    """A PYTHONPATH entry whose `ninja` package cannot be imported (as if not installed)."""
+    stub = tmp_path / "stubs" / "ninja"
+    stub.mkdir(parents=True, exist_ok=True)
+    (stub / "__init__.py").write_text("raise ImportError('ninja is not installed')\n")
+    return str(tmp_path / "stubs")
+
+
+# -- doctor ---------------------------------------------------------------------------
+
+
+def test_doctor_json_on_this_machine(cli):
+    doc = cli.json("doctor", ok=False)
+    assert doc["command"] == "doctor"
+    rows = _rows(doc)
+    statuses = {c["status"] for c in doc["checks"]}
+    assert statuses <= {"PASS", "WARN", "FAIL", "SKIP"}
+    for check in doc["checks"]:
+        assert set(check) == {"id", "title", "status", "detail", "fix", "data"}
+        assert "could not run this check" not in check["detail"], check
+        if check["status"] in ("WARN", "FAIL"):
+            assert check["fix"], check  # every problem comes with a fix
+    # The exit code follows the FAIL rule exactly.
+    failed = [c for c in doc["checks"] if c["status"] == "FAIL"]
+    assert doc["_rc"] == (1 if failed else 0)
+    assert doc["ok"] is (not failed)
+    assert doc["summary"] == {
+        s.lower(): sum(1 for c in doc["checks"] if c["status"] == s)
+        for s in ("PASS", "WARN", "FAIL", "SKIP")
+    }
+    for check_id in CPU_CHECKS:
+        assert rows[check_id]["status"] == "PASS", rows[check_id]
+    assert rows["cache.size"]["data"]["entries"] == 8
+    assert rows["cache.integrity"]["data"] == {"checked": 8, "corrupt": 0}
+    if not GPU_VISIBLE:
+        assert doc["gpus"] == []
+        assert rows["gpu"]["status"] == "SKIP" and "no GPU" in rows["gpu"]["detail"]
+        assert {"gpu", "gpu.arch", "gpu.driver"} <= set(doc["skipped"])
+        assert rows["gpu.arch"]["status"] == rows["gpu.driver"]["status"] == "SKIP"
+
+
+def test_doctor_human_output_says_no_gpu_and_what_it_skipped(cli):
+    done = cli("doctor")
+    assert done.returncode in (0, 1)
+    lines = done.stdout.splitlines()
+    assert any(line.startswith("PASS  ninja") for line in lines)
+    summary = lines[-1]
+    assert "passed" in summary and "failed" in summary and "skipped" in summary
+    if not GPU_VISIBLE:
+        assert "no GPU" in done.stdout
+        assert "gpu.arch" in summary and "gpu.driver" in summary
+    assert done.returncode == (1 if any(line.startswith("FAIL") for line in lines) else 0)
+
+
+def test_doctor_reports_damaged_entries(cli, cache):
+    for dirpath, _dirs, files in os.walk(os.path.join(cache["dir"], "v1", "entries")):
+        for name in files:
+            if name == cache["keys"]["saxpy.cu"]:
+                with open(os.path.join(dirpath, name), "r+b") as f:
+                    f.truncate(10)
+    row = _rows(cli.json("doctor", ok=False))["cache.integrity"]
+    assert row["status"] == "WARN" and row["data"]["corrupt"] == 1
+    assert "verify --repair" in row["fix"]
+
+
+def test_doctor_without_ninja_on_path(cli, tmp_path):
+    # The pip package still has ninja: a WARN that says where and how to put it on PATH.
+    doc = cli.json("doctor", ok=False, env={"PATH": _bare_path(tmp_path)})
+    row = _rows(doc)["ninja"]
+    assert row["status"] == "WARN" and "not on PATH" in row["detail"]
+    assert row["fix"].startswith("export PATH=")
+    # No ninja anywhere: a FAIL, and the exit code says so.
+    env = {
+        "PATH": _bare_path(tmp_path),
+        "PYTHONPATH": _no_ninja_module(tmp_path) + os.pathsep + base_env("")["PYTHONPATH"],
+    }
+    done = cli("doctor", env=env)
+    assert done.returncode == 1
+    line = next(ln for ln in done.stdout.splitlines() if "ninja" in ln and ln.startswith("FAIL"))
+    assert "not installed" in line
+    assert "pip install ninja" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("value", "status", "words"),
+    [
+        ("banana", "FAIL", "cannot be read"),
+        ("3.5", "FAIL", "cannot build sm_35"),
+        ("7.5;8.0;8.6;8.9;9.0;10.0", "WARN", "6 archs"),
+        ("9.0", "PASS", "9.0"),
+    ],
+)
+def test_doctor_checks_the_arch_list(cli, value, status, words):
+    if GPU_VISIBLE and status == "PASS":
+        pytest.skip("on a GPU box 9.0 may not match the visible GPU")
+    doc = cli.json("doctor", ok=False, env={"TORCH_CUDA_ARCH_LIST": value})
+    row = _rows(doc)["arch_list.TORCH_CUDA_ARCH_LIST"]
+    assert row["status"] == status, row
+    assert words in row["detail"]
+    if status == "FAIL":
+        assert doc["_rc"] == 1 and row["fix"].startswith("export TORCH_CUDA_ARCH_LIST=")
+
+
+def test_doctor_human_fail_line_for_a_wrong_arch_list(cli):
+    done = cli("doctor", env={"TORCH_CUDA_ARCH_LIST": "sm_xx"})
+    assert done.returncode == 1
+    lines = done.stdout.splitlines()
+    i = next(i for i, ln in enumerate(lines) if ln.startswith("FAIL  TORCH_CUDA_ARCH_LIST"))
+    assert "cannot be read" in lines[i]
+    assert "fix: export TORCH_CUDA_ARCH_LIST=" in lines[i + 1]
+
+
+def test_doctor_flags_a_wrong_cuda_home_and_bad_max_jobs(cli, tmp_path):
+    doc = cli.json(
+        "doctor", ok=False, env={"CUDA_HOME": str(tmp_path / "no-cuda"), "MAX_JOBS": "512"}
+    )
+    rows = _rows(doc)
+    assert (
+        rows["cuda_home"]["status"] == "FAIL"
+        and "not a CUDA toolkit" in rows["cuda_home"]["detail"]
+    )
+    assert rows["build_jobs"]["status"] == "WARN" and "MAX_JOBS=512" in rows["build_jobs"]["detail"]
+    assert doc["_rc"] == 1
+
+
+def test_doctor_works_without_torch(cache):
+    # `python -S`: no site-packages, so no torch (nor any other optional package).
+    done = subprocess.run(
+        [sys.executable, "-S", "-m", "cuforge.cli.main", "doctor", "--json"],
+        env=base_env(cache["dir"]),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    doc = json.loads(done.stdout)
+    rows = _rows(doc)
+    assert rows["torch"]["status"] == "SKIP" and "not installed" in rows["torch"]["detail"]
+    assert rows["cuda_headers"]["status"] in ("PASS", "WARN")  # never a FAIL without torch
+    assert all("could not run this check" not in c["detail"] for c in doc["checks"])
+    assert done.returncode == (1 if doc["summary"]["fail"] else 0)
+
+
+# -- env ------------------------------------------------------------------------------
+
+
+def _bash() -> str:
+    path = shutil.which("bash")
+    if path is None:
+        pytest.skip("no bash")
+    return path
+
+
+def test_env_is_evaluable_in_bash(cli, cache):
+    cmd = (
+        f'eval "$({sys.executable} -m cuforge.cli.main env)" && '
+        'echo "MAX_JOBS=$MAX_JOBS" && echo "CACHE=$CUFORGE_CACHE_DIR" && echo "HOME=$CUDA_HOME"'
+    )
+    done = subprocess.run(
+        [_bash(), "-c", cmd],
+        env=base_env(cache["dir"]),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    out = dict(line.split("=", 1) for line in done.stdout.splitlines())
+    assert int(out["MAX_JOBS"]) >= 1
+    assert out["CACHE"] == cache["dir"]
+
+
+def test_env_json_and_explain(cli, cache):
+    doc = cli.json("env")
+    assert doc["command"] == "env"
+    assert set(doc["vars"]) >= {
+        "TORCH_CUDA_ARCH_LIST",
+        "MAX_JOBS",
+        "NVCC_THREADS",
+        "CUFORGE_CACHE_DIR",
+    }
+    assert doc["vars"]["CUFORGE_CACHE_DIR"] == cache["dir"]
+    assert int(doc["vars"]["MAX_JOBS"]) <= doc["resources"]["cores"]
+    assert set(doc["explain"]) == set(doc["vars"])
+    assert all(doc["explain"].values())
+    explained = cli("env", "--explain")
+    assert "# MAX_JOBS: " in explained.stdout and "per compile job" in explained.stdout
+
+
+def test_env_fish_syntax(cli):
+    done = cli("env", "--shell", "fish")
+    assert done.returncode == 0
+    lines = [ln for ln in done.stdout.splitlines() if not ln.startswith("#")]
+    assert lines and all(ln.startswith("set -gx ") and ln.endswith(";") for ln in lines)
+    fish = shutil.which("fish")
+    if fish:
+        check = subprocess.run(
+            [fish, "-n"], input=done.stdout, capture_output=True, text=True, check=False
+        )
+        assert check.returncode == 0, check.stderr
+
+
+def test_env_without_a_gpu_uses_the_configured_arch(cli):
+    if GPU_VISIBLE:
+        pytest.skip("a visible GPU decides the arch")
+    doc = cli.json("env", env={"TORCH_CUDA_ARCH_LIST": "8.0;9.0"})
+    assert doc["vars"]["TORCH_CUDA_ARCH_LIST"] == "8.0;9.0"
+    assert doc["vars"]["CUFORGE_ARCH"] == "sm_90"
+    assert doc["findings"] == [] or all(f["status"] != "FAIL" for f in doc["findings"])
+    nothing = cli.json("env")
+    assert nothing["vars"]["TORCH_CUDA_ARCH_LIST"] is None
+    assert any(
+        "neither CUFORGE_ARCH nor TORCH_CUDA_ARCH_LIST" in f["message"] for f in nothing["findings"]
+    )
+
+
+def test_env_on_a_faked_environment_warns_on_stderr(cli, tmp_path):
+    done = cli("env", env={"TORCH_CUDA_ARCH_LIST": "banana", "PATH": _bare_path(tmp_path)})
+    assert done.returncode == 0
+    assert "cuforge env: FAIL TORCH_CUDA_ARCH_LIST='banana' cannot be read" in done.stderr
+    assert "cuforge env: WARN ninja is not on PATH" in done.stderr
+    # stdout stays a clean list of exports: nothing from the warnings leaks into the eval.
+    for line in done.stdout.splitlines():
+        assert line.startswith(("export ", "# ")), line
+    assert "banana" not in done.stdout
+    doc = cli.json("env", env={"TORCH_CUDA_ARCH_LIST": "banana", "MAX_JOBS": "64"})
+    statuses = {(f["status"], f["message"].split(" ")[0]) for f in doc["findings"]}
+    assert ("FAIL", "TORCH_CUDA_ARCH_LIST='banana'") in statuses
+    assert ("WARN", "MAX_JOBS=64") in statuses
+
+
+# -- the command line in general ------------------------------------------------------
+
+
+def test_console_script_and_version(cli):
+    script = os.path.join(os.path.dirname(sys.executable), "cuforge")
+    if not os.path.exists(script):
+        pytest.skip("cuforge is not installed as a console script in this environment")
+    done = subprocess.run([script, "--version"], capture_output=True, text=True, check=False)
+    assert done.returncode == 0 and done.stdout.startswith("cuforge ")
+
+
+def test_usage_errors_go_to_stderr_with_exit_2(cli):
+    done = cli()
+    assert done.returncode == 2 and "usage" in done.stderr.lower()
+    done = cli("cache")
+    assert done.returncode == 2 and "stats" in done.stderr
+    done = cli("cache", "frobnicate")
+    assert done.returncode == 2 and "invalid choice" in done.stderr
+
+
+def test_bench_build_is_registered(cli):
+    done = cli("bench-build", "--help")
+    try:
+        import cuforge.cli.bench_build  # noqa: F401
+    except ImportError:
+        assert done.returncode == 1 and "bench_build" in done.stderr
+    else:
+        assert done.returncode == 0 and "usage" in done.stdout.lower()
+
+
+def _run_on_a_terminal(args: list[str], env: dict[str, str]) -> str:
+    """Run the CLI with stdout and stderr on a pseudo-terminal; return what it drew."""
+    import pty
+
+    pid, fd = pty.fork()
+    if pid == 0:  # child
+        try:
+            os.execve(sys.executable, [sys.executable, "-m", "cuforge.cli.main", *args], env)
+        finally:
+            os._exit(127)
+    chunks = []
+    while True:
+        try:
+            data = os.read(fd, 65536)
+        except OSError:
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.waitpid(pid, 0)
+    os.close(fd)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def test_rich_on_a_terminal_plain_under_ci(cache):
+    env = base_env(cache["dir"], TERM="xterm-256color", COLUMNS="120")
+    env.pop("CI")
+    env.pop("NO_COLOR", None)
+    drawn = _run_on_a_terminal(["cache", "ls"], env)
+    assert "\x1b[" in drawn or "━" in drawn or "┃" in drawn  # a rich table
+    env["CI"] = "true"
+    plain = _run_on_a_terminal(["cache", "ls"], env)
+    assert "\x1b[" not in plain and "┃" not in plain
+    assert "saxpy.cu" in plain
+
+
+def test_json_output_is_one_parseable_document(cli):
+    for args in (
+        ("cache", "stats"),
+        ("cache", "ls"),
+        ("cache", "verify"),
+        ("env",),
+        ("cache", "explain"),
+    ):
+        done = cli(*args, "--json")
+        assert done.returncode == 0, (args, done.stderr)
+        assert json.loads(done.stdout)["schema"] == 1
