@@ -1,0 +1,11 @@
+"""The kernel launch runtime (imported only when a kernel is first asked for).
+
+* :mod:`~cuforge.runtime.kernel` -- :class:`Kernel`: ``k[grid, block](*args)``
+* :mod:`~cuforge.runtime.signature` -- parameter types from the kernel's declaration
+* :mod:`~cuforge.runtime.args` -- argument conversion, :class:`Pointer`, the packer layout
+* :mod:`~cuforge.runtime.streams` -- ``stream=`` objects and the default stream
+* :mod:`~cuforge.runtime.module` -- loading binaries (``cuLibraryLoadData``), once per process
+* :mod:`~cuforge.runtime.driver` -- the CUDA driver through ctypes
+* :mod:`~cuforge.runtime.fastlaunch` -- the optional C fast path
+* :mod:`~cuforge.runtime.errors` -- :class:`LaunchError` and its kinds
+"""
