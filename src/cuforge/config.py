@@ -21,6 +21,8 @@ CUFORGE_EXTRA_OPTIONS      options appended to every kernel compile (part of the
 CUFORGE_NVCC               the nvcc executable to use (default: the toolkit's)
 CUFORGE_LOCK_TIMEOUT       seconds a process waits for another's compile (default 600)
 CUFORGE_TELEMETRY          ``0``: record no hit/miss statistics (default ``1``)
+CUFORGE_FAST_LAUNCH        ``python``: never build or use the C launch helper
+                           (read by :mod:`cuforge.runtime.fastlaunch`)
 ========================== ============================================================
 """
 
