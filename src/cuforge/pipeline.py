@@ -28,12 +28,20 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 
+# The tiers default_store() builds, loaded with this module so the first lookup pays no import.
+import cuforge.store.disk  # noqa: F401
+import cuforge.store.memory  # noqa: F401
+import cuforge.store.tiered  # noqa: F401
+from cuforge.compiler.nvcc import compile_nvcc, nvcc_command
+from cuforge.compiler.nvrtc import compile_nvrtc, nvrtc_options
 from cuforge.compiler.outputs import BACKENDS, OUTPUT_KINDS, Artifact, CompileOutput
 from cuforge.config import Settings, result_environment, settings
 from cuforge.deps import file_digest, scan_includes, settled, stat_signature
-from cuforge.key import KeyBuilder
+from cuforge.key import KeyBuilder, text_digest
 from cuforge.store import default_store, lock_dir
 from cuforge.store.base import Entry
+from cuforge.store.single_flight import single_flight
+from cuforge.toolchain import compiler_identity, resolve_archs, toolkit_include_dirs, toolkit_root
 
 TYPE_CHECKING = False  # typing costs ~15 ms to import; annotations are strings here
 if TYPE_CHECKING:
@@ -106,17 +114,11 @@ class CompileRequest:
 
     def _compiler_options(self) -> tuple[str, ...]:
         if self.backend == "nvrtc":
-            from cuforge.compiler.nvrtc import nvrtc_options
-
             return tuple(nvrtc_options(self.options, self.archs[0], self.output))
-        from cuforge.compiler.nvcc import nvcc_command
-
         return tuple(nvcc_command(self.options, self.archs, self.output))
 
     def base_key(self) -> KeyBuilder:
         """Every input but the headers' contents."""
-        from cuforge.toolchain import compiler_identity
-
         kb = KeyBuilder("kernel")
         kb.text("name", self.name)
         kb.text("source", self.source)
@@ -126,7 +128,7 @@ class CompileRequest:
         kb.items("options", self.compiler_options)
         kb.items("name_expressions", self.name_expressions)
         if self.headers:
-            kb.mapping("inline_headers", {k: _text_digest(v) for k, v in self.headers.items()})
+            kb.mapping("inline_headers", {k: text_digest(v) for k, v in self.headers.items()})
         kb.mapping("compiler", compiler_identity(self.backend))
         kb.cuforge_version()
         kb.environment()
@@ -134,8 +136,6 @@ class CompileRequest:
 
     def compile(self) -> CompileOutput:
         if self.backend == "nvrtc":
-            from cuforge.compiler.nvrtc import compile_nvrtc
-
             return compile_nvrtc(
                 self.source,
                 name=self.name,
@@ -145,8 +145,6 @@ class CompileRequest:
                 name_expressions=self.name_expressions,
                 headers=self.headers,
             )
-        from cuforge.compiler.nvcc import compile_nvcc
-
         return compile_nvcc(
             self.source,
             name=self.name,
@@ -155,12 +153,6 @@ class CompileRequest:
             output=self.output,
             name_expressions=self.name_expressions,
         )
-
-
-def _text_digest(text: str) -> str:
-    from cuforge.key import text_digest
-
-    return text_digest(text)
 
 
 def compile_cached(
@@ -269,8 +261,6 @@ def _normalize(
     headers,
     cfg,
 ) -> CompileRequest:
-    from cuforge.toolchain import resolve_archs
-
     if not isinstance(source, str):
         raise TypeError(f"source must be str (CUDA C++ text), not {type(source).__name__}")
     if not source.strip():
@@ -338,8 +328,6 @@ def _lookup_or_compile(request: CompileRequest, cfg: Settings, result_type, star
         hit = _lookup(store, base, base_digest, result_type, started, request)
         if hit is not None:
             return hit
-        from cuforge.store.single_flight import single_flight
-
         with single_flight(lock_dir(), base_digest, cfg.lock_timeout):
             # another thread or process may have compiled it while we waited
             hit = _lookup(store, base, base_digest, result_type, started, request)
@@ -416,8 +404,6 @@ def _artifact_from_entry(
 def _scan_headers(request: CompileRequest) -> tuple[list[str], list[str]]:
     """Headers the NVRTC compile will read (over-approximated), and paths whose later
     appearance would change what an include resolves to."""
-    from cuforge.toolchain import toolkit_include_dirs
-
     scan = scan_includes(
         request.source,
         source_dir=request.source_dir,
@@ -457,8 +443,6 @@ def _digests(paths: Sequence[str]) -> tuple[dict[str, str], list[tuple[str, Any]
 
 
 def _system_roots() -> list[str]:
-    from cuforge.toolchain import toolkit_include_dirs, toolkit_root
-
     roots = [os.path.realpath(d) for d in toolkit_include_dirs()]
     root = toolkit_root()
     if root:

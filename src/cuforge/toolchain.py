@@ -337,11 +337,11 @@ def _load_memo() -> dict:
     cached = _memo_cache
     if cached is not None and cached[0] == path and cached[1] == sig:
         return cached[2]
-    import json
+    from cuforge._fastjson import loads  # json itself costs ~10 ms to import
 
     try:
         with open(path, "rb") as f:
-            data = json.loads(f.read())
+            data = loads(f.read())
     except (OSError, ValueError):
         return {"schema": _MEMO_SCHEMA}
     if not isinstance(data, dict) or data.get("schema") != _MEMO_SCHEMA:

@@ -43,6 +43,7 @@ import os
 from _thread import allocate_lock, get_ident
 from time import time
 
+from cuforge._fastjson import loads as _loads
 from cuforge.store import telemetry as _telemetry
 from cuforge.store.base import Entry, EntryInfo, Store, StoreStats
 
@@ -73,45 +74,6 @@ except ImportError:  # pragma: no cover - a Python without the builtin module
 
 def _digest(data) -> bytes:
     return _blake2b(data, digest_size=_DIGEST).digest()
-
-
-def _make_loads():
-    """A JSON decoder that does not import ``re`` (``json`` costs ~10 ms to import)."""
-    try:
-        import _json
-
-        class _Context:
-            strict = True
-            object_hook = None
-            object_pairs_hook = None
-            parse_float = float
-            parse_int = int
-            parse_constant = {
-                "NaN": float("nan"),
-                "Infinity": float("inf"),
-                "-Infinity": float("-inf"),
-            }.__getitem__
-            memo: dict = {}
-
-        scan = _json.make_scanner(_Context())
-
-        def loads(text: str) -> Any:
-            try:
-                value, end = scan(text, 0)
-            except StopIteration:
-                raise ValueError("not JSON") from None
-            if end != len(text):
-                raise ValueError("trailing data after JSON")
-            return value
-
-        return loads
-    except Exception:  # noqa: BLE001 - any trouble: use the stdlib
-        import json
-
-        return json.loads
-
-
-_loads = _make_loads()
 
 
 def _dumps(obj: Any) -> bytes:

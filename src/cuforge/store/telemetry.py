@@ -26,7 +26,9 @@ The line format (version 1)::
 
 from __future__ import annotations
 
+import atexit
 import os
+import weakref
 from _thread import allocate_lock
 from time import monotonic, time
 
@@ -62,8 +64,6 @@ _drains: list = []
 def add_drain(fn) -> None:
     """Register a bound method that hands buffered counts to :func:`record`; it is called
     before every flush and summary. Held weakly: a dead store's drain just disappears."""
-    import weakref
-
     _drains.append(weakref.WeakMethod(fn))
     _register_atexit()
 
@@ -144,8 +144,6 @@ def record(
 def _register_atexit() -> None:
     global _atexit_registered
     if not _atexit_registered:
-        import atexit
-
         atexit.register(flush)
         _atexit_registered = True
 
