@@ -7,11 +7,12 @@ nearest remembered ones (the fewest differing fields) and says what changed:
 
 Files (under ``<cache_dir>/explain/``, small and bounded):
 
-* ``names/<sha256(name)[:32]>.json`` -- the last :data:`HISTORY_PER_NAME` key records of a name.
+* ``names/<sha256(name)[:32]>.jsonl`` -- key records of a name, one per line, newest last;
+  the last :data:`HISTORY_PER_NAME` are compared.
 * ``misses.jsonl`` -- explained misses, newest last; trimmed to its newest half past
   :data:`MISS_LOG_MAX_BYTES`. ``cuforge cache explain`` reads it.
 
-All writes are atomic (temp file + ``os.replace``) or single small appends, and every
+All writes are single appends (or an atomic rewrite when trimming), and every
 I/O failure here is swallowed after one debug log line: explaining must never make a
 compile fail. With file caching off, the history lives in this process only.
 """
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 __all__ = ["remember", "explain", "log_miss", "recent_misses", "last_miss"]
 
 HISTORY_PER_NAME = 8
+HISTORY_MAX_BYTES = 256 << 10
 MISS_LOG_MAX_BYTES = 1 << 20
 
 _memory_history: dict[str, list[dict[str, Any]]] = {}
@@ -41,37 +43,54 @@ _last_misses: list[dict[str, Any]] = []
 
 def _name_file(cache_dir: str, name: str) -> str:
     digest = hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()[:32]
-    return os.path.join(cache_dir, "explain", "names", digest + ".json")
+    return os.path.join(cache_dir, "explain", "names", digest + ".jsonl")
 
 
 def _read_history(cache_dir: str | None, name: str) -> list[dict[str, Any]]:
     if cache_dir is None:
         return _memory_history.get(name, [])
     try:
-        with open(_name_file(cache_dir, name), encoding="utf-8") as f:
-            records = json.load(f)
-    except (OSError, ValueError):
+        with open(_name_file(cache_dir, name), encoding="utf-8", errors="surrogateescape") as f:
+            lines = f.readlines()
+    except OSError:
         return _memory_history.get(name, [])
-    return records if isinstance(records, list) else []
+    records = []
+    for line in lines[-HISTORY_PER_NAME:]:
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue  # a torn line from a crashed writer
+    return records
 
 
 def remember(cache_dir: str | None, name: str, key: str, fields: dict[str, Any]) -> None:
-    """Record that ``name`` was built with ``key`` from ``fields``."""
-    history = [r for r in _read_history(cache_dir, name) if r.get("key") != key]
-    history.append({"key": key, "time": time.time(), "fields": fields})
-    history = history[-HISTORY_PER_NAME:]
-    _memory_history[name] = history
+    """Record that ``name`` was built with ``key`` from ``fields`` (one appended line;
+    the file is trimmed to its newest records when it grows)."""
+    record = {"key": key, "time": time.time(), "fields": fields}
+    history = _memory_history.setdefault(name, [])
+    history.append(record)
+    del history[:-HISTORY_PER_NAME]
     if cache_dir is None:
         return
     path = _name_file(cache_dir, name)
     try:
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(history, f)
-        os.replace(tmp, path)
+        size = _append(path, (json.dumps(record) + "\n").encode("utf-8", "surrogateescape"))
+        if size > HISTORY_MAX_BYTES:
+            _trim(path, keep_lines=HISTORY_PER_NAME)
     except OSError as exc:
         _debug(f"could not record key history for {name!r}: {exc}")
+
+
+def _append(path: str, line: bytes) -> int:
+    """Append one line (a single write, so concurrent writers never interleave within it)
+    and return the file's new size."""
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, line)
+        return os.fstat(fd).st_size
+    finally:
+        os.close(fd)
 
 
 def explain(cache_dir: str | None, name: str, fields: dict[str, Any]) -> list[str]:
@@ -116,26 +135,23 @@ def log_miss(cache_dir: str | None, name: str, key: str, reasons: list[str]) -> 
     if cache_dir is None:
         return
     path = os.path.join(cache_dir, "explain", "misses.jsonl")
-    line = (json.dumps(record) + "\n").encode("utf-8", "surrogateescape")
     try:
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            os.write(fd, line)
-            size = os.fstat(fd).st_size
-        finally:
-            os.close(fd)
+        size = _append(path, (json.dumps(record) + "\n").encode("utf-8", "surrogateescape"))
         if size > MISS_LOG_MAX_BYTES:
-            _trim(path)
+            _trim(path, keep_lines=None)
     except OSError as exc:
         _debug(f"could not log a cache miss: {exc}")
 
 
-def _trim(path: str) -> None:
+def _trim(path: str, keep_lines: int | None) -> None:
+    """Keep the newest ``keep_lines`` lines (or the newest half of the file)."""
     with open(path, "rb") as f:
         data = f.read()
-    keep = data[len(data) // 2 :]
-    keep = keep[keep.find(b"\n") + 1 :]
+    if keep_lines is None:
+        keep = data[len(data) // 2 :]
+        keep = keep[keep.find(b"\n") + 1 :]
+    else:
+        keep = b"".join(data.splitlines(keepends=True)[-keep_lines:])
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "wb") as f:
         f.write(keep)
