@@ -134,6 +134,19 @@ class CompileRequest:
         kb.environment()
         return kb
 
+    def result(self, result_type: type[Artifact], **fields) -> Artifact:
+        """The pipeline's answer for this request; ``fields`` gives what the compile or the
+        cache entry supplied (binary, log, key, ...)."""
+        return result_type(
+            name=self.name,
+            source=self.source,
+            output=self.output,
+            arch=self.archs[0] if len(self.archs) == 1 else self.archs,
+            backend=self.backend,
+            name_expressions=self.name_expressions,
+            **fields,
+        )
+
     def compile(self) -> CompileOutput:
         if self.backend == "nvrtc":
             return compile_nvrtc(
@@ -355,15 +368,9 @@ def _lookup(
     probes: list[str] = manifest.meta.get("probes", [])
     if any(os.path.exists(p) for p in probes):
         return None  # a header would now resolve to a different file
-    current: dict[str, str] = {}
-    sigs: list[tuple[str, Any]] = []
-    for path in recorded:
-        sig = stat_signature(path)
-        digest = file_digest(path) if sig is not None else None
-        if digest is None:
-            return None  # a header the last compile read is gone
-        current[path] = digest
-        sigs.append((path, sig))
+    current, sigs = _digests(recorded)
+    if len(current) != len(recorded):
+        return None  # a header the last compile read is gone
     final = _final_key(base, current)
     key = final.hexdigest()
     entry, tier = _get(store, key)
@@ -371,34 +378,21 @@ def _lookup(
         return None
     source_of_result = "memory" if tier == "memory" else "disk"
     counters["memory_hits" if source_of_result == "memory" else "disk_hits"] += 1
-    result = _artifact_from_entry(
-        entry, request, final.fields, source_of_result, result_type, started
-    )
-    _verbose_line(result, f"{source_of_result} hit")
-    return result, sigs, probes
-
-
-def _artifact_from_entry(
-    entry: Entry, request, fields, source_of_result, result_type, started
-) -> Artifact:
     meta = entry.meta
-    return result_type(
-        name=request.name,
-        source=request.source,
+    result = request.result(
+        result_type,
         binary=entry.payload,
-        output=request.output,
-        arch=request.archs[0] if len(request.archs) == 1 else request.archs,
-        backend=request.backend,
         lowered_names=dict(meta.get("lowered_names", {})),
-        name_expressions=request.name_expressions,
         log=meta.get("log", ""),
         key=entry.key,
-        key_fields=fields,
+        key_fields=final.fields,
         source_of_result=source_of_result,
         compile_seconds=float(meta.get("compile_seconds", 0.0)),
         lookup_seconds=time.perf_counter() - started,
         headers=tuple(meta.get("header_paths", ())),
     )
+    _verbose_line(result, f"{source_of_result} hit")
+    return result, sigs, probes
 
 
 def _scan_headers(request: CompileRequest) -> tuple[list[str], list[str]]:
@@ -481,15 +475,10 @@ def _compile_and_store(
     stable = all(before.get(p, headers.get(p)) == headers.get(p) for p in headers)
     final = _final_key(base, headers)
     key = final.hexdigest()
-    result = result_type(
-        name=request.name,
-        source=request.source,
+    result = request.result(
+        result_type,
         binary=out.binary,
-        output=request.output,
-        arch=request.archs[0] if len(request.archs) == 1 else request.archs,
-        backend=request.backend,
         lowered_names=dict(out.lowered_names),
-        name_expressions=request.name_expressions,
         log=out.log,
         key=key,
         key_fields=final.fields,
