@@ -33,7 +33,7 @@ lint: $(VENV)/.installed-test
 	$(PY) -m ruff format src tests bench
 
 bench: $(VENV)/.installed-test
-	$(PY) bench/compile_cache.py
+	$(PY) bench/compile_cache.py --runs 7
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache

@@ -16,6 +16,8 @@ SUPPORTED = [f"sm_{a}" for a in (75, 80, 86, 87, 89, 90, 100, 120)]
     ("name", "text", "gpus", "expected"),
     [
         ("TORCH_CUDA_ARCH_LIST", "9.0", ["sm_90"], []),
+        # arch-specific sm_90a code runs on any compute capability 9.0 GPU (the GPU image's default)
+        ("TORCH_CUDA_ARCH_LIST", "9.0a", ["sm_90"], []),
         ("TORCH_CUDA_ARCH_LIST", "8.0", ["sm_90"], [("FAIL", "no arch for the visible sm_90")]),
         ("TORCH_CUDA_ARCH_LIST", "8.0;9.0", ["sm_90"], [("WARN", "also builds sm_80")]),
         ("TORCH_CUDA_ARCH_LIST", "8.0", ["sm_86"], [("WARN", "only through compatibility")]),

@@ -150,9 +150,11 @@ def _coverage(entries: list[tuple[str, bool]], gpu: str) -> str | None:
     result = None
     for arch, ptx in entries:
         num, suffix = _arch_key(arch)
-        if num == g_num and (suffix == g_suffix or not suffix):
+        # an "a" (arch-specific) cubin runs on exactly its compute capability, so sm_90a
+        # serves an sm_90 GPU; an "f" (family) cubin also runs on later minors of its major
+        if num == g_num:
             return "exact"
-        if not suffix and num // 10 == g_num // 10 and num < g_num:
+        if suffix in ("", "f") and num // 10 == g_num // 10 and num < g_num:
             result = "compatible"
         if ptx and not suffix and num < g_num:
             result = "compatible"
