@@ -350,29 +350,41 @@ def _load_memo() -> dict:
     return data
 
 
-def _save_memo(memo: dict) -> None:
-    """Atomically replace the memo; an unwritable cache dir just means re-probing later."""
+def write_json_atomic(path: str, data: dict) -> bool:
+    """Replace ``path`` with ``data`` as JSON (temp file + ``os.replace``). False when the
+    directory is unwritable: callers treat these memo files as optional."""
     import json
 
-    global _memo_cache
-    path = _memo_path()
-    directory = os.path.dirname(path)
     tmp = f"{path}.{os.getpid()}.{_thread.get_ident()}.tmp"
     try:
-        os.makedirs(directory, mode=0o700, exist_ok=True)
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(memo, f, indent=1, sort_keys=True)
+            json.dump(data, f, indent=1, sort_keys=True)
         os.replace(tmp, path)
-        st = os.stat(path)
-        _memo_cache = (path, (st.st_size, st.st_mtime_ns, st.st_ino), memo)
+        return True
     except OSError:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        return False
 
 
-def _stat_sig(path: str) -> list[int] | None:
+def _save_memo(memo: dict) -> None:
+    """Atomically replace the memo; an unwritable cache dir just means re-probing later."""
+    global _memo_cache
+    path = _memo_path()
+    if not write_json_atomic(path, memo):
+        return
+    try:
+        st = os.stat(path)
+    except OSError:
+        return
+    _memo_cache = (path, (st.st_size, st.st_mtime_ns, st.st_ino), memo)
+
+
+def file_stat_key(path: str) -> list[int] | None:
+    """[size, mtime_ns] of a file, the key memo entries are stored under (None: missing)."""
     try:
         st = os.stat(path)
     except OSError:
@@ -525,7 +537,7 @@ def compiler_identity(backend: str) -> dict[str, str]:
     if memo is not None:
         checks, identity = memo
         for path, sig in checks:
-            if _stat_sig(path) != sig:
+            if file_stat_key(path) != sig:
                 break
         else:
             return dict(identity)
@@ -544,7 +556,7 @@ def _nvrtc_identity():
     with _lock:
         memo = _load_memo()
         changed = False
-        sig = _stat_sig(library)
+        sig = file_stat_key(library)
         if sig is None:
             raise ToolchainError(f"the NVRTC library {library} disappeared; reinstall it")
         lib, ch = _probed(memo, "nvrtc", library, sig, _probe_nvrtc)
@@ -554,7 +566,7 @@ def _nvrtc_identity():
         headers = ";".join(include) if include else "none"
         if include:
             cuda_h = os.path.join(include[0], "cuda.h")
-            hsig = _stat_sig(cuda_h)
+            hsig = file_stat_key(cuda_h)
             if hsig is not None:
                 hdr, ch = _probed(memo, "headers", cuda_h, hsig, _probe_headers)
                 changed |= ch
@@ -578,14 +590,14 @@ def _nvrtc_identity():
 
 def _nvcc_identity():
     path = nvcc_path()
-    sig = _stat_sig(path)
+    sig = file_stat_key(path)
     if sig is None:
         raise ToolchainError(f"nvcc at {path} disappeared; check the CUDA toolkit install")
     checks = [(path, sig)]
     # a wrapper script (CUFORGE_NVCC=/usr/local/bin/nvcc): the executable it runs counts too
     real = _resolve_nvcc(path)
     if real != path:
-        real_sig = _stat_sig(real)
+        real_sig = file_stat_key(real)
         if real_sig is not None:
             checks.append((real, real_sig))
     memo_sig = [n for _, s in checks for n in (s or [])]

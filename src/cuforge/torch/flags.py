@@ -22,6 +22,7 @@ import os
 import sys
 
 from cuforge.config import settings
+from cuforge.toolchain import file_stat_key, write_json_atomic
 
 __all__ = [
     "PRESETS",
@@ -87,28 +88,7 @@ def _load_memo() -> dict:
 
 
 def _save_memo(memo: dict) -> None:
-    import json
-
-    path = _memo_path()
-    tmp = f"{path}.{os.getpid()}.tmp"
-    try:
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(memo, f, indent=1, sort_keys=True)
-        os.replace(tmp, path)
-    except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-
-
-def _stat_sig(path: str) -> list[int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return [st.st_size, st.st_mtime_ns]
+    write_json_atomic(_memo_path(), memo)
 
 
 def _which(program: str) -> str | None:
@@ -138,7 +118,7 @@ def tool_identity(program: str) -> str:
             "`apt-get install g++`) or set CXX to a C++ compiler."
         )
     real = os.path.realpath(path)
-    sig = _stat_sig(real)
+    sig = file_stat_key(real)
     memo_key = (real, tuple(sig or ()))
     found = _tool_memo.get(memo_key)
     if found is not None:
