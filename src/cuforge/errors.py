@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from cuforge.config import ArchError
-
 __all__ = ["CuforgeError", "CompileError", "ArchError", "ToolchainError", "Diagnostic"]
 
 
 class CuforgeError(Exception):
     """Base class of cuforge's own errors."""
+
+
+class ArchError(CuforgeError, ValueError):
+    """An arch string cuforge cannot understand, or no arch could be determined; the message
+    says how to set one."""
 
 
 class ToolchainError(CuforgeError):

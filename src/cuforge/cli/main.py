@@ -268,7 +268,9 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(exc, (CuforgeError, OSError, ValueError)):
             output.error(str(exc))
             return 1
-        if os.environ.get("CUFORGE_DEBUG"):
+        from cuforge.config import settings
+
+        if settings().debug:
             raise
         output.error(
             f"{type(exc).__name__}: {exc} (this is a bug in cuforge; set CUFORGE_DEBUG=1 "

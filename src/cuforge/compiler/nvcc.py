@@ -19,8 +19,8 @@ from __future__ import annotations
 import os
 import time
 
+from cuforge.arch import normalize_arch
 from cuforge.compiler.outputs import CompileOutput
-from cuforge.config import normalize_arch
 from cuforge.errors import ArchError, CompileError, ToolchainError
 from cuforge.toolchain import nvcc_path
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 import _thread
 import time
 
+from cuforge.arch import normalize_arch
 from cuforge.compiler.outputs import CompileOutput
-from cuforge.config import normalize_arch
 from cuforge.errors import ArchError, CompileError, ToolchainError
 from cuforge.toolchain import nvrtc_library_path, toolkit_include_dirs
 

@@ -1,0 +1,305 @@
+"""Safe file primitives: the one home for how cuforge opens, writes, appends and locks files.
+
+Every file cuforge writes under the cache dir (and the build files it writes elsewhere)
+goes through these functions, so one rule applies everywhere:
+
+* **No symlinks are followed when writing.** Opens use ``O_NOFOLLOW``; a temp file is
+  created with ``O_EXCL`` and renamed over the target, which replaces a planted link
+  instead of writing through it.
+* **Only regular files are used.** Opens are non-blocking and checked with ``fstat``: a
+  FIFO, socket, device or directory in place of a file raises :class:`NotRegularFile`
+  (an ``OSError``) instead of hanging or being read.
+* **Readers see the old file or the new one, never part of one:** :func:`atomic_write`
+  writes a temp file in the same directory, optionally ``fsync``s it, then ``os.replace``s
+  it into place. Temp files are named ``.tmp.<name>.<pid>.<thread>.<n>`` so that cleaners
+  (``cuforge cache prune``) recognize them (:data:`TMP_PREFIX`).
+* **Appends of one line never interleave:** :func:`append_line` is a single ``write`` on an
+  ``O_APPEND`` descriptor.
+
+Not guaranteed: atomicity and ``flock`` semantics on network filesystems (NFS, SMB) are
+whatever that filesystem provides.
+
+The bottom layer: imports only the standard library, and nothing costly at import time.
+"""
+
+from __future__ import annotations
+
+import os
+import stat as _stat
+from _thread import get_ident
+
+__all__ = [
+    "TMP_PREFIX",
+    "NotRegularFile",
+    "open_regular",
+    "read_bytes",
+    "atomic_write",
+    "write_if_changed",
+    "append_line",
+    "locked",
+    "temp_path",
+    "unlink",
+    "trust_problem",
+]
+
+#: Every temp file this module creates starts with this prefix.
+TMP_PREFIX = ".tmp."
+
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+_SAFE = _O_CLOEXEC | _O_NOFOLLOW | _O_NONBLOCK
+
+_counter = [0]
+
+
+class NotRegularFile(OSError):
+    """A path that should be a regular file is something else (FIFO, directory, device...)."""
+
+
+def open_regular(path: str, flags: int = os.O_RDONLY, mode: int = 0o600) -> int:
+    """``os.open`` that refuses symlinks (``ELOOP``) and anything but a regular file
+    (:class:`NotRegularFile`), without ever blocking on a FIFO. Returns the descriptor."""
+    fd = os.open(path, flags | _SAFE, mode)
+    try:
+        st = os.fstat(fd)
+        if not _stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(f"{path} is not a regular file")
+        if _O_NONBLOCK:
+            # regular files ignore O_NONBLOCK; clear it so later writes behave normally
+            import fcntl
+
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~_O_NONBLOCK)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_bytes(path: str, max_bytes: int | None = None) -> bytes:
+    """The whole content of the regular file ``path``. Raises ``OSError`` (including
+    :class:`NotRegularFile`, and ``EFBIG`` past ``max_bytes``)."""
+    fd = open_regular(path)
+    try:
+        size = os.fstat(fd).st_size
+        if max_bytes is not None and size > max_bytes:
+            import errno
+
+            raise OSError(errno.EFBIG, f"{path} is {size} bytes, over the {max_bytes}-byte cap")
+        chunks = []
+        remaining = size if max_bytes is None else max_bytes + 1
+        while True:
+            chunk = os.read(fd, max(remaining, 1 << 16))
+            if not chunk:
+                break
+            chunks.append(chunk)
+        data = b"".join(chunks)
+        if max_bytes is not None and len(data) > max_bytes:
+            import errno
+
+            raise OSError(errno.EFBIG, f"{path} grew over the {max_bytes}-byte cap")
+        return data
+    finally:
+        os.close(fd)
+
+
+def temp_path(path: str) -> str:
+    """A unique temp file name beside ``path`` (same directory, so a rename is atomic)."""
+    _counter[0] += 1
+    directory, base = os.path.split(path)
+    return os.path.join(directory, f"{TMP_PREFIX}{base}.{os.getpid()}.{get_ident()}.{_counter[0]}")
+
+
+def unlink(path: str) -> bool:
+    """Remove ``path`` (a link is removed, never followed); False when it was not there."""
+    try:
+        os.unlink(path)
+        return True
+    except OSError:
+        return False
+
+
+def atomic_write(
+    path: str,
+    data: bytes | str,
+    *,
+    durable: bool = False,
+    mode: int = 0o600,
+    makedirs: bool = True,
+) -> None:
+    """Replace ``path`` with ``data`` atomically (temp file + ``os.replace``).
+
+    ``durable``: ``fsync`` the file and then its directory, so the content survives a power
+    loss. ``makedirs``: create missing parent directories (mode 0700). A symlink at ``path``
+    is replaced, not followed. Raises ``OSError``; the temp file never outlives a failure.
+    """
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    directory = os.path.dirname(path) or "."
+    if makedirs:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+    tmp = temp_path(path)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC | _O_NOFOLLOW, mode)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        unlink(tmp)
+        raise
+    if durable:
+        try:
+            dfd = os.open(directory, os.O_RDONLY | _O_CLOEXEC)
+        except OSError:
+            return
+        try:
+            os.fsync(dfd)
+        except OSError:
+            pass  # some filesystems cannot fsync a directory; the file itself is synced
+        finally:
+            os.close(dfd)
+
+
+def write_if_changed(path: str, data: bytes | str, *, mode: int = 0o600) -> bool:
+    """:func:`atomic_write` unless ``path`` already holds exactly ``data`` (keeps its mtime,
+    so build tools such as ninja see nothing new). Returns True when it wrote."""
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    try:
+        if read_bytes(path, max_bytes=len(data)) == data:
+            return False
+    except OSError:
+        pass  # missing, too big, not a regular file: (re)write it
+    atomic_write(path, data, mode=mode)
+    return True
+
+
+def append_line(path: str, line: bytes | str, *, create: bool = True, mode: int = 0o600) -> int:
+    """Append ``line`` with one ``write`` on an ``O_APPEND`` descriptor, so concurrent
+    appenders never interleave within a line; returns the file's new size.
+
+    ``create``: create the file (and its directory) when missing; otherwise a missing file
+    raises ``FileNotFoundError``. Refuses symlinks and non-regular files (``OSError``).
+    """
+    if isinstance(line, str):
+        line = line.encode("utf-8", "surrogateescape")
+    flags = os.O_WRONLY | os.O_APPEND | (os.O_CREAT if create else 0)
+    try:
+        fd = open_regular(path, flags, mode)
+    except FileNotFoundError:
+        if not create:
+            raise
+        os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+        fd = open_regular(path, flags, mode)
+    try:
+        os.write(fd, line)
+        return os.fstat(fd).st_size
+    finally:
+        os.close(fd)
+
+
+class locked:
+    """``with locked(path, shared=False, blocking=True) as held:`` -- an ``flock`` on the lock
+    file ``path`` (created, mode 0600; its directory too). ``held`` is True when the lock
+    was taken; with ``blocking=False`` it is False when another process holds it. The lock
+    is released when the block ends (or the process dies). Raises ``OSError`` when the lock
+    file cannot be opened, is a symlink or is not a regular file.
+
+    ``fd`` is the open lock file's descriptor while the block runs; :meth:`relock` changes
+    the lock's kind in place and :meth:`release` drops it early.
+    """
+
+    __slots__ = ("path", "shared", "blocking", "fd", "held")
+
+    def __init__(self, path: str, *, shared: bool = False, blocking: bool = True) -> None:
+        self.path, self.shared, self.blocking = path, shared, blocking
+        self.fd = -1
+        self.held = False
+
+    def __enter__(self) -> bool:
+        import fcntl
+
+        flags = os.O_RDWR | os.O_CREAT
+        try:
+            self.fd = open_regular(self.path, flags)
+        except FileNotFoundError:
+            os.makedirs(os.path.dirname(self.path) or ".", mode=0o700, exist_ok=True)
+            self.fd = open_regular(self.path, flags)
+        op = fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX
+        try:
+            fcntl.flock(self.fd, op | (0 if self.blocking else fcntl.LOCK_NB))
+            self.held = True
+        except BlockingIOError:
+            self.held = False
+        except BaseException:
+            os.close(self.fd)
+            self.fd = -1
+            raise
+        return self.held
+
+    def relock(self, *, shared: bool, blocking: bool = True) -> bool:
+        """Change the held lock to shared or exclusive; returns whether it is held now."""
+        import fcntl
+
+        op = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+        try:
+            fcntl.flock(self.fd, op | (0 if blocking else fcntl.LOCK_NB))
+            self.held, self.shared = True, shared
+        except BlockingIOError:
+            pass
+        return self.held
+
+    def release(self) -> None:
+        """Drop the lock early, keeping the file open until the block ends."""
+        import fcntl
+
+        if self.held:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            self.held = False
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)  # closing drops the flock too
+            self.fd = -1
+            self.held = False
+
+
+def trust_problem(path: str) -> str | None:
+    """Why the directory ``path`` cannot be trusted to hold code this process will run, or
+    None when it can (or does not exist yet: cuforge then creates it with mode 0700).
+
+    The rule is ssh's StrictModes: the directory must be owned by the current user and
+    must not be writable by group or others. Whoever can write a cache dir can make every
+    process that uses it run their code. The message names the fix."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"{path} cannot be checked ({exc.strerror})"
+    if not _stat.S_ISDIR(st.st_mode):
+        return f"{path} is not a directory"
+    uid = os.geteuid()
+    if st.st_uid != uid:
+        import pwd
+
+        try:
+            owner = pwd.getpwuid(st.st_uid).pw_name
+        except KeyError:
+            owner = str(st.st_uid)
+        return (
+            f"{path} is owned by {owner}, not by the current user; use a cache dir of your "
+            f"own (export CUFORGE_CACHE_DIR=~/.cache/cuforge) or `chown -R $(id -un) {path}`"
+        )
+    if st.st_mode & 0o022:
+        who = " and ".join(
+            w for w, bit in (("group", 0o020), ("others", 0o002)) if st.st_mode & bit
+        )
+        return f"{path} is writable by {who}; fix it with `chmod go-w {path}`"
+    return None
