@@ -12,6 +12,7 @@ import stat
 import pytest
 
 from cuforge import toolchain
+from cuforge.arch import arch_number
 from cuforge.errors import ArchError, ToolchainError
 from tests.conftest import child_env, run_python
 
@@ -370,4 +371,4 @@ def test_no_arch_anywhere_says_exactly_how_to_set_it(monkeypatch):
 
 def test_arch_number_orders_archs():
     archs = ["sm_90a", "sm_100", "sm_80", "sm_90"]
-    assert sorted(archs, key=toolchain.arch_number) == ["sm_80", "sm_90", "sm_90a", "sm_100"]
+    assert sorted(archs, key=arch_number) == ["sm_80", "sm_90", "sm_90a", "sm_100"]

@@ -9,7 +9,7 @@ import costs only the lookup. The launch runtime and the torch helpers load on f
 * :func:`explain_miss` -- why the last lookup of a source name missed the cache
 * :func:`cache` -- the cache tiers in use (memory + disk)
 * :mod:`cuforge.torch` -- drop-in ``load()`` / ``load_inline()`` for PyTorch extensions
-* errors: :class:`CompileError`, :class:`ArchError`, :class:`ToolchainError`,
+* errors: :class:`CompileError`, :class:`ArchError`, :class:`ConfigError`, :class:`ToolchainError`,
   :class:`LaunchError`, :class:`CuforgeError`
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from cuforge._version import __version__
 from cuforge.api import cache, compile, compile_file, explain_miss
-from cuforge.errors import ArchError, CompileError, CuforgeError, ToolchainError
+from cuforge.errors import ArchError, CompileError, ConfigError, CuforgeError, ToolchainError
 from cuforge.program import Program
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "Pointer",
     "CompileError",
     "ArchError",
+    "ConfigError",
     "ToolchainError",
     "LaunchError",
     "CuforgeError",

@@ -1,6 +1,6 @@
 """cuforge's settings: every ``CUFORGE_*`` environment variable, read in one place.
 
-The bottom layer. It imports nothing from the rest of cuforge.
+The bottom layer. It imports only :mod:`cuforge.errors` from the rest of cuforge.
 
 Settings are live: :func:`settings` notices when the environment changes (a test's
 ``monkeypatch.setenv``, a user's ``os.environ[...] = ...``) and re-reads it. It costs a
@@ -9,7 +9,8 @@ fraction of a microsecond when nothing changed, because the compile hot path cal
 ========================== ============================================================
 variable                   meaning
 ========================== ============================================================
-CUFORGE_CACHE_DIR          root of the disk cache (default: platformdirs' user cache dir)
+CUFORGE_CACHE_DIR          root of the disk cache (default: platformdirs' user cache dir);
+                           it must be owned by you and not writable by group or others
 CUFORGE_DISABLE_CACHE      ``1``: never look up or store anything; always compile
 CUFORGE_DISABLE_FILE_CACHE ``1``: memory tier only, nothing written to disk
 CUFORGE_CACHE_MAX_BYTES    disk-tier cap; least recently used entries go first (5 GiB)
@@ -19,28 +20,51 @@ CUFORGE_EXPLAIN            ``1``: on a miss, say which key field changed (on std
 CUFORGE_ARCH               target arch when no GPU is visible (``sm_90``, ``9.0`` or ``90``)
 CUFORGE_EXTRA_OPTIONS      options appended to every kernel compile (part of the key)
 CUFORGE_NVCC               the nvcc executable to use (default: the toolkit's)
-CUFORGE_LOCK_TIMEOUT       seconds a process waits for another's compile (default 600)
+CUFORGE_LOCK_TIMEOUT       seconds a process waits for another's compile (default 600);
+                           ``0``: never wait, ``inf``: wait as long as it takes
 CUFORGE_TELEMETRY          ``0``: record no hit/miss statistics (default ``1``)
-CUFORGE_FAST_LAUNCH        ``python``: never build or use the C launch helper
-                           (read by :mod:`cuforge.runtime.fastlaunch`)
+CUFORGE_FAST_LAUNCH        ``python``: never build or use the C launch helper (default ``c``)
+CUFORGE_LAUNCH_ENTRY       driver entry the C launcher calls: ``classic`` (default) or ``ex``
+CUFORGE_TORCH_LAUNCHER     ``ccache`` / ``sccache`` / ``auto`` (or a launcher program):
+                           compiler launcher for torch builds; ``0``/``off``/``none``: none
+CUFORGE_TORCH_SPLIT        ``0`` / ``1``: force nvcc's parallel host/device pipelines off / on
+CUFORGE_DEBUG              ``1``: the CLI shows tracebacks
 ========================== ============================================================
+
+Accepted values, and what an out-of-range one does (always a :class:`ConfigError`, a
+``ValueError``, that names the variable and what it accepts; nothing is silently ignored):
+
+* switches (``CUFORGE_DISABLE_CACHE``, ``CUFORGE_DISABLE_FILE_CACHE``, ``CUFORGE_VERBOSE``,
+  ``CUFORGE_EXPLAIN``, ``CUFORGE_TELEMETRY``, ``CUFORGE_TORCH_SPLIT``, ``CUFORGE_DEBUG``):
+  ``1``/``true``/``yes``/``on`` or ``0``/``false``/``no``/``off`` (any case); empty means
+  the default;
+* sizes: bytes or a number with a unit (``512M``, ``5G``, ``5GiB``, ``1.5T``), from 0 to
+  2**63 - 1 bytes (``0`` is a cap of zero bytes, not "no cap"). Negative, ``nan``, ``inf`` and
+  overflowing values (``1e400``) are errors;
+* ``CUFORGE_LOCK_TIMEOUT``: seconds, ``0`` or more; ``inf`` waits forever (in practice
+  ``threading.TIMEOUT_MAX``, about 292 years). Negative and ``nan`` are errors;
+* ``CUFORGE_FAST_LAUNCH``: ``c`` or ``python``; ``CUFORGE_LAUNCH_ENTRY``: ``classic`` or
+  ``ex``; anything else is an error.
 """
 
 from __future__ import annotations
 
+import _thread
 import os
 import sys
 
+from cuforge.errors import ConfigError
+
 __all__ = [
+    "ConfigError",
     "CODEGEN_ENV_VARS",
     "Settings",
     "settings",
     "codegen_environment",
     "result_environment",
     "parse_size",
-    "normalize_arch",
-    "parse_arch_list",
-    "ArchError",
+    "raw_env_get",
+    "raw_env_key",
 ]
 
 DEFAULT_CACHE_MAX_BYTES = 5 * 1024**3
@@ -69,6 +93,11 @@ _SETTING_VARS: tuple[str, ...] = (
     "CUFORGE_ARCH",
     "CUFORGE_LOCK_TIMEOUT",
     "CUFORGE_TELEMETRY",
+    "CUFORGE_FAST_LAUNCH",
+    "CUFORGE_LAUNCH_ENTRY",
+    "CUFORGE_TORCH_LAUNCHER",
+    "CUFORGE_TORCH_SPLIT",
+    "CUFORGE_DEBUG",
     "TORCH_CUDA_ARCH_LIST",
     "XDG_CACHE_HOME",
     "HOME",
@@ -81,17 +110,24 @@ _RESULT_VARS = ("CUFORGE_DISABLE_CACHE", "CUFORGE_ARCH", "TORCH_CUDA_ARCH_LIST")
 # change check cheap enough for the hot path. Fall back to the public mapping elsewhere.
 _environ_data = getattr(os.environ, "_data", None)
 if os.name == "posix" and isinstance(_environ_data, dict):
-    _WATCHED_KEYS: tuple = tuple(os.fsencode(k) for k in _WATCHED)
-    _RESULT_KEYS: tuple = tuple(os.fsencode(k) for k in _RESULT_VARS)
-    _env_get = _environ_data.get
+    raw_env_get = _environ_data.get
+
+    def raw_env_key(name: str) -> object:
+        """The key :func:`raw_env_get` takes for the variable ``name``."""
+        return os.fsencode(name)
+
 else:  # pragma: no cover - non-posix
-    _WATCHED_KEYS = _WATCHED
-    _RESULT_KEYS = _RESULT_VARS
-    _env_get = os.environ.get
+    raw_env_get = os.environ.get
+
+    def raw_env_key(name: str) -> object:
+        return name
 
 
-class ArchError(ValueError):
-    """An arch string cuforge cannot understand, or no arch could be determined."""
+#: ``raw_env_get(raw_env_key(name))``: the variable's raw value (bytes on POSIX) or None,
+#: in well under a microsecond. For change detection only; read values through Settings.
+_WATCHED_KEYS: tuple = tuple(map(raw_env_key, _WATCHED))
+_RESULT_KEYS: tuple = tuple(map(raw_env_key, _RESULT_VARS))
+_env_get = raw_env_get
 
 
 class Settings:
@@ -112,6 +148,11 @@ class Settings:
         "extra_options",
         "nvcc",
         "codegen_env",
+        "fast_launch",
+        "launch_entry",
+        "torch_launcher",
+        "torch_split",
+        "debug",
     )
 
     def __init__(self, env: dict[str, str]) -> None:
@@ -119,29 +160,39 @@ class Settings:
         self.cache_dir: str = os.path.abspath(
             os.path.expanduser(get("CUFORGE_CACHE_DIR") or _default_cache_dir())
         )
-        self.disable_cache: bool = _flag(get("CUFORGE_DISABLE_CACHE"))
-        self.disable_file_cache: bool = _flag(get("CUFORGE_DISABLE_FILE_CACHE"))
+        self.disable_cache: bool = _switch(get, "CUFORGE_DISABLE_CACHE", False)
+        self.disable_file_cache: bool = _switch(get, "CUFORGE_DISABLE_FILE_CACHE", False)
         self.cache_max_bytes: int = _size(get, "CUFORGE_CACHE_MAX_BYTES", DEFAULT_CACHE_MAX_BYTES)
         self.memory_max_bytes: int = _size(
             get, "CUFORGE_MEMORY_MAX_BYTES", DEFAULT_MEMORY_MAX_BYTES
         )
-        self.verbose: bool = _flag(get("CUFORGE_VERBOSE"))
-        self.explain: bool = _flag(get("CUFORGE_EXPLAIN"))
+        self.verbose: bool = _switch(get, "CUFORGE_VERBOSE", False)
+        self.explain: bool = _switch(get, "CUFORGE_EXPLAIN", False)
         self.arch: str | None = get("CUFORGE_ARCH") or None
         self.torch_arch_list: str | None = get("TORCH_CUDA_ARCH_LIST") or None
-        self.lock_timeout: float = _float(get, "CUFORGE_LOCK_TIMEOUT", DEFAULT_LOCK_TIMEOUT)
-        self.telemetry: bool = get("CUFORGE_TELEMETRY", "1").strip().lower() not in (
-            "0",
-            "false",
-            "no",
-            "off",
-        )
+        #: seconds; ``inf`` is stored as ``_thread.TIMEOUT_MAX`` (locks accept no larger)
+        self.lock_timeout: float = _seconds(get, "CUFORGE_LOCK_TIMEOUT", DEFAULT_LOCK_TIMEOUT)
+        self.telemetry: bool = _switch(get, "CUFORGE_TELEMETRY", True)
         self.extra_options: tuple[str, ...] = tuple((get("CUFORGE_EXTRA_OPTIONS") or "").split())
         self.nvcc: str | None = get("CUFORGE_NVCC") or None
         #: (name, value) for every allow-listed codegen variable, set or not.
         self.codegen_env: tuple[tuple[str, str], ...] = tuple(
             (k, get(k) or "") for k in CODEGEN_ENV_VARS
         )
+        #: "python": never build or use the C launch helper; "" (unset or ``c``) otherwise.
+        fast = _choice(get, "CUFORGE_FAST_LAUNCH", ("c", "python"), "c")
+        self.fast_launch: str = "" if fast == "c" else fast
+        #: the driver entry point the C launcher calls: "classic" or "ex".
+        self.launch_entry: str = _choice(get, "CUFORGE_LAUNCH_ENTRY", ("classic", "ex"), "classic")
+        #: "ccache" / "sccache" / "auto" / a launcher program, or "" (none): the torch
+        #: build's compiler launcher (a program name keeps its case).
+        launcher = (get("CUFORGE_TORCH_LAUNCHER") or "").strip()
+        if launcher.lower() in ("ccache", "sccache", "auto", "0", "off", "none", "no"):
+            launcher = launcher.lower()
+        self.torch_launcher: str = "" if launcher in ("0", "off", "none", "no") else launcher
+        #: True / False forces nvcc's split host/device pipelines; None: decide per file.
+        self.torch_split: bool | None = _switch(get, "CUFORGE_TORCH_SPLIT", None)
+        self.debug: bool = _switch(get, "CUFORGE_DEBUG", False)
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
@@ -185,8 +236,39 @@ def _default_cache_dir() -> str:
     return platformdirs.user_cache_dir("cuforge", appauthor=False)  # pragma: no cover
 
 
-def _flag(value: str | None) -> bool:
-    return value is not None and value.strip().lower() in ("1", "true", "yes", "on")
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def _switch(get, name: str, default):
+    """A yes/no variable: ``1``/``true``/``yes``/``on`` or ``0``/``false``/``no``/``off``;
+    unset or empty gives ``default``; anything else is a :class:`ConfigError`."""
+    value = get(name)
+    text = (value or "").strip().lower()
+    if not text:
+        return default
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ConfigError(
+        f"{name}={value!r} is not a switch: use 1 (or true/yes/on) to turn it on, "
+        f"0 (or false/no/off) to turn it off, or unset it"
+    )
+
+
+def _choice(get, name: str, accepted: tuple[str, ...], default: str) -> str:
+    """One of ``accepted`` (any case); unset or empty gives ``default``."""
+    value = get(name)
+    text = (value or "").strip().lower()
+    if not text:
+        return default
+    if text not in accepted:
+        raise ConfigError(
+            f"{name}={value!r} is not one of {', '.join(accepted)} (default {default}); "
+            f"set one of those or unset it"
+        )
+    return text
 
 
 _SIZE_UNITS = {
@@ -207,14 +289,36 @@ _SIZE_UNITS = {
 }
 
 
+#: The largest size accepted (bytes): what a signed 64-bit file offset holds.
+MAX_SIZE = 2**63 - 1
+
+
 def parse_size(text: str) -> int:
-    """``"5GiB"``, ``"512m"``, ``"1000000"`` -> bytes. Raises ValueError with the accepted forms."""
+    """``"5GiB"``, ``"512m"``, ``"1.5G"``, ``"1000000"`` -> bytes, from 0 to
+    :data:`MAX_SIZE`. Raises :class:`ConfigError` (a ``ValueError``) saying what is
+    accepted: for an unreadable text, a negative, ``nan`` or ``inf`` number, or an
+    overflowing one (``1e400``)."""
     raw = text.strip().lower().replace(" ", "")
     number = raw.rstrip("abcdefghijklmnopqrstuvwxyz")
     unit = raw[len(number) :]
     if not number or unit not in _SIZE_UNITS:
-        raise ValueError(f"cannot read size {text!r}: use bytes or a unit such as 512M, 5G, 5GiB")
-    return int(float(number) * _SIZE_UNITS[unit])
+        raise ConfigError(f"cannot read size {text!r}: use bytes or a unit such as 512M, 5G, 5GiB")
+    try:
+        # whole numbers stay exact (a float would round 2**63 - 1 up past the range)
+        value = (
+            int(number) * _SIZE_UNITS[unit]
+            if number.isdigit()
+            else float(number) * _SIZE_UNITS[unit]
+        )
+    except ValueError:
+        raise ConfigError(
+            f"cannot read size {text!r}: use bytes or a unit such as 512M, 5G, 5GiB"
+        ) from None
+    if value != value or not 0 <= value <= MAX_SIZE:  # nan, negative, inf, overflow
+        raise ConfigError(
+            f"size {text!r} is out of range: use 0 to {MAX_SIZE} bytes (e.g. 512M, 5GiB)"
+        )
+    return int(value)
 
 
 def _size(get, name: str, default: int) -> int:
@@ -224,61 +328,24 @@ def _size(get, name: str, default: int) -> int:
     try:
         return parse_size(value)
     except ValueError as exc:
-        raise ValueError(f"{name}={value!r}: {exc}") from None
+        raise ConfigError(f"{name}={value!r}: {exc}") from None
 
 
-def _float(get, name: str, default: float) -> float:
+def _seconds(get, name: str, default: float) -> float:
+    """Seconds, 0 or more; ``inf`` means no limit (stored as ``_thread.TIMEOUT_MAX``)."""
     value = get(name)
     if not value:
         return default
     try:
-        return float(value)
+        seconds = float(value)
     except ValueError:
-        raise ValueError(f"{name}={value!r} is not a number of seconds") from None
-
-
-def normalize_arch(arch: str | int) -> str:
-    """Any common spelling of an arch -> ``sm_XY`` (or ``compute_XY`` for a virtual arch).
-
-    Accepts ``"sm_90"``, ``"sm_90a"``, ``"compute_90"``, ``"9.0"``, ``"90"``, ``90`` and
-    ``"9.0a"``. ``"+PTX"`` suffixes are not accepted here; see :func:`parse_arch_list`.
-    """
-    text = str(arch).strip().lower()
-    original = text
-    prefix = "sm_"
-    if text.startswith("sm_"):
-        text = text[3:]
-    elif text.startswith("sm"):
-        text = text[2:]
-    elif text.startswith("compute_"):
-        prefix, text = "compute_", text[8:]
-    suffix = ""
-    if text and text[-1] in "af" and len(text) > 1:
-        suffix, text = text[-1], text[:-1]
-    if "." in text:
-        major, _, minor = text.partition(".")
-        digits = major + minor if major.isdigit() and minor.isdigit() and len(minor) == 1 else ""
-    else:
-        digits = text if text.isdigit() else ""
-    if len(digits) not in (2, 3) or int(digits) < 30:
-        raise ArchError(
-            f"cannot read arch {original!r}: write it as 'sm_90', '9.0' or '90' "
-            "(optionally with an 'a' suffix, e.g. 'sm_90a')"
+        raise ConfigError(
+            f"{name}={value!r} is not a number of seconds: use 0 or more (e.g. 600), "
+            "or inf to wait forever"
+        ) from None
+    if seconds != seconds or seconds < 0:  # nan, negative
+        raise ConfigError(
+            f"{name}={value!r} is out of range: use 0 or more seconds (e.g. 600), "
+            "or inf to wait forever"
         )
-    return f"{prefix}{digits}{suffix}"
-
-
-def parse_arch_list(text: str) -> tuple[str, ...]:
-    """A ``TORCH_CUDA_ARCH_LIST``-style list (``"8.0;9.0+PTX"``, ``"8.0 9.0"``) -> ``sm_XY``s."""
-    parts = [p for p in text.replace(",", ";").replace(" ", ";").split(";") if p.strip()]
-    archs: list[str] = []
-    for part in parts:
-        part = part.strip()
-        if part.upper().endswith("+PTX"):
-            part = part[:-4]
-        arch = normalize_arch(part)
-        if arch not in archs:
-            archs.append(arch)
-    if not archs:
-        raise ArchError(f"arch list {text!r} names no arch")
-    return tuple(archs)
+    return min(seconds, _thread.TIMEOUT_MAX)

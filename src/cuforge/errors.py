@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
-__all__ = ["CuforgeError", "CompileError", "ArchError", "ToolchainError", "Diagnostic"]
+__all__ = [
+    "CuforgeError",
+    "CompileError",
+    "ArchError",
+    "ConfigError",
+    "ToolchainError",
+    "Diagnostic",
+]
 
 
 class CuforgeError(Exception):
     """Base class of cuforge's own errors."""
+
+
+class ConfigError(CuforgeError, ValueError):
+    """A ``CUFORGE_*`` variable has a value cuforge cannot use; the message names the
+    variable and the values it accepts."""
 
 
 class ArchError(CuforgeError, ValueError):

@@ -334,3 +334,36 @@ def test_json_output_is_one_parseable_document(cli):
         done = cli(*args, "--json")
         assert done.returncode == 0, (args, done.stderr)
         assert json.loads(done.stdout)["schema"] == 1
+
+
+# -- the cache dir is a trust boundary ------------------------------------------------
+
+
+def test_doctor_fails_a_group_or_world_writable_cache_dir_and_prints_the_fix(cli, cache):
+    os.chmod(cache["dir"], 0o777)
+    doc = cli.json("doctor", ok=False)
+    rows = _rows(doc)
+    row = rows["cache.dir"]
+    assert row["status"] == "FAIL" and doc["_rc"] == 1
+    assert "writable by group and others" in row["detail"]
+    assert row["fix"] == f"chmod go-w {cache['dir']}"
+    # nothing is read from an untrusted dir: the checks that would read it are skipped
+    for check_id in ("cache.size", "cache.hits", "cache.integrity"):
+        assert rows[check_id]["status"] == "SKIP"
+    done = cli("doctor")
+    assert f"fix: chmod go-w {cache['dir']}" in done.stdout
+    # the fix works
+    os.chmod(cache["dir"], 0o700)
+    assert _rows(cli.json("doctor", ok=False))["cache.dir"]["status"] == "PASS"
+
+
+def test_doctor_fails_a_cache_subdir_owned_by_another_user(cli, cache):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to chown a directory to another user")
+    sub = os.path.join(cache["dir"], "v1")
+    assert os.path.isdir(sub)
+    os.chown(sub, 65534, 65534)
+    row = _rows(cli.json("doctor", ok=False))["cache.dir"]
+    assert row["status"] == "FAIL"
+    assert sub in row["detail"] and "not by the current user" in row["detail"]
+    assert row["fix"] == f"chown -R $(id -un) {sub}"

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from cuforge import toolchain
+from cuforge.arch import arch_to_torch
 from cuforge.cli import doctor
-from cuforge.cli.env import arch_findings, arch_to_torch, recommended_jobs
+from cuforge.cli.env import arch_findings, recommended_jobs
 
 SUPPORTED = [f"sm_{a}" for a in (75, 80, 86, 87, 89, 90, 100, 120)]
 

@@ -14,6 +14,11 @@ Check ids: ninja, gpu, gpu.arch, gpu.driver, arch_list (arch_list.TORCH_CUDA_ARC
 arch_list.CUFORGE_ARCH when set), build_jobs, ccache, sccache, nvrtc, nvcc, cuda_home,
 cuda_headers, torch, cache.dir, cache.size, cache.hits, cache.integrity. The doctor never
 raises: a check that breaks becomes a WARN saying so.
+
+``cache.dir`` FAILs when the cache dir, or a directory directly under it (``v1``,
+``locks``, ...), fails :func:`cuforge._fs.trust_problem` (not owned by you, or writable by
+group or others): cuforge then reads nothing from it, and the fix (``chmod go-w ...`` or
+``chown ...``) is printed; the cache.size/hits/integrity checks are SKIPped.
 """
 
 from __future__ import annotations
@@ -110,43 +115,11 @@ class _Probe:
 
 
 def _query_gpus() -> tuple[list[dict[str, Any]], str | None]:
-    """The visible GPUs through the driver API (ctypes; no CUDA Python bindings needed)."""
-    import ctypes
+    """The visible GPUs through the driver API (:func:`cuforge.toolchain.gpu.devices`:
+    ctypes, no CUDA Python bindings needed)."""
+    from cuforge.toolchain import gpu
 
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return [], "no NVIDIA driver (libcuda.so.1 cannot be loaded)"
-    rc = lib.cuInit(0)
-    if rc == 100:
-        return [], "the NVIDIA driver sees no GPU (CUDA_ERROR_NO_DEVICE)"
-    if rc != 0:
-        return [], f"the NVIDIA driver did not start (cuInit error {rc})"
-    count = ctypes.c_int()
-    if lib.cuDeviceGetCount(ctypes.byref(count)) != 0 or count.value == 0:
-        return [], "the NVIDIA driver sees no GPU"
-    gpus = []
-    for i in range(count.value):
-        dev = ctypes.c_int()
-        if lib.cuDeviceGet(ctypes.byref(dev), i) != 0:
-            continue
-        name = ctypes.create_string_buffer(256)
-        lib.cuDeviceGetName(name, 256, dev)
-        major, minor = ctypes.c_int(), ctypes.c_int()
-        # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75, _MINOR = 76
-        lib.cuDeviceGetAttribute(ctypes.byref(major), 75, dev)
-        lib.cuDeviceGetAttribute(ctypes.byref(minor), 76, dev)
-        mem = ctypes.c_size_t()
-        lib.cuDeviceTotalMem_v2(ctypes.byref(mem), dev)
-        gpus.append(
-            {
-                "index": i,
-                "name": name.value.decode(errors="replace"),
-                "arch": f"sm_{major.value}{minor.value}",
-                "memory_bytes": mem.value,
-            }
-        )
-    return gpus, None
+    return gpu.devices()
 
 
 def _kernel_driver_version() -> str | None:
@@ -267,12 +240,6 @@ def _torch_cuda_home_guess() -> tuple[str | None, str]:
     return None, "nvcc is not on PATH and /usr/local/cuda does not exist"
 
 
-def _has_toolkit(root: str) -> bool:
-    return os.path.isfile(os.path.join(root, "include", "cuda_runtime.h")) and os.path.isfile(
-        os.path.join(root, "bin", "nvcc")
-    )
-
-
 def check_cuda_home(p: _Probe) -> list[Check]:
     from cuforge import toolchain
 
@@ -283,12 +250,13 @@ def check_cuda_home(p: _Probe) -> list[Check]:
     set_var = next((v for v in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(v)), None)
     if set_var:
         value = os.environ[set_var]
-        if _has_toolkit(value):
+        if toolchain.is_toolkit(value):
             return [row("PASS", f"{set_var}={value}", **data)]
         return [
             row(
                 "FAIL",
-                f"{set_var}={value} is not a CUDA toolkit (no bin/nvcc and include/cuda_runtime.h)",
+                f"{set_var}={value} is not a CUDA toolkit (neither bin/nvcc nor "
+                "include/cuda_runtime.h)",
                 f"export {set_var}={root}" if root else f"unset {set_var}",
                 **data,
             )
@@ -302,7 +270,7 @@ def check_cuda_home(p: _Probe) -> list[Check]:
                 **data,
             )
         ]
-    if guess and _has_toolkit(guess):
+    if guess and toolchain.is_toolkit(guess):
         return [row("PASS", f"{root} (CUDA_HOME unset; torch finds {guess}, {how})", **data)]
     return [
         row(
@@ -476,7 +444,8 @@ def check_gpus(p: _Probe) -> list[Check]:
 
 
 def check_arch_list(p: _Probe) -> list[Check]:
-    from cuforge.cli.env import arch_findings, arch_to_torch, supported_archs
+    from cuforge.arch import arch_to_torch
+    from cuforge.cli.env import arch_findings, supported_archs
 
     gpus, why = p.gpus()
     gpu_archs = sorted({g["arch"] for g in gpus})
@@ -695,6 +664,29 @@ def _probe_writable(root: str) -> bool:
     return True
 
 
+def _trust_problems(root: str) -> list[tuple[str, str | None]]:
+    """(problem, fix) for the cache dir and each directory directly under it (``v1``,
+    ``locks``, ``runtime``, ...) that fails :func:`cuforge._fs.trust_problem`."""
+    from cuforge import _fs
+
+    dirs = [root]
+    try:
+        with os.scandir(root) as it:
+            dirs += sorted(e.path for e in it if e.is_dir(follow_symlinks=False))
+    except OSError:
+        pass
+    found: list[tuple[str, str | None]] = []
+    for path in dirs:
+        problem = _fs.trust_problem(path)
+        if problem is None:
+            continue
+        # trust_problem ends with the fix in backquotes: pull it out for the fix line
+        start, end = problem.find("`"), problem.rfind("`")
+        fix = problem[start + 1 : end] if 0 <= start < end else None
+        found.append((problem, fix))
+    return found
+
+
 def _check_cache_dir(root: str, disabled: str | None) -> list[Check]:
     row = _rows("cache.dir", "cache dir")
     rows = []
@@ -722,6 +714,22 @@ def _check_cache_dir(root: str, disabled: str | None) -> list[Check]:
             )
         return rows
     mode = os.stat(root).st_mode & 0o777
+    problems = _trust_problems(root)
+    if problems:
+        fixes = [fix for _, fix in problems if fix]
+        rows.append(
+            row(
+                "FAIL",
+                "cuforge will not use this cache dir (whoever can write it can run code in "
+                "your processes): " + "; ".join(problem for problem, _ in problems),
+                " && ".join(dict.fromkeys(fixes)) or "export CUFORGE_CACHE_DIR=~/.cache/cuforge",
+                path=root,
+                exists=True,
+                mode=oct(mode),
+                untrusted=[problem for problem, _ in problems],
+            )
+        )
+        return rows
     writable = _probe_writable(root)
     data = {"path": root, "exists": True, "mode": oct(mode), "writable": writable}
     if not writable:
@@ -764,6 +772,13 @@ def check_cache(p: _Probe) -> list[Check]:
     rows = _check_cache_dir(root, disabled)
     if not os.path.isdir(root):
         return rows
+    if rows[-1].status == "FAIL" and rows[-1].data.get("untrusted"):
+        why = "skipped: the cache dir is not trusted (see cache dir), so nothing is read from it"
+        return rows + [
+            Check("cache.size", "cache size", "SKIP", why),
+            Check("cache.hits", "cache hit rate", "SKIP", why),
+            Check("cache.integrity", "cache integrity", "SKIP", why),
+        ]
 
     store = DiskStore(root, st.cache_max_bytes, telemetry=False)
     stats = store.stats()

@@ -26,7 +26,6 @@ __all__ = [
     "compute",
     "machine_resources",
     "recommended_jobs",
-    "arch_to_torch",
     "arch_findings",
     "supported_archs",
     "find_library_headers",
@@ -62,15 +61,6 @@ def recommended_jobs(resources: dict[str, Any] | None = None) -> tuple[int, str]
         f"{output.human_bytes(TORCH_TU_BYTES)} per compile job = {by_memory})"
     )
     return jobs, why
-
-
-def arch_to_torch(arch: str) -> str:
-    """``sm_90`` -> ``9.0``; ``sm_90a`` -> ``9.0a``; ``sm_100`` -> ``10.0``."""
-    body = arch.split("_", 1)[-1]
-    suffix = ""
-    if body and body[-1].isalpha():
-        body, suffix = body[:-1], body[-1]
-    return f"{body[:-1]}.{body[-1]}{suffix}"
 
 
 #: The CUDA library headers torch's own CUDA headers include (ATen/cuda/CUDAContext.h).
@@ -137,51 +127,21 @@ def _visible_archs() -> tuple[list[str], str | None]:
     return out, None
 
 
-def _arch_key(arch: str) -> tuple[int, str]:
-    from cuforge.toolchain import arch_number
-
-    return arch_number(arch)
-
-
-def _coverage(entries: list[tuple[str, bool]], gpu: str) -> str | None:
-    """How an arch list serves a GPU: "exact", "compatible" (a same-major lower-minor
-    cubin, or PTX of a lower arch JIT-compiled at load), or None (no kernel image)."""
-    g_num, g_suffix = _arch_key(gpu)
-    result = None
-    for arch, ptx in entries:
-        num, suffix = _arch_key(arch)
-        # an "a" (arch-specific) cubin runs on exactly its compute capability, so sm_90a
-        # serves an sm_90 GPU; an "f" (family) cubin also runs on later minors of its major
-        if num == g_num:
-            return "exact"
-        if suffix in ("", "f") and num // 10 == g_num // 10 and num < g_num:
-            result = "compatible"
-        if ptx and not suffix and num < g_num:
-            result = "compatible"
-    return result
-
-
 def arch_findings(
     name: str, text: str, gpu_archs: list[str], supported: list[str]
 ) -> list[tuple[str, str, str | None]]:
     """Problems of an arch-list variable, as (status, message, fix) with status "FAIL" or
     "WARN"; [] when it is fine. ``supported``: what the toolkit builds ([] = unknown)."""
-    from cuforge.config import ArchError, parse_arch_list
+    from cuforge.arch import ArchError, arch_number, arch_to_torch, coverage, parse_arch_entries
 
     suggestion = ";".join(arch_to_torch(a) for a in gpu_archs) or "9.0"
     fix_value = suggestion if name == "TORCH_CUDA_ARCH_LIST" else (gpu_archs or ["sm_90"])[0]
     fix = f"export {name}='{fix_value}'" + ("" if gpu_archs else "  (your target GPU's arch)")
     try:
-        archs = list(parse_arch_list(text))
+        ptx = dict(parse_arch_entries(text))  # arch -> whether it asked for +PTX
     except ArchError as exc:
         return [("FAIL", f"{name}={text!r} cannot be read: {exc}", fix)]
-    ptx = {a: False for a in archs}
-    for part in text.replace(",", ";").replace(" ", ";").split(";"):
-        if part.strip().upper().endswith("+PTX"):
-            try:
-                ptx[parse_arch_list(part)[0]] = True
-            except ArchError:
-                pass
+    archs = list(ptx)
     found: list[tuple[str, str, str | None]] = []
     if name == "CUFORGE_ARCH" and gpu_archs:
         # compile() targets a visible GPU first: CUFORGE_ARCH only matters without one.
@@ -199,7 +159,7 @@ def arch_findings(
         base = {a.rstrip("af") for a in supported}
         unknown = [a for a in archs if a.replace("compute_", "sm_").rstrip("af") not in base]
         if unknown:
-            lo, hi = min(supported, key=_arch_key), max(supported, key=_arch_key)
+            lo, hi = min(supported, key=arch_number), max(supported, key=arch_number)
             found.append(
                 (
                     "FAIL",
@@ -209,7 +169,7 @@ def arch_findings(
                 )
             )
     for gpu in gpu_archs:
-        how = _coverage(list(ptx.items()), gpu)
+        how = coverage(list(ptx.items()), gpu)
         if how is None:
             found.append(
                 (
@@ -229,7 +189,7 @@ def arch_findings(
                 )
             )
     if gpu_archs and not found:  # all GPUs served: is anything built for nothing?
-        extra = [a for a in archs if all(_coverage([(a, ptx[a])], g) is None for g in gpu_archs)]
+        extra = [a for a in archs if all(coverage([(a, ptx[a])], g) is None for g in gpu_archs)]
         if extra:
             found.append(
                 (
@@ -265,7 +225,8 @@ def compute(environ: dict[str, str] | None = None) -> dict[str, Any]:
     """The settings ``cuforge env`` prints: ``{"vars": {NAME: {"value", "why"}},
     "findings": [(status, message, fix)], "gpu_archs", "no_gpu", "resources"}``. A variable
     whose value is None is left as it is (the reason says why)."""
-    from cuforge.config import parse_arch_list, settings
+    from cuforge.arch import arch_number, arch_to_torch, parse_arch_list
+    from cuforge.config import settings
 
     env = os.environ if environ is None else environ
     res = machine_resources()
@@ -320,7 +281,7 @@ def compute(environ: dict[str, str] | None = None) -> dict[str, Any]:
         }
     elif not gpu_archs and readable.get("TORCH_CUDA_ARCH_LIST"):
         archs = parse_arch_list(env["TORCH_CUDA_ARCH_LIST"])
-        best = max(archs, key=_arch_key)
+        best = max(archs, key=arch_number)
         out["CUFORGE_ARCH"] = {
             "value": best,
             "why": f"{no_gpu}: the newest arch of TORCH_CUDA_ARCH_LIST",

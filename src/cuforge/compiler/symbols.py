@@ -172,18 +172,18 @@ def binary_symbols(binary: bytes, output: str) -> list[Symbol]:
 
 
 def _cxxfilt() -> str:
+    import shutil  # only before running c++filt: a subprocess costs far more
+
     from cuforge.toolchain import toolkit_root
 
-    candidates = []
-    for directory in (os.environ.get("PATH") or "").split(os.pathsep):
-        if directory:
-            candidates.append(os.path.join(directory, "c++filt"))
+    found = shutil.which("c++filt")
+    if found:
+        return found
     root = toolkit_root()
     if root:
-        candidates.append(os.path.join(root, "bin", "cu++filt"))
-    for cand in candidates:
-        if os.path.isfile(cand) and os.access(cand, os.X_OK):
-            return cand
+        found = shutil.which("cu++filt", path=os.path.join(root, "bin"))
+        if found:
+            return found
     raise ToolchainError(
         "c++filt was not found; nvcc name expressions need it to demangle kernel names. "
         "Install binutils (e.g. `apt-get install binutils`), or use backend='nvrtc'."

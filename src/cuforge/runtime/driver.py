@@ -112,20 +112,16 @@ class Driver:
     """libcuda, loaded once per process. Attribute names are the C entry points."""
 
     def __init__(self) -> None:
-        last_error: OSError | None = None
-        for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll"):
-            try:
-                self.cdll = ctypes.CDLL(name)
-                self.pydll = ctypes.PyDLL(name)
-                break
-            except OSError as exc:
-                last_error = last_error or exc
-        else:
+        from cuforge.toolchain import gpu  # the one place libcuda is loaded
+
+        cdll, pydll = gpu.libcuda(), gpu.libcuda_pydll()
+        if cdll is None or pydll is None:
             raise LaunchError(
                 "cannot load the CUDA driver (libcuda.so.1): no NVIDIA driver on this machine, or "
-                f"it is not on the loader path ({last_error}). Launching kernels needs a GPU; "
-                "compiling does not."
+                f"it is not on the loader path ({gpu.libcuda_error()}). Launching kernels needs "
+                "a GPU; compiling does not."
             )
+        self.cdll, self.pydll = cdll, pydll
         for fn in ("cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchCooperativeKernel"):
             f = getattr(self.pydll, fn, None)
             if f is not None:

@@ -1,0 +1,60 @@
+"""Where the CUDA toolchain is, what it is, and which GPU archs to build for.
+
+The bottom layer beside :mod:`cuforge.config`: it imports only config, arch, errors and
+:mod:`cuforge._fs`, and nothing expensive at import time (no ``cuda.*``, ``subprocess``,
+``ctypes``, ``shutil`` or ``json``). One job per module:
+
+* :mod:`~cuforge.toolchain.locate` -- finding things: :func:`toolkit_root`,
+  :func:`nvcc_path`, :func:`nvrtc_library_path` (identity) / :func:`find_nvrtc_library`
+  (what is loaded), :func:`toolkit_include_dirs`, :func:`is_toolkit`, :func:`which`.
+* :mod:`~cuforge.toolchain.identity` -- what the toolchain is: :func:`compiler_identity`
+  (what the cache key says about the compiler), :func:`nvcc_version`,
+  :func:`nvrtc_version`, :func:`supported_archs`.
+* :mod:`~cuforge.toolchain.gpu` -- the one ``libcuda`` probe: :func:`libcuda`,
+  :func:`driver_version`, :func:`visible_gpu_archs`, :func:`~cuforge.toolchain.gpu.devices`.
+* :mod:`~cuforge.toolchain.targets` -- :func:`resolve_archs`: the arch a compile targets.
+* :mod:`~cuforge.toolchain.memo` -- the on-disk memo ``<cache_dir>/toolchain.json``, which
+  caches probe results keyed by a file's stat and never decides which file is loaded;
+  :func:`file_stat_key` and :func:`write_json_atomic` serve other memos too.
+"""
+
+from __future__ import annotations
+
+from cuforge.toolchain.gpu import driver_version, libcuda, visible_gpu_archs
+from cuforge.toolchain.identity import (
+    compiler_identity,
+    nvcc_version,
+    nvrtc_version,
+    supported_archs,
+)
+from cuforge.toolchain.locate import (
+    find_nvrtc_library,
+    is_toolkit,
+    nvcc_path,
+    nvrtc_library_path,
+    toolkit_include_dirs,
+    toolkit_root,
+    which,
+)
+from cuforge.toolchain.memo import file_stat_key, write_json_atomic
+from cuforge.toolchain.targets import resolve_archs
+
+__all__ = [
+    "toolkit_root",
+    "nvcc_path",
+    "nvrtc_library_path",
+    "find_nvrtc_library",
+    "toolkit_include_dirs",
+    "is_toolkit",
+    "which",
+    "compiler_identity",
+    "nvcc_version",
+    "nvrtc_version",
+    "supported_archs",
+    "libcuda",
+    "driver_version",
+    "visible_gpu_archs",
+    "resolve_archs",
+    "file_stat_key",
+    "write_json_atomic",
+]

@@ -1,0 +1,306 @@
+"""What the toolchain is: the compiler identity the cache key records, versions, archs.
+
+:func:`compiler_identity` is cheap on a warm process: the library or executable is
+identified by (path, size, mtime_ns), and what was probed about it (version, SHA-256,
+``nvcc --version`` text) is kept in :mod:`cuforge.toolchain.memo` keyed by that stat, so a
+warm call neither imports the CUDA Python bindings nor loads NVRTC nor runs nvcc. When a
+probe must run, it loads or runs a path derived in this process, never one from the memo.
+"""
+
+from __future__ import annotations
+
+import _thread
+import os
+import sys
+
+from cuforge.config import raw_env_get, raw_env_key
+from cuforge.errors import ToolchainError
+from cuforge.toolchain import locate
+from cuforge.toolchain import memo as _memo
+from cuforge.toolchain.memo import file_stat_key
+
+__all__ = ["compiler_identity", "nvcc_version", "nvrtc_version", "supported_archs"]
+
+
+# --------------------------------------------------------------------------- probes
+
+
+def _sha256_file(path: str) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+_nvrtc_dll_lock = _thread.allocate_lock()
+
+
+def _nvrtc_dll(path: str):
+    """``ctypes.CDLL`` of NVRTC. Only ever given :func:`locate.find_nvrtc_library`'s path."""
+    import ctypes
+
+    with _nvrtc_dll_lock:
+        return ctypes.CDLL(path)
+
+
+def _probe_nvrtc(path: str) -> dict:
+    import ctypes
+
+    try:
+        lib = _nvrtc_dll(path)
+        major, minor = ctypes.c_int(), ctypes.c_int()
+        if lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)) != 0:
+            raise OSError("nvrtcVersion failed")
+    except (OSError, AttributeError) as exc:
+        raise ToolchainError(
+            f"cannot load NVRTC from {path}: {exc}. Reinstall it with "
+            "`pip install --force-reinstall nvidia-cuda-nvrtc`."
+        ) from None
+    return {"version": f"{major.value}.{minor.value}", "sha256": _sha256_file(path)}
+
+
+def _define(path: str, name: bytes) -> str:
+    """The value of ``#define <name> <value>`` in the header ``path`` ("" when absent)."""
+    try:
+        with open(path, "rb") as f:
+            for raw in f:
+                if raw.startswith(b"#define " + name):
+                    return raw.split()[2].decode()
+    except (OSError, IndexError, UnicodeDecodeError):
+        return ""
+    return ""
+
+
+def _probe_headers(cuda_h: str) -> dict:
+    """Versions of the toolkit headers: CUDA_VERSION from cuda.h, CCCL_VERSION from CCCL."""
+    version = _define(cuda_h, b"CUDA_VERSION")
+    cccl = ""
+    inc = os.path.dirname(cuda_h)
+    for candidate in (
+        os.path.join(inc, "cccl", "cuda", "std", "__cccl", "version.h"),
+        os.path.join(inc, "cuda", "std", "__cccl", "version.h"),
+    ):
+        cccl = _define(candidate, b"CCCL_VERSION")
+        if cccl:
+            break
+    return {"cuda_version": version, "cccl_version": cccl}
+
+
+def _probe_nvcc(path: str) -> dict:
+    import subprocess
+
+    try:
+        proc = subprocess.run(
+            [path, "--version"], capture_output=True, text=True, timeout=120, check=False
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise ToolchainError(
+            f"cannot run {path} --version: {exc}. Check the CUDA toolkit install, or point "
+            "CUFORGE_NVCC at a working nvcc."
+        ) from None
+    output = (proc.stdout + proc.stderr).strip()
+    if proc.returncode != 0:
+        raise ToolchainError(
+            f"{path} --version failed (exit {proc.returncode}): {output[:500]}. Check the CUDA "
+            "toolkit install, or point CUFORGE_NVCC at a working nvcc."
+        )
+    version = ""
+    for token in output.replace(",", " ").split():
+        if token.startswith("V") and token[1:2].isdigit():
+            version = token[1:]
+    if not version:
+        marker = "release "
+        idx = output.find(marker)
+        if idx >= 0:
+            version = output[idx + len(marker) :].split()[0].rstrip(",")
+    return {"version": version, "version_output": output}
+
+
+# --------------------------------------------------------------------------- identity
+
+# (backend, env) -> (stat-checked paths with their sigs, identity)
+_identity_memo: dict[tuple, tuple[tuple[tuple[str, list[int] | None], ...], dict[str, str]]] = {}
+
+_IDENTITY_VARS = {
+    # what locates NVRTC (as cuda-pathfinder searches) and the toolkit headers
+    "nvrtc": tuple(map(raw_env_key, ("CUDA_HOME", "CUDA_PATH", "LD_LIBRARY_PATH", "PATH"))),
+    # what locates nvcc
+    "nvcc": tuple(map(raw_env_key, ("CUFORGE_NVCC", "CUDA_HOME", "CUDA_PATH", "PATH"))),
+}
+
+
+def _identity_env(backend: str) -> tuple:
+    names = _IDENTITY_VARS.get(backend, ())
+    return (backend, sys.prefix, *map(raw_env_get, names))
+
+
+def compiler_identity(backend: str) -> dict[str, str]:
+    """What the cache key records about the compiler.
+
+    ``"nvrtc"``: ``{"compiler", "version", "library", "library_sha256", "headers"}``;
+    ``"nvcc"``: ``{"compiler", "path", "version", "version_output", "toolkit"}``.
+
+    Warm, this costs a dictionary lookup and one or two ``stat`` calls; in a fresh process
+    it reads ``<cache_dir>/toolchain.json`` instead of loading NVRTC or running nvcc.
+    Raises :class:`~cuforge.errors.ToolchainError` when the compiler is missing, and
+    ``ValueError`` for an unknown backend.
+    """
+    env = _identity_env(backend)
+    memo = _identity_memo.get(env)
+    if memo is not None:
+        checks, identity = memo
+        for path, sig in checks:
+            if file_stat_key(path) != sig:
+                break
+        else:
+            return dict(identity)
+    if backend == "nvrtc":
+        checks, identity = _nvrtc_identity()
+    elif backend == "nvcc":
+        checks, identity = _nvcc_identity()
+    else:
+        raise ValueError(f"unknown backend {backend!r}: use 'nvrtc' or 'nvcc'")
+    _identity_memo[env] = (checks, identity)
+    return dict(identity)
+
+
+def _nvrtc_identity():
+    library = locate.nvrtc_library_path()  # identifies NVRTC; never loaded from here
+    with _memo.lock:
+        memo = _memo.load()
+        changed = False
+        sig = file_stat_key(library)
+        if sig is None:
+            raise ToolchainError(f"the NVRTC library {library} disappeared; reinstall it")
+        lib = _memo.probed(memo, "nvrtc", library, sig)
+        if lib is None:
+            # a probe loads the library: take the path found in this process, not the memo's
+            found = locate.find_nvrtc_library()
+            if found != library:
+                library = found
+                locate.remember_nvrtc_library(memo, library)
+                changed = True
+                sig = file_stat_key(library)
+                lib = _memo.probed(memo, "nvrtc", library, sig)
+            if lib is None:
+                lib = _probe_nvrtc(library)
+                _memo.remember(memo, "nvrtc", library, sig, lib)
+                changed = True
+        checks = [(library, sig)]
+        include = locate.toolkit_include_dirs()
+        headers = ";".join(include) if include else "none"
+        if include:
+            cuda_h = os.path.join(include[0], "cuda.h")
+            hsig = file_stat_key(cuda_h)
+            if hsig is not None:
+                hdr = _memo.probed(memo, "headers", cuda_h, hsig)
+                if hdr is None:
+                    hdr = _probe_headers(cuda_h)
+                    _memo.remember(memo, "headers", cuda_h, hsig, hdr)
+                    changed = True
+                # not re-checked per call (one stat per call, of the library, is the
+                # budget); a fresh process or a changed library re-reads the headers' stat
+                headers = (
+                    f"{headers} CUDA_VERSION={hdr.get('cuda_version', '')} "
+                    f"CCCL_VERSION={hdr.get('cccl_version', '')} cuda.h={hsig[0]}:{hsig[1]}"
+                )
+        if changed:
+            _memo.save(memo)
+    identity = {
+        "compiler": "nvrtc",
+        "version": str(lib["version"]),
+        "library": library,
+        "library_sha256": str(lib["sha256"]),
+        "headers": headers,
+    }
+    return tuple(checks), identity
+
+
+def _nvcc_identity():
+    path = locate.nvcc_path()  # derived in this process: settings and the toolkit root
+    sig = file_stat_key(path)
+    if sig is None:
+        raise ToolchainError(f"nvcc at {path} disappeared; check the CUDA toolkit install")
+    checks = [(path, sig)]
+    # a wrapper script (CUFORGE_NVCC=/usr/local/bin/nvcc): the executable it runs counts too
+    real = locate.resolve_nvcc(path)
+    if real != path:
+        real_sig = file_stat_key(real)
+        if real_sig is not None:
+            checks.append((real, real_sig))
+    memo_sig = [n for _, s in checks for n in (s or [])]
+    with _memo.lock:
+        memo = _memo.load()
+        data = _memo.probed(memo, "nvcc", path, memo_sig)
+        if data is None:
+            data = _probe_nvcc(path)
+            _memo.remember(memo, "nvcc", path, memo_sig, data)
+            _memo.save(memo)
+    identity = {
+        "compiler": "nvcc",
+        "path": path,
+        "version": str(data["version"]),
+        "version_output": str(data["version_output"]),
+        "toolkit": locate.toolkit_root() or "",
+    }
+    return tuple(checks), identity
+
+
+def nvcc_version() -> str | None:
+    """nvcc's version (``"13.0.88"``), or None when there is no working nvcc."""
+    try:
+        return compiler_identity("nvcc")["version"] or None
+    except ToolchainError:
+        return None
+
+
+def nvrtc_version() -> str | None:
+    """NVRTC's version (``"13.5"``), or None when NVRTC cannot be found or loaded."""
+    try:
+        return compiler_identity("nvrtc")["version"] or None
+    except ToolchainError:
+        return None
+
+
+def supported_archs(backend: str) -> list[str]:
+    """The real archs (``sm_XY``) the compiler can build for; [] when it is unavailable.
+    Loads NVRTC (found in this process) or runs ``nvcc --list-gpu-arch``: for doctor-style
+    checks, not for the compile path."""
+    if backend == "nvrtc":
+        import ctypes
+
+        try:
+            lib = _nvrtc_dll(locate.find_nvrtc_library())
+            count = ctypes.c_int()
+            if lib.nvrtcGetNumSupportedArchs(ctypes.byref(count)) != 0:
+                return []
+            archs = (ctypes.c_int * count.value)()
+            if lib.nvrtcGetSupportedArchs(archs) != 0:
+                return []
+        except (ToolchainError, OSError, AttributeError):
+            return []
+        return [f"sm_{a}" for a in archs]
+    if backend == "nvcc":
+        import subprocess
+
+        try:
+            proc = subprocess.run(
+                [locate.nvcc_path(), "--list-gpu-arch"],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
+        except (ToolchainError, OSError, subprocess.SubprocessError):
+            return []
+        found: list[str] = []
+        for line in proc.stdout.split():
+            if line.startswith("compute_"):
+                arch = "sm_" + line[len("compute_") :]
+                if arch not in found:
+                    found.append(arch)
+        return found
+    raise ValueError(f"unknown backend {backend!r}: use 'nvrtc' or 'nvcc'")
