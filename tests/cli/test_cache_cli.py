@@ -218,7 +218,7 @@ def test_clear_needs_confirmation_or_yes(cli, cache):
 # -- export / import ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("suffix", [".tar.gz", ".zip", ".tar"])
+@pytest.mark.parametrize("suffix", [".tar.gz", ".tgz"])
 def test_export_then_import_turns_a_compile_into_a_hit(cli, cache, tmp_path, suffix):
     archive = str(tmp_path / f"cache{suffix}")
     exported = cli.json("cache", "export", archive)
@@ -321,15 +321,30 @@ def test_import_refuses_mismatched_versions(cli, tmp_path, field, value, message
     assert _entry_files(fresh) == {}
 
 
+@pytest.mark.parametrize("suffix", [".zip", ".tar"])
+def test_zip_and_plain_tar_are_refused_with_a_clear_error(cli, tmp_path, suffix):
+    # Archives are .tar.gz or .tar.zst only (issue 8): say so, write nothing.
+    target = str(tmp_path / f"cache{suffix}")
+    done = cli("cache", "export", target)
+    assert done.returncode == 1 and ".tar.gz or .tar.zst" in done.stderr, done.stderr
+    assert not os.path.exists(target)
+    with tarfile.open(str(tmp_path / "old.tar"), "w") as tout:  # as older versions wrote
+        info = tarfile.TarInfo("cuforge-archive.json")
+        info.size = 2
+        tout.addfile(info, io.BytesIO(b"{}"))
+    done = Cli(str(tmp_path / "fresh"))("cache", "import", str(tmp_path / "old.tar"))
+    assert done.returncode == 1 and ".tar.gz" in done.stderr, done.stderr
+
+
 def test_import_reports_a_truncated_archive(cli, tmp_path):
-    archive = str(tmp_path / "good.tar")
+    archive = str(tmp_path / "good.tar.gz")
     cli.json("cache", "export", archive)
 
     # Drop the end record and the last entry: what a cut-off copy looks like.
     with tarfile.open(archive) as tin:
         members = [(m, tin.extractfile(m).read()) for m in tin]
-    cut = str(tmp_path / "cut.tar")
-    with tarfile.open(cut, "w") as tout:
+    cut = str(tmp_path / "cut.tar.gz")
+    with tarfile.open(cut, "w:gz") as tout:
         for member, data in members[:-3]:
             tout.addfile(member, io.BytesIO(data))
     doc = Cli(str(tmp_path / "fresh")).json("cache", "import", cut, ok=False)

@@ -20,7 +20,7 @@ META = {
     "backend": "nvrtc",
     "lowered_names": {"block_sum<256, float>": "_Z9block_sumILi256EfEvPf"},
     "log": "warning: something\n",
-    "key_fields": [["source", "abc"], ["arch", "sm_90"]],
+    "key_fields": {"source": "abc", "arch": "sm_90"},  # KeyBuilder.fields: a dict
     "compile_seconds": 0.2,
 }
 

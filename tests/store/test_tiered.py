@@ -129,10 +129,15 @@ def test_lazy_reexports():
     assert store_pkg.DiskStore is DiskStore
     assert store_pkg.TieredStore is TieredStore
     assert store_pkg.Entry is Entry
-    from cuforge.store.single_flight import single_flight  # binds the submodule too
+    import types
 
-    # whichever object the package attribute names now, it is the context manager
-    with store_pkg.single_flight(None, key_of(1), 1.0) as acquired:
+    # the package attribute is the submodule (the _CallableModule trick is gone, issue 8),
+    # before and after the submodule is imported by name
+    assert isinstance(store_pkg.single_flight, types.ModuleType)
+    from cuforge.store.single_flight import single_flight
+
+    assert store_pkg.single_flight.single_flight is single_flight
+    with store_pkg.single_flight.single_flight(None, key_of(1), 1.0) as acquired:
         assert acquired
     with single_flight(None, key_of(1), 1.0) as acquired:
         assert acquired

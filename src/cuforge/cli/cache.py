@@ -7,74 +7,47 @@
 ``explain``                 the last cache misses and why they missed
 ``clear``                   remove every entry (asks, or ``--yes``)
 ``prune``                   ``--max-bytes 1G --older-than 30d``
-``verify [--repair]``       re-check every checksum; ``--repair`` removes damaged entries
-``export FILE``             a portable, versioned archive of entries
+``verify [--repair]``       re-check every entry and the index; ``--repair`` fixes them
+``export FILE``             a portable, versioned archive of entries (.tar.gz, .tar.zst)
 ``import FILE``             add an archive's entries, each verified first
 =========================== ===========================================================
+
+A thin layer: the work is done by :class:`cuforge.store.disk.DiskStore` (index, verify,
+prune, clear, key lookup, entry filters) and :mod:`cuforge.store.archive` (the archive
+format, export and import); this module parses arguments and formats results.
 
 Everything reads the index the disk tier keeps (no stat of every entry for ``stats``),
 opens entries with ``peek`` (no "last used" refresh, no hit counted) and never counts its
 own reads in the telemetry.
-
-The archive (:data:`ARCHIVE_VERSION` 1) is a tar (zstd- or gzip-compressed) or a zip::
-
-    cuforge-archive.json      {"format": "cuforge-cache-archive", "archive_version": 1,
-                               "key_schema", "disk_format_version", "cuforge_version",
-                               "created", "entries": <count>}
-    entries/<key>.json        {"key", "kind", "size", "sha256", "created", "meta"}
-    entries/<key>.bin         the payload
-    ...
-    cuforge-archive-end.json  {"entries": <count>, "bytes": <payload bytes>}
-
-The header comes first, so ``import`` refuses a mismatched version before reading any
-entry; every entry is checked against its own size and SHA-256 before it is stored; a
-missing end record means a truncated archive.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
-import io
 import json
 import os
 import sys
 import time
-from collections.abc import Iterator
 from typing import Any
 
 from cuforge.cli import output
 
-__all__ = ["add_parser", "ARCHIVE_VERSION", "ARCHIVE_FORMAT"]
+__all__ = ["add_parser"]
 
-ARCHIVE_FORMAT = "cuforge-cache-archive"
-ARCHIVE_VERSION = 1
-_HEADER_NAME = "cuforge-archive.json"
-_END_NAME = "cuforge-archive-end.json"
 _KINDS = ("kernel", "manifest", "object", "module")
-_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
 
 def _store():
     from cuforge.config import settings
+    from cuforge.store import trust_problem
     from cuforge.store.disk import DiskStore
 
     st = settings()
+    problem = trust_problem(st.cache_dir)
+    if problem is not None:
+        output.warn(f"{problem} (until then, compiles do not read or write this cache)")
     # telemetry=False: the CLI's own reads and writes are not cache traffic.
     return DiskStore(st.cache_dir, st.cache_max_bytes, telemetry=False)
-
-
-def _with_progress(fn, bar: output.Progress, **kwargs):
-    """Call a store method, handing it the progress bar when it accepts one."""
-    import inspect
-
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        params = {}
-    if "progress" in params:
-        kwargs["progress"] = bar
-    return fn(**kwargs)
 
 
 # -- filters --------------------------------------------------------------------------
@@ -98,43 +71,16 @@ def _add_filters(p: argparse.ArgumentParser, *, hide_manifests: bool) -> None:
 
 
 def _matcher(args: argparse.Namespace):
-    import fnmatch
+    from cuforge.store.disk import entry_filter
 
-    from cuforge.config import normalize_arch
-
-    arch = normalize_arch(args.arch) if args.arch else None
-    kind = args.kind
-    hide_manifests = args.hide_manifests and kind is None
-    older = output.parse_age(args.older_than) if args.older_than else None
-    newer = output.parse_age(args.newer_than) if args.newer_than else None
-    name = args.name
-    glob = name is not None and any(c in name for c in "*?[")
-    now = time.time()
-
-    def match(info) -> bool:
-        if kind and kind != "all":
-            if info.kind != kind:
-                return False
-        elif hide_manifests and info.kind == "manifest":
-            return False
-        meta = info.meta or {}
-        if name is not None:
-            entry_name = str(meta.get("name") or "")
-            if not (fnmatch.fnmatch(entry_name, name) if glob else name in entry_name):
-                return False
-        if arch is not None:
-            entry_arch = meta.get("arch") or ""
-            if isinstance(entry_arch, (list, tuple)):
-                entry_arch = " ".join(str(a) for a in entry_arch)
-            # one arch, or several ("sm_80 sm_90") for a fatbin
-            if arch not in str(entry_arch).replace(",", " ").split():
-                return False
-        age = now - (info.last_used or 0)
-        if older is not None and age <= older:
-            return False
-        return not (newer is not None and age >= newer)
-
-    return match
+    return entry_filter(
+        name=args.name,
+        arch=args.arch,
+        kind=args.kind,
+        hide_manifests=args.hide_manifests,
+        older_than=output.parse_age(args.older_than) if args.older_than else None,
+        newer_than=output.parse_age(args.newer_than) if args.newer_than else None,
+    )
 
 
 def _arch_text(value: Any) -> str:
@@ -304,30 +250,10 @@ def run_ls(args: argparse.Namespace) -> int:
 # -- show -----------------------------------------------------------------------------
 
 
-def _resolve_key(store, prefix: str) -> str:
-    prefix = prefix.strip().lower()
-    if not prefix:
-        raise ValueError("give a key or a unique key prefix (see `cuforge cache ls`)")
-    keys = store.index()
-    if prefix in keys:
-        return prefix
-    found = [k for k in keys if k.startswith(prefix)]
-    if not found and os.path.exists(store.path_for(prefix)):
-        return prefix  # present but not indexed yet
-    if not found:
-        raise LookupError(f"no cache entry with key {prefix!r} (see `cuforge cache ls`)")
-    if len(found) > 1:
-        raise LookupError(
-            f"key prefix {prefix!r} is ambiguous: {len(found)} entries match "
-            f"({', '.join(sorted(found)[:4])}...); give more characters"
-        )
-    return found[0]
-
-
 def run_show(args: argparse.Namespace) -> int:
     store = _store()
     try:
-        key = _resolve_key(store, args.key)
+        key = store.resolve_key(args.key)
     except LookupError as exc:
         output.error(str(exc))
         return 1
@@ -455,7 +381,6 @@ def run_explain(args: argparse.Namespace) -> int:
 
 
 def run_clear(args: argparse.Namespace) -> int:
-    import shutil
 
     store = _store()
     stats = store.stats()
@@ -469,19 +394,7 @@ def run_clear(args: argparse.Namespace) -> int:
             print("nothing removed")
             return 1
     removed = store.clear()
-    extra = []
-    if args.all:
-        for sub in ("telemetry", "explain", "toolchain.json"):
-            path = os.path.join(store.root, sub)
-            if os.path.isdir(path):
-                shutil.rmtree(path, ignore_errors=True)
-                extra.append(sub)
-            elif os.path.exists(path):
-                try:
-                    os.unlink(path)
-                    extra.append(sub)
-                except OSError:
-                    pass
+    extra = store.clear_extras() if args.all else []
     if args.json:
         output.emit_json(
             {"command": "cache clear", "removed": removed, "bytes": stats.bytes, "also": extra}
@@ -502,8 +415,8 @@ def run_prune(args: argparse.Namespace) -> int:
     if max_bytes is None and older is None:
         max_bytes = store.max_bytes  # trim to the configured cap
     before = store.stats()
-    with output.progress("pruning", enabled=not args.json) as bar:
-        removed, freed = _with_progress(store.prune, bar, max_bytes=max_bytes, older_than=older)
+    with output.progress("pruning", enabled=not args.json):
+        removed, freed = store.prune(max_bytes=max_bytes, older_than=older)
     after = store.stats()
     doc = {
         "command": "cache prune",
@@ -535,484 +448,116 @@ def run_verify(args: argparse.Namespace) -> int:
     store = _store()
     label = "verifying (quick)" if args.quick else "verifying checksums"
     with output.progress(label, enabled=not args.json) as bar:
-        report = _with_progress(store.verify, bar, repair=args.repair, quick=args.quick)
-    corrupt = list(report.corrupt)
-    remaining = len(corrupt) - (report.repaired if args.repair else 0)
+        report = store.verify(repair=args.repair, quick=args.quick, progress=bar)
     if args.json:
         doc = {"command": "cache verify", "quick": args.quick, "repair": args.repair}
         doc.update(report.as_dict())
-        doc["ok"] = remaining == 0
         output.emit_json(doc)
-    else:
-        print(
-            f"checked {report.checked} entries ({output.human_bytes(report.bytes)})"
-            + (" (quick: headers and sizes, not checksums)" if args.quick else "")
-        )
-        if corrupt:
-            print(f"{len(corrupt)} damaged:")
-            for key in corrupt[:50]:
-                print(f"  {key}")
-            if len(corrupt) > 50:
-                print(f"  ... {len(corrupt) - 50} more")
-            if args.repair:
-                print(f"removed {report.repaired} damaged entries")
-            else:
-                print(
-                    "damaged entries are never served (they miss and are rebuilt); "
-                    "`cuforge cache verify --repair` removes them now"
-                )
+        return 0 if report.ok else 1
+    corrupt = report.corrupt
+    print(
+        f"checked {report.checked} entries ({output.human_bytes(report.bytes)})"
+        + (" (quick: headers, sizes and metadata, not checksums)" if args.quick else "")
+    )
+    if corrupt:
+        print(f"{len(corrupt)} damaged:")
+        for key in corrupt[:50]:
+            print(f"  {key}  ({report.reasons.get(key, 'damaged')})")
+        if len(corrupt) > 50:
+            print(f"  ... {len(corrupt) - 50} more")
+        if args.repair:
+            print(f"removed {report.repaired} damaged entries")
         else:
-            print("no damaged entries")
-        if getattr(report, "index_drift", 0):
             print(
-                f"index: {report.index_drift} entries out of date"
-                + (" (rebuilt)" if args.repair else " (--repair rebuilds it)")
+                "damaged entries are never served (they miss and are rebuilt); "
+                "`cuforge cache verify --repair` removes them now"
             )
-    return 1 if remaining else 0
+    else:
+        print("no damaged entries")
+    if report.journal is not None:
+        print(
+            f"index: the journal is damaged ({report.journal})"
+            + (
+                " (rebuilt from the entries)"
+                if report.journal_rebuilt
+                else " (--repair rebuilds it; readers rebuild it too)"
+            )
+        )
+    elif report.index_drift:
+        print(
+            f"index: {report.index_drift} entries out of date"
+            + (" (rebuilt)" if args.repair else " (--repair rebuilds it)")
+        )
+    return 0 if report.ok else 1
 
 
 # -- export / import ------------------------------------------------------------------
 
 
-def _zstd_module():
-    """(compress(fileobj) -> writer, decompress(fileobj) -> reader) or None."""
-    try:
-        from compression import zstd  # type: ignore[import-not-found]  # Python 3.14+
-
-        return (
-            lambda f: zstd.ZstdFile(f, "w"),
-            lambda f: zstd.ZstdFile(f, "r"),
-        )
-    except ImportError:
-        pass
-    try:
-        import zstandard  # type: ignore[import-not-found]
-    except ImportError:
-        return None
-    return (
-        lambda f: zstandard.ZstdCompressor(level=10).stream_writer(f, closefd=False),
-        lambda f: zstandard.ZstdDecompressor().stream_reader(f, closefd=False),
-    )
-
-
-def _choose_format(path: str, requested: str | None) -> str:
-    if requested:
-        fmt = requested
-    else:
-        lower = path.lower()
-        if lower.endswith((".tar.zst", ".tzst", ".zst")):
-            fmt = "zstd"
-        elif lower.endswith((".tar.gz", ".tgz", ".gz")):
-            fmt = "gz"
-        elif lower.endswith(".zip"):
-            fmt = "zip"
-        elif lower.endswith(".tar"):
-            fmt = "tar"
-        else:
-            fmt = "zstd" if _zstd_module() else "gz"
-    if fmt == "zstd" and _zstd_module() is None:
-        raise ValueError(
-            f"cannot write {path!r} as zstd: the `zstandard` module is not installed "
-            "(pip install zstandard), or name the file .tar.gz or .zip"
-        )
-    return fmt
-
-
-class _ArchiveWriter:
-    def __init__(self, path: str, fmt: str) -> None:
-        import tarfile
-        import zipfile
-
-        self.fmt = fmt
-        self._raw = open(path, "wb")  # noqa: SIM115 - closed in close()
-        self._zstd = None
-        self._zip = None
-        self._tar = None
-        if fmt == "zip":
-            self._zip = zipfile.ZipFile(self._raw, "w", compression=zipfile.ZIP_DEFLATED)
-        elif fmt == "zstd":
-            compress, _ = _zstd_module()  # type: ignore[misc]
-            self._zstd = compress(self._raw)
-            self._tar = tarfile.open(fileobj=self._zstd, mode="w|")
-        elif fmt == "gz":
-            self._tar = tarfile.open(fileobj=self._raw, mode="w|gz")
-        else:
-            self._tar = tarfile.open(fileobj=self._raw, mode="w|")
-
-    def add(self, name: str, data: bytes, mtime: float | None = None) -> None:
-        if self._zip is not None:
-            self._zip.writestr(name, data)
-            return
-        import tarfile
-
-        info = tarfile.TarInfo(name)
-        info.size = len(data)
-        info.mtime = int(mtime or time.time())
-        info.mode = 0o600
-        self._tar.addfile(info, io.BytesIO(data))
-
-    def close(self) -> None:
-        if self._zip is not None:
-            self._zip.close()
-        if self._tar is not None:
-            self._tar.close()
-        if self._zstd is not None:
-            self._zstd.close()
-        self._raw.close()
-
-
-def _dumps(obj: Any) -> bytes:
-    return json.dumps(obj, sort_keys=True, ensure_ascii=False).encode("utf-8")
-
-
 def run_export(args: argparse.Namespace) -> int:
-    from cuforge._version import __version__
-    from cuforge.key import SCHEMA_VERSION
-    from cuforge.store.disk import DISK_FORMAT_VERSION
+    from cuforge.store.archive import ARCHIVE_VERSION, choose_format, export_archive
 
-    store = _store()
-    fmt = _choose_format(args.file, args.format)
-    match = _matcher(args)
-    infos = [i for i in store.iterate_index() if match(i)]
-    tmp = f"{args.file}.tmp.{os.getpid()}"
-    writer = _ArchiveWriter(tmp, fmt)
-    exported = skipped = 0
-    total_bytes = 0
-    try:
-        writer.add(
-            _HEADER_NAME,
-            _dumps(
-                {
-                    "format": ARCHIVE_FORMAT,
-                    "archive_version": ARCHIVE_VERSION,
-                    "key_schema": SCHEMA_VERSION,
-                    "disk_format_version": DISK_FORMAT_VERSION,
-                    "cuforge_version": __version__,
-                    "created": time.time(),
-                    "entries": len(infos),
-                }
-            ),
-        )
-        with output.progress("exporting", total=len(infos), enabled=not args.json) as bar:
-            for info in infos:
-                entry = store.peek(info.key)
-                bar.advance()
-                if entry is None:
-                    skipped += 1  # damaged or removed meanwhile: never export damage
-                    continue
-                meta = dict(entry.meta)
-                meta.pop("size", None)
-                created = meta.pop("created", None)
-                meta.pop("last_used", None)
-                payload = bytes(entry.payload)
-                record = {
-                    "key": entry.key,
-                    "kind": entry.kind,
-                    "size": len(payload),
-                    "sha256": hashlib.sha256(payload).hexdigest(),
-                    "created": created,
-                    "meta": meta,
-                }
-                writer.add(f"entries/{entry.key}.json", _dumps(record), created)
-                writer.add(f"entries/{entry.key}.bin", payload, created)
-                exported += 1
-                total_bytes += len(payload)
-        writer.add(_END_NAME, _dumps({"entries": exported, "bytes": total_bytes}))
-        writer.close()
-        os.replace(tmp, args.file)
-    except BaseException:
-        try:
-            writer.close()
-        except Exception:  # noqa: BLE001 - the first error is the one to report
-            pass
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    size = os.path.getsize(args.file)
+    fmt = choose_format(args.file, args.format)  # fails before the progress bar shows
+    with output.progress("exporting", enabled=not args.json) as bar:
+        result = export_archive(_store(), args.file, fmt, select=_matcher(args), progress=bar)
     if args.json:
         output.emit_json(
             {
                 "command": "cache export",
-                "file": os.path.abspath(args.file),
-                "format": fmt,
+                "file": result.path,
+                "format": result.format,
                 "archive_version": ARCHIVE_VERSION,
-                "entries": exported,
-                "skipped_damaged": skipped,
-                "bytes": total_bytes,
-                "file_bytes": size,
+                "entries": result.entries,
+                "skipped_damaged": result.skipped,
+                "bytes": result.bytes,
+                "file_bytes": result.file_bytes,
             }
         )
     else:
         print(
-            f"exported {exported} entries ({output.human_bytes(total_bytes)}) to {args.file} "
-            f"[{fmt}, {output.human_bytes(size)}]"
-            + (f"; skipped {skipped} damaged" if skipped else "")
+            f"exported {result.entries} entries ({output.human_bytes(result.bytes)}) to "
+            f"{args.file} [{result.format}, {output.human_bytes(result.file_bytes)}]"
+            + (f"; skipped {result.skipped} damaged" if result.skipped else "")
         )
     return 0
 
 
-def _detect_format(path: str) -> str:
-    with open(path, "rb") as f:
-        head = f.read(512)
-    if head.startswith(_ZSTD_MAGIC):
-        return "zstd"
-    if head.startswith(b"\x1f\x8b"):
-        return "gz"
-    if head.startswith(b"PK\x03\x04") or head.startswith(b"PK\x05\x06"):
-        return "zip"
-    if len(head) >= 262 and head[257:262] == b"ustar":
-        return "tar"
-    raise ValueError(
-        f"{path!r} is not a cuforge cache archive (not a tar, tar.gz, tar.zst or zip file)"
-    )
-
-
-def _members(path: str, fmt: str) -> Iterator[tuple[str, bytes]]:
-    """(name, data) of every member, in archive order, streaming."""
-    import tarfile
-    import zipfile
-
-    if fmt == "zip":
-        with zipfile.ZipFile(path) as z:
-            for name in z.namelist():
-                yield name, z.read(name)
-        return
-    with open(path, "rb") as raw:
-        if fmt == "zstd":
-            module = _zstd_module()
-            if module is None:
-                raise ValueError(
-                    f"{path!r} is zstd-compressed but the `zstandard` module is not installed: "
-                    "pip install zstandard (or export again as .tar.gz or .zip)"
-                )
-            stream = module[1](raw)
-            mode = "r|"
-        else:
-            stream = raw
-            mode = "r|gz" if fmt == "gz" else "r|"
-        with tarfile.open(fileobj=stream, mode=mode) as tar:
-            for member in tar:
-                if not member.isfile():
-                    continue
-                f = tar.extractfile(member)
-                yield member.name, f.read() if f is not None else b""
-
-
-def _check_header(header: dict, path: str) -> list[str]:
-    """Refuse an archive this cuforge cannot use; return warnings for one it can."""
-    from cuforge._version import __version__
-    from cuforge.key import SCHEMA_VERSION
-
-    if header.get("format") != ARCHIVE_FORMAT:
-        raise ValueError(f"{path!r} is not a cuforge cache archive (its header names no format)")
-    version = header.get("archive_version")
-    if version != ARCHIVE_VERSION:
-        newer = isinstance(version, int) and version > ARCHIVE_VERSION
-        raise ValueError(
-            f"{path!r} is a cache archive of format version {version}, but this cuforge "
-            f"({__version__}) reads version {ARCHIVE_VERSION}: "
-            + (
-                "upgrade cuforge to import it"
-                if newer
-                else f"export it again with cuforge {__version__}"
-            )
-        )
-    schema = header.get("key_schema")
-    if schema != SCHEMA_VERSION:
-        raise ValueError(
-            f"{path!r} holds entries made with cache-key schema {schema}, but this cuforge "
-            f"({__version__}) uses key schema {SCHEMA_VERSION}: none of them could ever be a "
-            f"hit. Rebuild the cache with cuforge {header.get('cuforge_version', '?')} on this "
-            "side, or export it again with this cuforge version"
-        )
-    warnings = []
-    if header.get("cuforge_version") != __version__:
-        warnings.append(
-            f"the archive was made by cuforge {header.get('cuforge_version')}, this is "
-            f"{__version__}: cache keys include cuforge's version, so its kernel entries hit "
-            "only for that version"
-        )
-    return warnings
-
-
-def _check_record(record: Any, payload: bytes) -> str | None:
-    """Why an archived entry must be rejected, or None when it is sound."""
-    if not isinstance(record, dict):
-        return "its record is not a JSON object"
-    key = record.get("key")
-    if not (
-        isinstance(key, str) and 8 <= len(key) <= 128 and all(c in "0123456789abcdef" for c in key)
-    ):
-        return f"bad key {key!r}"
-    if record.get("kind") not in _KINDS:
-        return f"unknown kind {record.get('kind')!r}"
-    if not isinstance(record.get("meta"), dict):
-        return "its metadata is not a JSON object"
-    if record.get("size") != len(payload):
-        return f"size {len(payload)} != recorded {record.get('size')} (truncated?)"
-    if hashlib.sha256(payload).hexdigest() != record.get("sha256"):
-        return "SHA-256 mismatch (damaged)"
-    return None
-
-
-class _Damaged(Exception):
-    """The archive could not be read to its end (truncated or corrupt compression)."""
-
-
-def _read_members(path: str, fmt: str) -> Iterator[tuple[str, bytes]]:
-    """:func:`_members`, with any decoder's error turned into :class:`_Damaged`."""
-    members = _members(path, fmt)
-    while True:
-        try:
-            item = next(members)
-        except StopIteration:
-            return
-        except ValueError:
-            raise  # ours: a clear message already (e.g. zstandard missing)
-        except Exception as exc:  # noqa: BLE001 - tar, gzip, zlib, zip and zstd all differ
-            raise _Damaged(f"{type(exc).__name__}: {exc}") from None
-        yield item
-
-
-class _Importer:
-    """Stores an archive's entries one by one, each checked first."""
-
-    def __init__(self, store, overwrite: bool) -> None:
-        self.store = store
-        self.overwrite = overwrite
-        self.existing = store.index()
-        self.imported = self.present = self.bytes = self.seen = 0
-        self.rejected: list[dict[str, str]] = []
-        self.records: dict[str, Any] = {}  # key -> its record, until its payload comes
-
-    def record(self, key: str, data: bytes) -> None:
-        try:
-            self.records[key] = json.loads(data)
-        except ValueError:
-            self.records[key] = None
-
-    def payload(self, key: str, data: bytes) -> None:
-        from cuforge.store.base import Entry
-
-        self.seen += 1
-        record = self.records.pop(key, None)
-        why = _check_record(record, data) if record is not None else "no record precedes it"
-        if why is None and record["key"] != key:
-            why = f"its record names key {record['key']!r}"
-        if why is not None:
-            self.rejected.append({"key": key, "reason": why})
-            return
-        if key in self.existing and not self.overwrite and self.store.peek(key) is not None:
-            self.present += 1
-            return
-        if not self.store.put(Entry(key, record["kind"], data, record["meta"])):
-            reason = self.store.disabled_reason
-            raise OSError(
-                f"cannot write to the cache at {self.store.root}"
-                + (f": {reason}" if reason else "")
-            )
-        self.imported += 1
-        self.bytes += len(data)
-
-
 def run_import(args: argparse.Namespace) -> int:
-    path = args.file
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"no such archive: {path}")
-    fmt = _detect_format(path)
-    importer = _Importer(_store(), args.overwrite)
-    header: dict | None = None
-    end: dict | None = None
-    warnings: list[str] = []
-    damaged = None
+    from cuforge.config import parse_size
+    from cuforge.store.archive import MAX_MEMBER_BYTES, import_archive
+
+    cap = parse_size(args.max_member_bytes) if args.max_member_bytes else MAX_MEMBER_BYTES
+    store = _store()
     with output.progress("importing", enabled=not args.json) as bar:
-        try:
-            for name, data in _read_members(path, fmt):
-                if header is None:
-                    header = _read_header(name, data, path)
-                    warnings = _check_header(header, path)
-                    bar.set_total(header.get("entries"))
-                elif name == _END_NAME:
-                    try:
-                        end = json.loads(data)
-                    except ValueError:
-                        end = {}
-                elif name.startswith("entries/") and name.endswith(".json"):
-                    importer.record(name[len("entries/") : -len(".json")], data)
-                elif name.startswith("entries/") and name.endswith(".bin"):
-                    importer.payload(name[len("entries/") : -len(".bin")], data)
-                    bar.advance()
-        except _Damaged as exc:
-            if header is None:
-                raise ValueError(f"{path!r} cannot be read ({exc})") from None
-            damaged = str(exc)
-    if header is None:
-        raise ValueError(f"{path!r} is empty or not a cuforge cache archive")
-    rejected = importer.rejected + [
-        {"key": key, "reason": "its payload is missing"} for key in importer.records
-    ]
-    truncated = damaged is not None or end is None or end.get("entries") != importer.seen
-    if truncated:
-        if damaged is not None:
-            warnings.append(
-                f"the archive is damaged after {importer.seen} of {header.get('entries')} "
-                f"entries ({damaged}); the entries before that were imported"
-            )
-        elif end is None:
-            warnings.append(
-                f"the archive is truncated: {importer.seen} of {header.get('entries')} entries "
-                "were in it"
-            )
-        else:
-            warnings.append(
-                f"the archive's end record counts {end.get('entries')} entries, it held "
-                f"{importer.seen}"
-            )
-    ok = not rejected and not truncated
+        result = import_archive(
+            store, args.file, overwrite=args.overwrite, progress=bar, max_member_bytes=cap
+        )
     if args.json:
         output.emit_json(
             {
                 "command": "cache import",
-                "file": os.path.abspath(path),
-                "format": fmt,
-                "archive": header,
-                "ok": ok,
-                "imported": importer.imported,
-                "bytes": importer.bytes,
-                "already_present": importer.present,
-                "rejected": rejected,
-                "truncated": truncated,
-                "warnings": warnings,
+                "file": result.path,
+                "format": result.format,
+                "archive": result.header,
+                "ok": result.ok,
+                "imported": result.imported,
+                "bytes": result.bytes,
+                "already_present": result.present,
+                "rejected": result.rejected,
+                "truncated": result.truncated,
+                "warnings": result.warnings,
             }
         )
     else:
-        for w in warnings:
+        for w in result.warnings:
             output.warn(w)
-        for r in rejected[:50]:
+        for r in result.rejected[:50]:
             output.error(f"rejected entry {r['key']}: {r['reason']}")
         print(
-            f"imported {importer.imported} entries ({output.human_bytes(importer.bytes)}) into "
-            f"{importer.store.root}; {importer.present} already present, "
-            f"{len(rejected)} rejected"
+            f"imported {result.imported} entries ({output.human_bytes(result.bytes)}) into "
+            f"{store.root}; {result.present} already present, {len(result.rejected)} rejected"
         )
-    return 0 if ok else 1
-
-
-def _read_header(name: str, data: bytes, path: str) -> dict:
-    if name != _HEADER_NAME:
-        raise ValueError(
-            f"{path!r} is not a cuforge cache archive (first member {name!r}, "
-            f"expected {_HEADER_NAME})"
-        )
-    try:
-        header = json.loads(data)
-    except ValueError:
-        raise ValueError(f"{path!r}: its header is not valid JSON") from None
-    if not isinstance(header, dict):
-        raise ValueError(f"{path!r}: its header is not a JSON object")
-    return header
+    return 0 if result.ok else 1
 
 
 # -- the parser -----------------------------------------------------------------------
@@ -1073,22 +618,30 @@ def add_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--older-than", metavar="AGE", help="remove entries unused for AGE (30d, 12h)")
     p.set_defaults(func=run_prune)
 
-    p = sub.add_parser("verify", parents=[common], help="re-check every entry's checksum")
-    p.add_argument("--repair", action="store_true", help="remove damaged entries")
-    p.add_argument("--quick", action="store_true", help="headers and sizes only (no checksums)")
+    p = sub.add_parser(
+        "verify", parents=[common], help="re-check every entry's checksum and shape, and the index"
+    )
+    p.add_argument(
+        "--repair",
+        action="store_true",
+        help="remove damaged entries and stale temp files, rebuild the index",
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="headers, sizes and metadata only (no checksums)"
+    )
     p.set_defaults(func=run_verify)
 
     p = sub.add_parser(
         "export",
         parents=[common],
-        help="write entries to a portable archive",
-        description="Write cache entries to a versioned archive: .tar.zst (when the "
-        "`zstandard` module is installed), .tar.gz, .tar or .zip, chosen by the file name. "
-        "Filters select a subset; by default everything, including the manifests that "
-        "make direct-mode hits possible.",
+        help="write entries to a portable archive (.tar.gz or .tar.zst)",
+        description="Write cache entries to a versioned archive: .tar.gz, or .tar.zst (needs "
+        "the `zstandard` module: pip install zstandard, or pip install 'cuforge[zstd]'), "
+        "chosen by the file name. Filters select a subset; by default everything, including "
+        "the manifests that make direct-mode hits possible.",
     )
     p.add_argument("file")
-    p.add_argument("--format", choices=("zstd", "gz", "zip", "tar"), help="override the file name")
+    p.add_argument("--format", choices=("zstd", "gz"), help="override the file name")
     _add_filters(p, hide_manifests=False)
     p.set_defaults(func=run_export)
 
@@ -1096,11 +649,17 @@ def add_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:
         "import",
         parents=[common],
         help="add an archive's entries (each verified first)",
-        description="Add the entries of an archive made by `cuforge cache export`. The "
-        "archive's format and key-schema versions must match this cuforge; every entry is "
-        "checked against its size and SHA-256 before it is stored. Exit code 1 when any "
-        "entry was rejected or the archive is truncated.",
+        description="Add the entries of a .tar.gz or .tar.zst archive made by `cuforge cache "
+        "export`. The archive's format and key-schema versions must match this cuforge; "
+        "every entry is checked against its size, its SHA-256 and the entry schema before it "
+        "is stored, and streamed into the cache (never held in memory whole). Exit code 1 "
+        "when any entry was rejected or the archive is truncated.",
     )
     p.add_argument("file")
     p.add_argument("--overwrite", action="store_true", help="replace entries already present")
+    p.add_argument(
+        "--max-member-bytes",
+        metavar="SIZE",
+        help="reject entries whose payload is larger (default 1G)",
+    )
     p.set_defaults(func=run_import)

@@ -6,7 +6,9 @@ so ``import cuforge.store`` stays cheap:
 
 * :class:`MemoryStore` (``cuforge.store.memory``), :class:`DiskStore`
   (``cuforge.store.disk``), :class:`TieredStore` (``cuforge.store.tiered``)
-* :func:`single_flight` (``cuforge.store.single_flight``)
+* the submodule :mod:`cuforge.store.single_flight` (``single_flight.single_flight``)
+* :func:`~cuforge.store.archive.export_archive` / ``import_archive``
+  (``cuforge.store.archive``)
 * :class:`Entry`, :class:`EntryInfo`, :class:`StoreStats`, :class:`Store` (``cuforge.store.base``)
 """
 
@@ -26,12 +28,13 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "default_store",
     "lock_dir",
+    "trust_problem",
+    "is_untrusted",
     "MemoryStore",
     "DiskStore",
     "TieredStore",
     "VerifyReport",
     "DISK_FORMAT_VERSION",
-    "single_flight",
     "Entry",
     "EntryInfo",
     "StoreStats",
@@ -44,7 +47,6 @@ _LAZY = {
     "VerifyReport": "cuforge.store.disk",
     "DISK_FORMAT_VERSION": "cuforge.store.disk",
     "TieredStore": "cuforge.store.tiered",
-    "single_flight": "cuforge.store.single_flight",
     "Entry": "cuforge.store.base",
     "EntryInfo": "cuforge.store.base",
     "StoreStats": "cuforge.store.base",
@@ -53,6 +55,45 @@ _LAZY = {
 
 # (the Settings object it was built for, the fields that shape it, the store)
 _memo: tuple[Any, tuple, Any] = (None, (), None)
+# cache dirs that failed the trust check (nothing is read from them: no disk tier, no locks)
+_untrusted: set[str] = set()
+# problems already reported (once per process)
+_reported: set[str] = set()
+
+#: the directories under the cache dir that cuforge creates and must be able to trust
+_OWN_DIRS = ("", "v1", "v1/entries", "v1/index", "locks")
+
+
+def trust_problem(cache_dir: str) -> str | None:
+    """Why the cache dir cannot be trusted (ssh's StrictModes rule, applied to it and to
+    each directory cuforge creates inside it), or None. See :func:`cuforge._fs.trust_problem`."""
+    from cuforge._fs import trust_problem as check
+
+    for sub in _OWN_DIRS:
+        problem = check(os.path.join(cache_dir, sub) if sub else cache_dir)
+        if problem is not None:
+            return problem
+    return None
+
+
+def is_untrusted(cache_dir: str) -> bool:
+    """Whether :func:`default_store` found ``cache_dir`` untrusted (then nothing may be
+    read from or written to it: telemetry, miss history and probe memos included)."""
+    return cache_dir in _untrusted
+
+
+def _report_untrusted(problem: str) -> None:
+    if problem in _reported:
+        return
+    _reported.add(problem)
+    import logging
+
+    logging.getLogger("cuforge").warning(
+        "cuforge: not using the disk cache: %s. Whoever can write a cache dir can make this "
+        "process run their code, so cuforge reads nothing from it and caches in memory only "
+        "until it is fixed.",
+        problem,
+    )
 
 
 def default_store() -> Store | None:
@@ -60,7 +101,11 @@ def default_store() -> Store | None:
 
     * ``None`` when ``CUFORGE_DISABLE_CACHE`` is set (always compile);
     * a :class:`MemoryStore` when ``CUFORGE_DISABLE_FILE_CACHE`` is set;
-    * else ``TieredStore([MemoryStore(memory_max_bytes), DiskStore(cache_dir, cache_max_bytes)])``.
+    * else ``TieredStore([MemoryStore(memory_max_bytes), DiskStore(cache_dir, cache_max_bytes)])``;
+    * but only the :class:`MemoryStore` when the cache dir fails :func:`trust_problem` (it
+      or a directory cuforge made in it is owned by another user, or writable by group or
+      others): nothing is read from that dir, and a warning says so once per process,
+      with the fix.
 
     Memoized: while the settings object is unchanged this is one identity check. When
     the environment changes, the store is rebuilt only if a field that shapes it changed
@@ -88,7 +133,19 @@ def default_store() -> Store | None:
         from cuforge.store.memory import MemoryStore
 
         memory = MemoryStore(current.memory_max_bytes)
-        if current.disable_file_cache:
+        problem = None
+        if not current.disable_file_cache:
+            try:  # create it (0700) before the check: no window for someone else to
+                os.makedirs(current.cache_dir, mode=0o700, exist_ok=True)
+            except OSError:
+                pass  # the disk tier reports an unusable dir itself
+            problem = trust_problem(current.cache_dir)
+        if problem is not None:
+            _untrusted.add(current.cache_dir)
+            _report_untrusted(problem)
+        else:
+            _untrusted.discard(current.cache_dir)
+        if current.disable_file_cache or problem is not None:
             store = memory
         else:
             from cuforge.store.disk import DiskStore
@@ -100,9 +157,12 @@ def default_store() -> Store | None:
 
 
 def lock_dir() -> str | None:
-    """``<cache_dir>/locks``, or None when file caching is off (then locks are per process)."""
+    """``<cache_dir>/locks``, or None when file caching is off or the cache dir is not
+    trusted (then locks are per process)."""
     current = settings()
     if current.disable_cache or current.disable_file_cache:
+        return None
+    if _untrusted and current.cache_dir in _untrusted:
         return None
     return os.path.join(current.cache_dir, "locks")
 
@@ -114,11 +174,13 @@ def reset_default_store() -> None:
 
 
 def __getattr__(name: str) -> Any:
+    import importlib
+
+    if name in ("single_flight", "archive", "schema"):  # submodules, named as such
+        return importlib.import_module(f"cuforge.store.{name}")
     module_name = _LAZY.get(name)
     if module_name is None:
         raise AttributeError(f"module 'cuforge.store' has no attribute {name!r}")
-    import importlib
-
     value = getattr(importlib.import_module(module_name), name)
     globals()[name] = value
     return value

@@ -9,6 +9,8 @@ Guarantees every implementation gives (the disk tier documents how):
 
 * ``get`` returns an entry whose payload is byte-identical to what was ``put``, or
   ``None``. A damaged entry is never returned: it is deleted and counted as a miss.
+  Entries read from outside the process (the disk tier, an imported archive) are also
+  checked against :mod:`cuforge.store.schema`; a malformed one counts as damaged.
 * ``put`` is atomic: a concurrent reader sees the old state or the new entry, never a
   partial one. ``put`` of an existing key replaces it.
 * No method raises for an I/O problem of the tier itself (full disk, read-only
@@ -30,7 +32,7 @@ __all__ = ["Entry", "EntryInfo", "StoreStats", "Store", "ENTRY_KINDS"]
 #: What an entry holds. "kernel": a compiled cubin/PTX/fatbin; "manifest": the headers a
 #: compile read (the direct-mode lookup); "object": a compiled translation unit;
 #: "module": a linked extension module.
-ENTRY_KINDS = ("kernel", "manifest", "object", "module")
+ENTRY_KINDS = ("kernel", "manifest", "object", "module")  # = cuforge.store.schema.KINDS
 
 
 class Entry:
@@ -141,6 +143,13 @@ class Store(ABC):
     @abstractmethod
     def stats(self) -> StoreStats:
         """Counters and sizes of this tier."""
+
+    def get_with_tier(self, key: str) -> tuple[Entry | None, str | None]:
+        """``(entry, name of the tier that had it)``, or ``(None, None)`` on a miss. A
+        single tier answers with its own :attr:`tier`; :class:`TieredStore` names the
+        tier that held the entry (and promotes it)."""
+        entry = self.get(key)
+        return entry, (self.tier if entry is not None else None)
 
     def contains(self, key: str) -> bool:
         return self.get(key) is not None

@@ -1,18 +1,27 @@
 """Single flight: at most one compile of a key at a time, across threads and processes.
 
-    with single_flight(lock_dir(), key, timeout) as acquired:
+    with single_flight(lock_dir(), key, timeout, what="saxpy.cu") as acquired:
         entry = store.get(key)          # re-check: the holder before us may have built it
         if entry is None:
             entry = build(); store.put(entry)
 
 Threads of this process wait on a per-key lock; processes on this machine wait on an OS
-file lock (``filelock.FileLock`` on ``<lock_dir>/<key[:2]>/<key>.lock``, a ``flock``).
+file lock (an ``flock`` on ``<lock_dir>/<key[:2]>/<key>.lock``, taken with
+:class:`cuforge._fs.locked`: no symlink is followed, only a regular file is used).
 The kernel drops a file lock when its holder dies, even by SIGKILL, so a crashed
 compile never blocks anyone. A waiter gives up after ``timeout`` seconds and gets
 ``False``: it should then compile for itself (and may still put the result).
 
+The holder writes ``"<pid> <what>"`` into the lock file. A process that has waited
+:data:`NOTICE_AFTER` seconds prints ONE line to stderr naming that holder (a stopped or
+very slow compile is then visible), and keeps waiting up to ``timeout``; giving up prints
+one more line naming the holder.
+
 ``lock_dir`` None, or a directory that cannot be created or locked in, gives a
 thread-only lock plus ONE warning per directory.
+
+The function is this module's :func:`single_flight`; import it as
+``from cuforge.store.single_flight import single_flight``.
 """
 
 from __future__ import annotations
@@ -20,17 +29,23 @@ from __future__ import annotations
 import os
 from _thread import allocate_lock
 from contextlib import contextmanager
-from time import monotonic
+from time import monotonic, sleep
+
+from cuforge import _fs
 
 TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs ~10 ms
 if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Iterator
 
 
-__all__ = ["single_flight"]
+__all__ = ["single_flight", "holder_of", "NOTICE_AFTER", "POLL_INTERVAL"]
 
 #: how often a waiter re-tries the file lock (seconds)
 POLL_INTERVAL = 0.01
+#: after this many seconds of waiting for another process, say once who holds the lock
+NOTICE_AFTER = 3.0
+#: the most bytes of holder description read back from a lock file
+_MAX_HOLDER_BYTES = 4096
 
 _registry_lock = allocate_lock()
 # key -> [thread lock, number of users]; entries are dropped when nobody uses them
@@ -80,10 +95,25 @@ def _warn(lock_dir: str, exc: BaseException) -> None:
     )
 
 
+def _say(line: str) -> None:
+    import sys
+
+    try:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError, AttributeError):
+        pass  # no usable stderr (closed, or None under pythonw): the wait goes on silently
+
+
 @contextmanager
-def single_flight(lock_dir: str | None, key: str, timeout: float) -> Iterator[bool]:
+def single_flight(
+    lock_dir: str | None, key: str, timeout: float, what: str | None = None
+) -> Iterator[bool]:
     """Hold the compile lock of ``key`` for the body. Yields True when acquired, False
-    when ``timeout`` seconds passed first (the body then runs without the lock)."""
+    when ``timeout`` seconds passed first (the body then runs without the lock).
+
+    ``what`` (e.g. the kernel's name) is recorded in the lock file with this process's pid,
+    so that a process waiting behind this one can say what it waits for."""
     deadline = monotonic() + max(0.0, timeout)
     slot = _thread_lock(key)
     tlock = slot[0]
@@ -93,61 +123,97 @@ def single_flight(lock_dir: str | None, key: str, timeout: float) -> Iterator[bo
             yield False
             return
         try:
-            file_lock = None
+            held = None
             acquired = True
             if lock_dir is not None:
-                file_lock, acquired = _acquire_file(lock_dir, key, deadline)
+                held, acquired = _acquire_file(lock_dir, key, deadline, timeout, what)
             try:
                 yield acquired
             finally:
-                if file_lock is not None:
-                    try:
-                        file_lock.release()
-                    except OSError:
-                        pass
+                if held is not None:
+                    _release_file(held)
         finally:
             tlock.release()
     finally:
         _release_thread_lock(key, slot)
 
 
-def _acquire_file(lock_dir: str, key: str, deadline: float):
-    """(held FileLock or None, acquired?) -- None with True when locking is impossible."""
-    from filelock import FileLock, Timeout
-
-    shard = os.path.join(lock_dir, key[:2])
-    path = os.path.join(shard, f"{key}.lock")
-    lock = FileLock(path, thread_local=False)
-    for attempt in (0, 1):
-        try:
-            lock.acquire(timeout=max(0.0, deadline - monotonic()), poll_interval=POLL_INTERVAL)
-            return lock, True
-        except Timeout:
-            return None, False
-        except FileNotFoundError as exc:
-            if attempt:
-                _warn(lock_dir, exc)
-                return None, True
-            try:
-                os.makedirs(shard, mode=0o700, exist_ok=True)
-            except OSError as mk_exc:
-                _warn(lock_dir, mk_exc)
-                return None, True
-        except OSError as exc:
-            _warn(lock_dir, exc)
-            return None, True
-    return None, True  # pragma: no cover
+def lock_path(lock_dir: str, key: str) -> str:
+    """Where the file lock of ``key`` lives."""
+    return os.path.join(lock_dir, key[:2], f"{key}.lock")
 
 
-class _CallableModule(type(os)):  # type: ignore[misc]
-    """Importing this submodule makes ``cuforge.store.single_flight`` (the package attribute)
-    name the module, not the function. Making the module callable keeps
-    ``from cuforge.store import single_flight; with single_flight(...)`` working either way."""
+def holder_of(path: str) -> str:
+    """Who holds the lock file ``path``, as its holder recorded it: ``"pid N compiling X"``
+    (or ``"pid N"``), or ``"an unknown process"`` when nothing readable is recorded."""
+    try:
+        raw = _fs.read_bytes(path, max_bytes=_MAX_HOLDER_BYTES)
+    except OSError:
+        raw = b""
+    text = raw.decode("utf-8", "replace").strip()
+    pid, _, what = text.partition(" ")
+    if not pid.isdigit():
+        return "an unknown process"
+    what = " ".join(what.split())  # one line, whatever was recorded
+    return f"pid {pid} compiling {what}" if what else f"pid {pid}"
 
-    def __call__(self, lock_dir: str | None, key: str, timeout: float):
-        return single_flight(lock_dir, key, timeout)
+
+def _acquire_file(lock_dir: str, key: str, deadline: float, timeout: float, what: str | None):
+    """(held lock or None, acquired?) -- None with True when locking is impossible."""
+    path = lock_path(lock_dir, key)
+    held = _fs.locked(path, blocking=False)
+    try:
+        got = held.__enter__()
+    except OSError as exc:
+        _warn(lock_dir, exc)
+        return None, True
+    try:
+        started = monotonic()
+        noticed = False
+        while not got:
+            now = monotonic()
+            if now >= deadline:
+                if timeout > 0:  # with 0 the caller chose not to wait: nothing to report
+                    _say(
+                        f"cuforge: gave up after {timeout:g} s waiting for {holder_of(path)} "
+                        f"(lock {path}); compiling without the lock"
+                    )
+                held.__exit__(None, None, None)
+                return None, False
+            if not noticed and now - started >= NOTICE_AFTER:
+                noticed = True
+                _say(f"cuforge: waiting for {holder_of(path)} (lock {path})")
+            sleep(min(POLL_INTERVAL, max(0.0, deadline - now)))
+            got = held.relock(shared=False, blocking=False)
+    except OSError as exc:
+        held.__exit__(None, None, None)
+        _warn(lock_dir, exc)
+        return None, True
+    except BaseException:
+        held.__exit__(None, None, None)
+        raise
+    _record_holder(held.fd, what)
+    return held, True
 
 
-import sys as _sys  # noqa: E402
+def _record_holder(fd: int, what: str | None) -> None:
+    """Write ``"<pid> <what>"`` into the held lock file (best effort: it only feeds the
+    waiting notice)."""
+    text = str(os.getpid())
+    if what:
+        text += " " + " ".join(str(what).split())
+    data = (text + "\n").encode("utf-8", "replace")[:_MAX_HOLDER_BYTES]
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, data, 0)
+    except OSError:
+        pass  # a full disk: the lock itself still works, the notice says "unknown process"
 
-_sys.modules[__name__].__class__ = _CallableModule
+
+def _release_file(held: _fs.locked) -> None:
+    try:
+        if held.fd >= 0:
+            os.ftruncate(held.fd, 0)  # no stale holder shows while the file is unlocked
+    except OSError:
+        pass  # the lock is dropped below all the same
+    held.__exit__(None, None, None)

@@ -32,6 +32,7 @@ import weakref
 from _thread import allocate_lock
 from time import monotonic, time
 
+from cuforge import _fs
 from cuforge.config import settings
 
 TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs ~10 ms
@@ -187,37 +188,21 @@ def _dumps(obj: Any) -> str:
 
 
 def _append(root: str, line: dict) -> None:
-    import fcntl
-
+    """Append one line to ``events.jsonl`` under a shared lock; compact past the cap.
+    Raises ``OSError`` (a symlink or anything but a regular file there included: such a
+    file is never written through)."""
     tdir = telemetry_dir(root)
     data = (_dumps(line) + "\n").encode()
-    try:
-        lock_fd = os.open(os.path.join(tdir, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    except FileNotFoundError:
-        os.makedirs(tdir, mode=0o700, exist_ok=True)
-        lock_fd = os.open(os.path.join(tdir, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(lock_fd, fcntl.LOCK_SH)
-        path = os.path.join(tdir, "events.jsonl")
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            os.write(fd, data)
-            size = os.fstat(fd).st_size
-        finally:
-            os.close(fd)
-        fcntl.flock(lock_fd, fcntl.LOCK_UN)
+    lock = _fs.locked(os.path.join(tdir, "lock"), shared=True)
+    with lock:
+        size = _fs.append_line(os.path.join(tdir, "events.jsonl"), data)
+        lock.release()
         if size > MAX_FILE_BYTES:
-            _compact(tdir, lock_fd)
-    finally:
-        os.close(lock_fd)
+            _compact(tdir, lock)
 
 
-def _compact(tdir: str, lock_fd: int) -> None:
-    import fcntl
-
-    try:
-        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+def _compact(tdir: str, lock: _fs.locked) -> None:
+    if not lock.relock(shared=False, blocking=False):
         return  # another process is compacting
     try:
         path = os.path.join(tdir, "events.jsonl")
@@ -232,15 +217,9 @@ def _compact(tdir: str, lock_fd: int) -> None:
             "c": [[t, e, k, c[0], c[1], round(c[2], 6)] for (t, e, k), c in counts.items()],
             "n": [[n, k, s[0], s[1], round(s[2], 6)] for (n, k), s in names.items()],
         }
-        tmp = f"{path}.tmp.{os.getpid()}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        try:
-            os.write(fd, (_dumps(line) + "\n").encode())
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
+        _fs.atomic_write(path, _dumps(line) + "\n", makedirs=False)
     finally:
-        fcntl.flock(lock_fd, fcntl.LOCK_UN)
+        lock.release()
 
 
 def _bound_names(names: dict, limit: int) -> dict:
@@ -264,10 +243,9 @@ def _read(path: str) -> tuple[dict, dict, float | None]:
     names: dict = {}
     since: float | None = None
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
+        raw = _fs.read_bytes(path)
     except OSError:
-        return counts, names, since
+        return counts, names, since  # missing, or not a regular file: nothing recorded
     for text in raw.split(b"\n"):
         if not text:
             continue

@@ -1,0 +1,128 @@
+"""What a well-formed cache entry looks like: the shape of each kind's metadata.
+
+A checksum proves that the bytes are the ones written; it does not prove that whoever
+wrote them wrote something sensible (a planted entry, an old or buggy writer, an
+imported archive). Every entry is therefore checked against this schema when it is read
+(:meth:`DiskStore.get`), verified (``cuforge cache verify``) and imported
+(``cuforge cache import``); an entry that fails is *corrupt*: it is never served, it is
+deleted and rebuilt, ``verify`` reports it and ``verify --repair`` removes it.
+
+The rules (a field marked *typed* may be absent, but when present must have that type):
+
+* every kind: ``meta`` is a JSON object with string keys; ``name`` (str), ``arch`` (str),
+  ``backend`` (str), ``output`` (str), ``log`` (str), ``compile_seconds`` (a finite
+  number >= 0, not a bool), ``lowered_names`` (object of str -> str), ``key_fields``
+  (object), ``header_paths`` (list of str) are *typed*.
+* ``"kernel"``: the above (the pipeline writes all of them).
+* ``"manifest"`` (the shared format of :mod:`cuforge.manifest`): ``variants``
+  (*typed*): a list of variant objects, each with ``headers`` (object of str -> str),
+  ``probes`` (list of str) and ``for`` (a non-empty str), all required, and ``digest``
+  (str, *typed*); other keys of a variant are allowed (forward compatibility). The old
+  pipeline format, ``headers`` / ``probes`` / ``for`` at the top level of ``meta``, is
+  accepted with the same types (*typed*). The payload is not checked (the format writes
+  ``b""``; manifests of the older torch build kept JSON there and have no ``variants``).
+* ``"object"``, ``"module"`` (the torch build): the common rules only.
+* any other kind is corrupt.
+
+Imports nothing at load time.
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs ~10 ms
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Any
+
+__all__ = ["KINDS", "entry_problem"]
+
+#: Every kind an entry may have (the same tuple as ``cuforge.store.base.ENTRY_KINDS``).
+KINDS = ("kernel", "manifest", "object", "module")
+
+_STR_FIELDS = ("name", "arch", "backend", "output", "log")
+
+
+def _is_str_map(value: Any) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    )
+
+
+def _is_str_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _is_seconds(value: Any) -> bool:
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and value == value  # not NaN
+        and 0 <= value < float("inf")
+    )
+
+
+def _variant_problem(variant: Any, where: str) -> str | None:
+    if not isinstance(variant, dict):
+        return f"{where} is not an object"
+    if not _is_str_map(variant.get("headers")):
+        return f"{where}.headers is not an object of str -> str"
+    if not _is_str_list(variant.get("probes")):
+        return f"{where}.probes is not a list of str"
+    target = variant.get("for")
+    if not isinstance(target, str) or not target:
+        return f"{where}.for is not a non-empty str"
+    if "digest" in variant and not isinstance(variant["digest"], str):
+        return f"{where}.digest is not a str"
+    return None
+
+
+def _is_str(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _is_dict(value: Any) -> bool:
+    return isinstance(value, dict)
+
+
+#: field -> (check, what it must be); one dict lookup per meta field (this runs on every
+#: disk hit)
+_CHECKS = {
+    **{field: (_is_str, "a str") for field in _STR_FIELDS},
+    "compile_seconds": (_is_seconds, "a number >= 0"),
+    "lowered_names": (_is_str_map, "an object of str -> str"),
+    "key_fields": (_is_dict, "an object"),
+    "header_paths": (_is_str_list, "a list of str"),
+}
+
+
+def entry_problem(kind: Any, meta: Any) -> str | None:
+    """Why an entry of ``kind`` with ``meta`` is malformed, or None when it is well formed.
+    The message names the field (it ends up in warnings and ``verify`` reports)."""
+    if kind not in KINDS:
+        return f"unknown kind {kind!r}"
+    if not isinstance(meta, dict):
+        return "meta is not a JSON object"
+    checks = _CHECKS
+    for field, value in meta.items():
+        rule = checks.get(field)
+        if rule is None:
+            if not isinstance(field, str):
+                return f"meta has a non-string key {field!r}"
+        elif not rule[0](value):
+            shown = repr(value) if len(repr(value)) <= 60 else type(value).__name__
+            return f"meta.{field} is {shown}, not {rule[1]}"
+    if kind == "manifest":
+        if "variants" in meta:
+            variants = meta["variants"]
+            if not isinstance(variants, list):
+                return "meta.variants is not a list"
+            for i, variant in enumerate(variants):
+                why = _variant_problem(variant, f"meta.variants[{i}]")
+                if why is not None:
+                    return why
+        if "headers" in meta and not _is_str_map(meta["headers"]):
+            return "meta.headers is not an object of str -> str"
+        if "probes" in meta and not _is_str_list(meta["probes"]):
+            return "meta.probes is not a list of str"
+        if "for" in meta and not isinstance(meta["for"], str):
+            return "meta.for is not a str"
+    return None
