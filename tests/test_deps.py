@@ -48,8 +48,8 @@ def test_file_digest_memo_rehashes_only_on_change(tmp_path, monkeypatch):
     path.write_text("one")
     first = file_digest(str(path))
     reads = []
-    real_open = open
-    monkeypatch.setattr("builtins.open", lambda *a, **k: reads.append(a[0]) or real_open(*a, **k))
+    real_digest = deps.file_digest_of  # the one place deps reads a file to hash it
+    monkeypatch.setattr(deps, "file_digest_of", lambda p: reads.append(p) or real_digest(p))
     assert file_digest(str(path)) == first
     assert reads == []  # unchanged stat: not read again
     monkeypatch.undo()

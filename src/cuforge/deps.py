@@ -4,7 +4,9 @@
   so that re-checking unchanged headers costs one ``stat`` each.
 * :func:`parse_depfile` -- the Make-style dependency file nvcc and gcc write with ``-MD -MF``.
 * :func:`scan_includes` -- cuforge's own include scanner, for compilers that report no
-  dependencies (NVRTC 13). It over-approximates: every ``#include`` line counts, whatever
+  dependencies (NVRTC 13). It reads directives the way the preprocessor does, after
+  translation phases 1-3 (line splices joined, comments replaced by a space, string and
+  character literals kept), and over-approximates: every ``#include`` line counts, whatever
   ``#if`` it sits under, and includes it cannot resolve are recorded as such.
 
 Headers under a *system* root (the CUDA toolkit's include directories) are not hashed:
@@ -14,10 +16,12 @@ the compiler identity in the key covers them.
 from __future__ import annotations
 
 import os
+import stat
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
-from cuforge.key import bytes_digest
+from cuforge._fs import read_bytes
+from cuforge.key import file_digest_of
 
 __all__ = [
     "file_digest",
@@ -26,6 +30,7 @@ __all__ = [
     "parse_depfile",
     "scan_includes",
     "IncludeScan",
+    "directives",
 ]
 
 #: A file changed less than this long ago may change again within the same timestamp tick
@@ -66,10 +71,9 @@ def file_digest(path: str) -> str | None:
     if memo is not None and memo[0] == sig:
         return memo[1]
     try:
-        with open(path, "rb") as f:
-            digest = bytes_digest(f.read())
+        digest = file_digest_of(path)
     except OSError:
-        return None
+        return None  # vanished, unreadable or not a regular file: not a header we can key
     if settled(sig):
         _digest_memo[path] = (sig, digest)
     else:
@@ -116,13 +120,17 @@ def parse_depfile(text: str) -> list[str]:
 class IncludeScan:
     """What :func:`scan_includes` found.
 
-    ``headers``: user headers read, absolute paths in discovery order.
+    ``headers``: user headers read, absolute paths in discovery order (pre-includes, files
+    named by ``__has_include`` and ``#embed`` included).
     ``unresolved``: include names found nowhere (left to the compiler, e.g. headers NVRTC
     supplies itself); they stay in the key by name.
-    ``probes``: paths tried *before* a header was found. If one of them appears later, the
-    header would resolve differently, so the pipeline keys on their absence too.
-    ``computed``: True when an ``#include MACRO`` was seen; the scan cannot follow it, so
-    the pipeline keys on every file under the user include directories instead.
+    ``probes``: paths that do not exist now where a file, if created, would change what
+    an include or a ``__has_include`` resolves to (the places tried before the header
+    found, or every place tried when none was found). The pipeline keys on their absence.
+    ``computed``: True when an ``#include MACRO`` (or ``__has_include(MACRO)``) was seen.
+    The scan follows a macro defined as a plain header name (``#define H "a.h"``) but
+    cannot know every definition the compiler sees, so the pipeline keys on every file
+    under the user include directories instead.
     """
 
     __slots__ = ("headers", "unresolved", "probes", "computed")
@@ -133,33 +141,302 @@ class IncludeScan:
         self.probes: list[str] = []
         self.computed = False
 
+    def __repr__(self) -> str:
+        return (
+            f"IncludeScan(headers={self.headers!r}, unresolved={self.unresolved!r}, "
+            f"probes={self.probes!r}, computed={self.computed!r})"
+        )
 
-def _include_directives(text: str) -> Iterable[tuple[str, str]]:
-    """(delimiter, name) for every ``#include`` line; delimiter is '"', '<' or '' (computed)."""
-    for raw in text.splitlines():
-        line = raw.lstrip()
-        if not line.startswith("#"):
+
+# -- reading directives after translation phases 1-3 ------------------------------------
+
+# Compiled on first use (``re`` is not imported on the import or cache-hit path).
+_regexes: tuple | None = None
+_phase3_variants: dict[tuple[bool, bool], object] = {}
+
+# Phase 3: comments become one space; string and character literals are kept as they are
+# (so "//" inside a string is no comment). Every branch starts with a fixed character,
+# which lets the regex engine skip plain code quickly; block comments use the unrolled
+# loop form. Raw strings (R"d(...)d", any prefix) and pp-numbers holding a digit
+# separator (1'000: that quote starts no character literal; the digit must not end an
+# identifier such as u8) are rare: their branches are added only for a text that has them.
+_COMMENTS = r"//[^\n]*|/\*[^*]*\*+(?:[^/*][^*]*\*+)*/|/\*.*"
+_LITERALS = r"\"(?:[^\"\\\n]|\\.)*\"?|'(?:[^'\\\n]|\\.)*'?"
+# An angled header name is one token where a directive or __has_include expects it, so
+# "//" or "/*" inside it starts no comment (#include <a//b.h>).
+_ANGLED = (
+    r"(?:\#|%:)[ \t\f\v]*(?:include_next|include|import|embed)[ \t\f\v]*<[^>\n]*>"
+    r"|__has_\w+[ \t\f\v]*\([ \t\f\v]*<[^>\n]*>"
+)
+_RAW_STRING = r'R"(?P<d>[^ ()\\\t\v\f\n"]{0,16})\(.*?(?:\)(?P=d)"|\Z)'
+_DIGIT_SEPARATED = r"\d(?<![A-Za-z_]\d)[\w.]*'(?:[\w.]|[eEpP][+-]|'(?=\w))*"
+# A directive: ``#`` (or the digraph ``%:``) first on a logical line (the pattern starts at
+# the newline before it, a fixed character the engine finds fast), then include,
+# include_next, import or embed and the rest of the line; or a define whose body is one
+# header name (``#define HEADER "a.h"``), which a computed include may name.
+_DIRECTIVE = (
+    r"\n[ \t\f\v]*(?:\#|%:)[ \t\f\v]*(?:"
+    r"(include_next|include|import|embed)(?!\w)[ \t\f\v]*([^\n]*)"
+    r"|define[ \t\f\v]+([A-Za-z_]\w*)[ \t\f\v]+(\"[^\"\n]*\"|<[^>\n]*>)"
+    r"[ \t\f\v]*(?://[^\n]*)?$)"
+)
+_HAS_INCLUDE = (
+    r"__has_(include_next|include|embed)(?!\w)\s*\(\s*(\"[^\"\n]*\"|<[^>\n]*>|[A-Za-z_]\w*)?"
+)
+# A backslash, blanks, then a newline: gcc splices it (with a warning), the standard does not.
+_LOOSE_SPLICE = r"\\[ \t\f\v]+\n"
+_TRIGRAPHS = {
+    "=": "#",
+    "/": "\\",
+    "'": "^",
+    "(": "[",
+    ")": "]",
+    "!": "|",
+    "<": "{",
+    ">": "}",
+    "-": "~",
+}
+
+
+def _compiled() -> tuple:
+    global _regexes
+    if _regexes is None:
+        import re
+
+        _regexes = (
+            re.compile(_DIRECTIVE, re.M),
+            re.compile(_HAS_INCLUDE),
+            re.compile(_LOOSE_SPLICE),
+            re.compile(r"\?\?([=/'()!<>-])"),
+            re.compile(r"[A-Za-z_]\w*"),
+            re.compile(r"'(?<=\d')\w"),  # a digit separator (starts at a fixed char: fast)
+        )
+    return _regexes
+
+
+def _phase3(raw: bool, separators: bool):
+    pattern = _phase3_variants.get((raw, separators))
+    if pattern is None:
+        import re
+
+        keep = [_ANGLED, _LITERALS]
+        if raw:
+            keep.insert(0, _RAW_STRING)
+        if separators:
+            keep.insert(0, _DIGIT_SEPARATED)
+        pattern = re.compile(f"{_COMMENTS}|({'|'.join(keep)})", re.S)
+        _phase3_variants[(raw, separators)] = pattern
+    return pattern
+
+
+def _comment_to_space(m) -> str:
+    return m.group(1) or " "
+
+
+def _logical_text(text: str, *, loose: bool = False, trigraphs: bool = False) -> str:
+    """``text`` after phases 1-3: newlines normalized, (trigraphs replaced,) backslash-newline
+    splices removed, comments replaced by one space, literals kept.
+
+    A text without block comments keeps its line comments: they can neither hide a line
+    nor join two, and the directive parser ignores a trailing ``// ...`` itself, so the
+    costly phase-3 pass is skipped."""
+    _, _, loose_splice, trigraph, _, digit_quote = _compiled()
+    if "\r" in text:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    if trigraphs:
+        text = trigraph.sub(lambda m: _TRIGRAPHS[m.group(1)], text)
+    if loose:
+        text = loose_splice.sub("", text)
+    if "\\\n" in text:
+        text = text.replace("\\\n", "")
+    if "/*" in text:
+        raw = 'R"' in text
+        separators = "'" in text and digit_quote.search(text) is not None
+        text = _phase3(raw, separators).sub(_comment_to_space, text)
+    return text
+
+
+# A directive found: (kind, delimiter, name, is_next). kind is "include", "embed", "has"
+# (``__has_include``), "has_embed" or "define" (then ``is_next`` holds the macro's name);
+# delimiter is '"', '<' or '' (computed: ``name`` is the macro's name, or '' when it is
+# not a plain identifier).
+_Directive = tuple
+
+
+def _directives_of(text: str) -> list[_Directive]:
+    directive, has_include, _, _, ident, _ = _compiled()
+    found: list[_Directive] = []
+    for word, rest, macro, body in directive.findall("\n" + text):
+        if not word:
+            found.append(("define", body[0], body[1:-1], macro))
             continue
-        line = line[1:].lstrip()
-        if not line.startswith("include"):
-            continue
-        rest = line[7:].lstrip()
-        if rest.startswith("_next"):
-            rest = rest[5:].lstrip()
-        if rest.startswith('"'):
-            end = rest.find('"', 1)
-            if end > 1:
-                yield '"', rest[1:end]
-        elif rest.startswith("<"):
-            end = rest.find(">", 1)
-            if end > 1:
-                yield "<", rest[1:end]
-        elif rest and not rest.startswith("/"):
-            yield "", rest.split()[0]
+        kind = "embed" if word == "embed" else "include"
+        found.append(_operand(kind, rest.strip(), word == "include_next", ident))
+    if "__has_" in text:
+        for word, arg in has_include.findall(text):
+            kind = "has_embed" if word == "embed" else "has"
+            found.append(_operand(kind, arg, word == "include_next", ident))
+    return [d for d in found if d is not None]
+
+
+def _operand(kind: str, rest: str, is_next: bool, ident) -> _Directive | None:
+    if rest.startswith('"'):
+        end = rest.find('"', 1)
+        return (kind, '"', rest[1:end], is_next) if end > 1 else None
+    if rest.startswith("<"):
+        end = rest.find(">", 1)
+        return (kind, "<", rest[1:end], is_next) if end > 1 else None
+    if rest.startswith("//"):
+        rest = ""  # a line comment (left in place when the text has no block comment)
+    if not rest:
+        return ("has", "", "", is_next) if kind == "has" else None
+    m = ident.match(rest)
+    plain = m is not None and not rest[m.end() :].lstrip().startswith("(")
+    return (kind, "", m.group(0) if plain else "", is_next)
+
+
+def directives(text: str) -> list[_Directive]:
+    """Every include-like directive of ``text`` (see :data:`_Directive`), read after
+    translation phases 1-3. Where the compiler's reading is not certain (trigraphs; a
+    backslash followed by blanks before the newline), both readings count."""
+    found = _directives_of(_logical_text(text))
+    extra: list[_Directive] = []
+    if "??" in text:
+        extra += _directives_of(_logical_text(text, trigraphs=True))
+    if "\\" in text and _compiled()[2].search(text):
+        extra += _directives_of(_logical_text(text, loose=True))
+    if extra:
+        known = set(found)
+        for d in extra:
+            if d not in known:
+                known.add(d)
+                found.append(d)
+    return found
+
+
+def _read_text(path: str) -> str:
+    """The text of the regular file ``path`` (symlinks followed: user headers may be links).
+    Raises ``OSError``, also at once for a FIFO or device instead of blocking."""
+    return read_bytes(path, follow=True).decode("utf-8", "surrogateescape")
+
+
+_REGULAR, _MISSING, _OTHER = "regular", "missing", "other"
+
+
+def _file_state(path: str) -> str:
+    """Whether ``path`` (symlinks followed) is a regular file, missing (a probe: the key
+    depends on its absence), or something else the compiler cannot read as a header."""
+    try:
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return _MISSING
+    except OSError:
+        return _OTHER  # e.g. permission denied: neither readable nor creatable by us
+    return _REGULAR if stat.S_ISREG(mode) else _OTHER
 
 
 def _under(path: str, roots: Sequence[str]) -> bool:
     return any(path == r or path.startswith(r.rstrip(os.sep) + os.sep) for r in roots)
+
+
+class _Scanner:
+    """The state of one :func:`scan_includes` call."""
+
+    def __init__(
+        self, include_dirs: Sequence[str], system_dirs: Sequence[str], max_files: int
+    ) -> None:
+        self.scan = IncludeScan()
+        self.user_dirs = [os.path.abspath(d) for d in include_dirs]
+        self.system_roots = [os.path.abspath(d) for d in system_dirs]
+        self.max_files = max_files
+        self.seen: set[str] = set()
+        self.unresolved: set[str] = set()
+        self.probed: set[str] = set()
+        self.stack: list[tuple[str, str | None]] = []
+        # macro -> [(delimiter, header name)] from ``#define MACRO "x.h"`` lines seen
+        self.defines: dict[str, list[tuple[str, str]]] = {}
+        # computed includes: (kind, macro, directory of the includer, is_next)
+        self.pending: list[tuple[str, str, str | None, bool]] = []
+        self.resolved: set[tuple[int, str, str]] = set()
+
+    def candidates(self, delim: str, name: str, here: str | None) -> list[str]:
+        """Where the compiler looks for ``name``, in order: a quoted name first in the
+        including file's directory, then the -I directories, then the toolkit's."""
+        if os.path.isabs(name):
+            return [os.path.normpath(name)]
+        dirs = self.user_dirs + self.system_roots
+        if delim == '"' and here is not None:
+            dirs = [here, *dirs]
+        return [os.path.normpath(os.path.join(d, name)) for d in dirs]
+
+    def probe(self, path: str) -> None:
+        if path not in self.probed:
+            self.probed.add(path)
+            self.scan.probes.append(path)
+
+    def header(self, path: str, follow: bool) -> None:
+        if _under(path, self.system_roots) and not _under(path, self.user_dirs):
+            return  # the toolkit: covered by the compiler identity
+        if path in self.seen:
+            return
+        self.seen.add(path)
+        self.scan.headers.append(path)
+        if follow:
+            self.stack.append((path, os.path.dirname(path)))
+
+    def lookup(self, kind: str, delim: str, name: str, here: str | None, is_next: bool) -> None:
+        follow = kind in ("include", "has")
+        found = False
+        for cand in self.candidates(delim, name, here):
+            state = _file_state(cand)
+            if state is _MISSING:
+                self.probe(cand)
+            elif state is _REGULAR:
+                found = True
+                self.header(cand, follow)
+                if not is_next:
+                    break
+            # else: something that is no file (a directory...): the compiler moves on
+        # include_next starts after the includer's own directory: every existing candidate
+        # may be the one read, so all of them count (over-approximation)
+        if not found and kind in ("include", "embed") and name not in self.unresolved:
+            self.unresolved.add(name)
+            self.scan.unresolved.append(name)
+
+    def visit(self, text: str, here: str | None) -> None:
+        for kind, delim, name, extra in directives(text):
+            if kind == "define":
+                defs = self.defines.setdefault(extra, [])
+                if (delim, name) not in defs:
+                    defs.append((delim, name))
+            elif delim:
+                self.lookup(kind, delim, name, here, extra)
+            else:
+                self.scan.computed = True
+                if name:
+                    self.pending.append((kind, name, here, extra))
+
+    def drain(self) -> None:
+        while self.stack and len(self.seen) < self.max_files:
+            path, here = self.stack.pop()
+            try:
+                text = _read_text(path)
+            except OSError:
+                continue  # listed as a header; its digest records that it cannot be read
+            self.visit(text, here)
+
+    def resolve_macros(self) -> bool:
+        """Follow computed includes whose macro was seen defined as a header name; True
+        when that found anything new to look at."""
+        progress = False
+        for i, (kind, macro, here, is_next) in enumerate(list(self.pending)):
+            for delim, name in self.defines.get(macro, ()):
+                if (i, delim, name) in self.resolved:
+                    continue
+                self.resolved.add((i, delim, name))
+                progress = True
+                self.lookup(kind, delim, name, here, is_next)
+        return progress
 
 
 def scan_includes(
@@ -168,58 +445,52 @@ def scan_includes(
     source_dir: str | None,
     include_dirs: Sequence[str],
     system_dirs: Sequence[str] = (),
+    pre_includes: Sequence[str] = (),
     max_files: int = 10_000,
 ) -> IncludeScan:
-    """Follow ``#include`` lines from ``source`` through ``include_dirs``.
+    """Follow the include directives of ``source`` through ``include_dirs``.
 
-    ``source_dir`` is where quoted includes of the main source are looked for first (the
-    directory of a compiled file; None for a string source). A quoted include inside a
-    header is looked for first in that header's directory. Files found under
-    ``system_dirs`` (the toolkit's include roots) are not followed or hashed.
+    Directives are read after translation phases 1-3, so comments inside them and
+    backslash-newline splices anywhere in them are no obstacle. A quoted include is
+    looked for first in the including file's directory (``source_dir`` for the main
+    source: the directory of a compiled file; None for a string source), then in
+    ``include_dirs`` in order, then in ``system_dirs``; an angled include skips the first
+    step. Files found under ``system_dirs`` (the toolkit's include roots) are not followed
+    or hashed. ``__has_include`` names a header where its file is found, and every place
+    it would be found if created is a probe. ``pre_includes`` (``--pre-include=``,
+    ``-include``) are read before the source: each one found where the compiler may look
+    (the working directory, ``source_dir``, ``include_dirs``) is a header and is scanned
+    in turn. ``#include MACRO`` sets ``computed``; where the scanned files define MACRO as
+    a header name (``#define MACRO "x.h"``), that header is followed too. A file named by
+    ``#embed`` is a header but is not scanned. At most ``max_files`` headers are followed.
     """
-    scan = IncludeScan()
-    user_dirs = [os.path.abspath(d) for d in include_dirs]
-    system_roots = [os.path.abspath(d) for d in system_dirs]
-    seen: set[str] = set()
-    unresolved: set[str] = set()
-    stack: list[tuple[str, str | None]] = [(source, source_dir)]
-    while stack and len(seen) < max_files:
-        text, here = stack.pop()
-        for delim, name in _include_directives(text):
-            if delim == "":
-                scan.computed = True
-                continue
-            candidates: list[str] = []
-            if os.path.isabs(name):
-                candidates.append(name)
-            else:
-                if delim == '"' and here is not None:
-                    candidates.append(os.path.join(here, name))
-                candidates.extend(os.path.join(d, name) for d in user_dirs)
-                candidates.extend(os.path.join(d, name) for d in system_roots)
-            found = None
-            tried: list[str] = []
-            for cand in candidates:
-                cand = os.path.normpath(cand)
-                if os.path.isfile(cand):
-                    found = cand
-                    break
-                tried.append(cand)
-            if found is None:
-                if name not in unresolved:
-                    unresolved.add(name)
-                    scan.unresolved.append(name)
-                continue
-            if _under(found, system_roots) and not _under(found, user_dirs):
-                continue
-            scan.probes.extend(p for p in tried if p not in scan.probes)
-            if found in seen:
-                continue
-            seen.add(found)
-            scan.headers.append(found)
-            try:
-                with open(found, encoding="utf-8", errors="surrogateescape") as f:
-                    stack.append((f.read(), os.path.dirname(found)))
-            except OSError:
-                continue
-    return scan
+    scanner = _Scanner(include_dirs, system_dirs, max_files)
+    for pre in pre_includes:
+        _pre_include(scanner, pre, source_dir)
+    scanner.visit(source, source_dir)
+    scanner.drain()
+    while scanner.pending and scanner.resolve_macros():
+        scanner.drain()
+    return scanner.scan
+
+
+def _pre_include(scanner: _Scanner, name: str, source_dir: str | None) -> None:
+    # The search order of a pre-include differs between compilers (gcc: the working
+    # directory first; NVRTC: as a quoted include of the source); every existing candidate
+    # is a header and every missing one a probe, which covers any order.
+    if os.path.isabs(name):
+        cands = [os.path.normpath(name)]
+    else:
+        cands = [os.path.normpath(os.path.abspath(name))]
+        cands += [c for c in scanner.candidates('"', name, source_dir) if c not in cands]
+    found = False
+    for cand in cands:
+        state = _file_state(cand)
+        if state is _REGULAR:
+            found = True
+            scanner.header(cand, follow=True)
+        elif state is _MISSING:
+            scanner.probe(cand)
+    if not found and name not in scanner.unresolved:
+        scanner.unresolved.add(name)
+        scanner.scan.unresolved.append(name)

@@ -12,19 +12,21 @@ Files (under ``<cache_dir>/explain/``, small and bounded):
 * ``misses.jsonl`` -- explained misses, newest last; trimmed to its newest half past
   :data:`MISS_LOG_MAX_BYTES`. ``cuforge cache explain`` reads it.
 
-All writes are single appends (or an atomic rewrite when trimming), and every
-I/O failure here is swallowed after one debug log line: explaining must never make a
-compile fail. With file caching off, the history lives in this process only.
+All writes go through :mod:`cuforge._fs`: single appends (or an atomic rewrite when
+trimming) that never follow a symlink and never open anything but a regular file (a
+planted link or FIFO is refused at once, not written through or waited on). Every I/O
+failure here is swallowed after one debug log line: explaining must never make a compile
+fail. With file caching off, the history lives in this process only.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
 
-from cuforge.key import diff_fields
+from cuforge import _fs
+from cuforge.key import diff_fields, text_digest
 
 TYPE_CHECKING = False  # typing costs ~15 ms to import; annotations are strings here
 if TYPE_CHECKING:
@@ -42,7 +44,7 @@ _last_misses: list[dict[str, Any]] = []
 
 
 def _name_file(cache_dir: str, name: str) -> str:
-    digest = hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+    digest = text_digest(name)[:32]
     return os.path.join(cache_dir, "explain", "names", digest + ".jsonl")
 
 
@@ -50,8 +52,7 @@ def _read_history(cache_dir: str | None, name: str) -> list[dict[str, Any]]:
     if cache_dir is None:
         return _memory_history.get(name, [])
     try:
-        with open(_name_file(cache_dir, name), encoding="utf-8", errors="surrogateescape") as f:
-            lines = f.readlines()
+        lines = _read_lines(_name_file(cache_dir, name))
     except OSError:
         return _memory_history.get(name, [])
     records = []
@@ -74,23 +75,18 @@ def remember(cache_dir: str | None, name: str, key: str, fields: dict[str, Any])
         return
     path = _name_file(cache_dir, name)
     try:
-        size = _append(path, (json.dumps(record) + "\n").encode("utf-8", "surrogateescape"))
+        size = _fs.append_line(path, json.dumps(record) + "\n")
         if size > HISTORY_MAX_BYTES:
             _trim(path, keep_lines=HISTORY_PER_NAME)
     except OSError as exc:
         _debug(f"could not record key history for {name!r}: {exc}")
 
 
-def _append(path: str, line: bytes) -> int:
-    """Append one line (a single write, so concurrent writers never interleave within it)
-    and return the file's new size."""
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        os.write(fd, line)
-        return os.fstat(fd).st_size
-    finally:
-        os.close(fd)
+def _read_lines(path: str) -> list[str]:
+    """The lines of the regular file ``path``. Raises ``OSError``, also when ``path`` is a
+    symlink or not a regular file (a planted FIFO must never block a compile)."""
+    data = _fs.read_bytes(path)
+    return data.decode("utf-8", "surrogateescape").splitlines(keepends=True)
 
 
 def explain(cache_dir: str | None, name: str, fields: dict[str, Any]) -> list[str]:
@@ -136,7 +132,7 @@ def log_miss(cache_dir: str | None, name: str, key: str, reasons: list[str]) -> 
         return
     path = os.path.join(cache_dir, "explain", "misses.jsonl")
     try:
-        size = _append(path, (json.dumps(record) + "\n").encode("utf-8", "surrogateescape"))
+        size = _fs.append_line(path, json.dumps(record) + "\n")
         if size > MISS_LOG_MAX_BYTES:
             _trim(path, keep_lines=None)
     except OSError as exc:
@@ -145,17 +141,13 @@ def log_miss(cache_dir: str | None, name: str, key: str, reasons: list[str]) -> 
 
 def _trim(path: str, keep_lines: int | None) -> None:
     """Keep the newest ``keep_lines`` lines (or the newest half of the file)."""
-    with open(path, "rb") as f:
-        data = f.read()
+    data = _fs.read_bytes(path)
     if keep_lines is None:
         keep = data[len(data) // 2 :]
         keep = keep[keep.find(b"\n") + 1 :]
     else:
         keep = b"".join(data.splitlines(keepends=True)[-keep_lines:])
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(keep)
-    os.replace(tmp, path)
+    _fs.atomic_write(path, keep, makedirs=False)
 
 
 def recent_misses(cache_dir: str, limit: int = 20) -> list[dict[str, Any]]:
@@ -163,10 +155,9 @@ def recent_misses(cache_dir: str, limit: int = 20) -> list[dict[str, Any]]:
     Each is ``{"time", "name", "key", "reasons": [str, ...]}``."""
     path = os.path.join(cache_dir, "explain", "misses.jsonl")
     try:
-        with open(path, encoding="utf-8", errors="surrogateescape") as f:
-            lines = f.readlines()
+        lines = _read_lines(path)
     except OSError:
-        return []
+        return []  # nothing recorded yet, or not a regular file: no history to show
     records = []
     for line in lines[-limit:]:
         try:

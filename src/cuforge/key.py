@@ -36,7 +36,14 @@ if TYPE_CHECKING:
     from typing import Any
 
 
-__all__ = ["SCHEMA_VERSION", "KeyBuilder", "diff_fields", "text_digest", "bytes_digest"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "KeyBuilder",
+    "diff_fields",
+    "text_digest",
+    "bytes_digest",
+    "file_digest_of",
+]
 
 #: Bump when the encoding or the meaning of a field changes: every old key then misses.
 SCHEMA_VERSION = 1
@@ -51,7 +58,35 @@ def bytes_digest(data: bytes) -> str:
 
 
 def text_digest(text: str) -> str:
+    """SHA-256 hex digest of text, encoded as UTF-8 (lone surrogates kept byte for byte)."""
     return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
+
+
+_READ_CHUNK = 1 << 20
+
+
+def file_digest_of(path: str) -> str:
+    """SHA-256 hex digest of the regular file ``path``, read in chunks (equal to
+    :func:`bytes_digest` of its bytes).
+
+    Symlinks are followed (user headers may be links), but anything other than a regular
+    file (a FIFO, a device, a directory) raises :class:`cuforge._fs.NotRegularFile` (an
+    ``OSError``) at once instead of blocking. Raises ``OSError`` when it cannot be read."""
+    import os
+
+    from cuforge._fs import open_regular
+
+    fd = open_regular(path, follow=True)
+    try:
+        h = hashlib.sha256()
+        while True:
+            chunk = os.read(fd, _READ_CHUNK)
+            if not chunk:
+                break
+            h.update(chunk)
+        return h.hexdigest()
+    finally:
+        os.close(fd)
 
 
 def _enc(text: str) -> bytes:

@@ -113,3 +113,47 @@ def test_torn_lines_are_skipped(tmp_path):
     with open(os.path.join(telemetry.telemetry_dir(root), "events.jsonl"), "a") as f:
         f.write('{"v": 1, "c": [["disk", "hit"')  # a writer died mid-line
     assert telemetry.summary(root)["tiers"]["disk"]["puts"] == 1
+
+
+# -- planted files: telemetry never writes through a symlink and never blocks on a FIFO --
+
+PLANTED = """
+    import json
+    from cuforge.store import telemetry
+    root = {root!r}
+    for i in range(5):
+        telemetry.record(root, "hit", tier="disk", kind="kernel", name="a.cu", seconds_saved=1.0)
+        telemetry.flush(root)
+    s = telemetry.summary(root)
+    print(json.dumps({{"hits": s["tiers"].get("disk", {{}}).get("hits", 0)}}))
+"""
+
+
+def test_symlinked_events_file_is_not_written_through(tmp_path):
+    root = str(tmp_path / "cache")
+    tdir = telemetry.telemetry_dir(root)
+    os.makedirs(tdir)
+    outside = tmp_path / "outside.txt"
+    outside.write_text("precious\n")
+    for name in ("events.jsonl", "lock"):
+        target = os.path.join(tdir, name)
+        if os.path.lexists(target):
+            os.unlink(target)
+        os.symlink(outside, target)
+        out = run_child(PLANTED.format(root=root))
+        assert outside.read_text() == "precious\n"
+        assert os.path.islink(target)
+        assert out["hits"] == 0  # nothing recorded: the link is refused, counts dropped
+        os.unlink(target)
+
+
+def test_fifo_events_file_does_not_hang(tmp_path):
+    root = str(tmp_path / "cache")
+    tdir = telemetry.telemetry_dir(root)
+    os.makedirs(tdir)
+    fifo = os.path.join(tdir, "events.jsonl")
+    os.mkfifo(fifo)
+    out = run_child(PLANTED.format(root=root), timeout=60)  # hung before: blocked on open
+    assert out["hits"] == 0  # the FIFO is refused: nothing is recorded, nothing blocks
+    s = telemetry.summary(root)  # a reader in this process returns too
+    assert s["tiers"] == {} and s["file_bytes"] == 0
