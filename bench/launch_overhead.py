@@ -170,7 +170,7 @@ def breakdown(k, y, x, a, n) -> None:
         "torch._C._cuda_getCurrentRawStream(0)": lambda: raw(0),
         "threading.get_ident()": lambda: _get_ident(),
         "struct pack_into (4 values)": lambda: pack(buf, 0, yp, xp, a, n),
-        "cfg unpack (12)": lambda: cfg[0:0] or tuple(cfg),
+        "cfg attributes": lambda: (cfg.check, cfg.stream, cfg.lcref),
     }
     print("\nfast-path pieces (ns per call, includes ~lambda overhead):", file=sys.stderr)
     for label, fn in items.items():
@@ -224,7 +224,7 @@ def main() -> int:
     k[1, 32](y, x, a, n)
     sync()
     d = drv_mod.driver()
-    func = k._funcs[torch.cuda.current_device()]
+    func = k._devices[torch.cuda.current_device()].func
 
     # -- cuforge -----------------------------------------------------------------------------
     from cuforge.runtime import fastlaunch

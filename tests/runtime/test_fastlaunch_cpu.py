@@ -288,3 +288,294 @@ def test_launch_through_cuLaunchKernelEx(env):
     assert _last(mock, layout) == layout.struct.pack(0x1000, 0x2000, 2.0, 5)
     assert list((ctypes.c_uint * 7).in_dll(mock, "last_dims")) == [2, 3, 4, 128, 1, 1, 0]
     assert ctypes.c_void_p.in_dll(mock, "last_stream").value == 0xABC0
+
+
+# -- the C source, the build's name, and what is trusted enough to import ---------------------
+
+PLANTED = r"""
+#include <Python.h>
+#include <stdio.h>
+static struct PyModuleDef def = {PyModuleDef_HEAD_INIT, "_cuforge_fastlaunch", NULL, -1, NULL};
+PyMODINIT_FUNC PyInit__cuforge_fastlaunch(void) {
+    FILE* f = fopen(MARKER, "w");  /* proof that this library's code ran */
+    if (f) { fputs("planted code ran", f); fclose(f); }
+    PyObject* m = PyModule_Create(&def);
+    if (m) PyModule_AddIntConstant(m, "PLANTED", 1);
+    return m;
+}
+"""
+
+CHILD = """
+import json, os, sys
+from cuforge.runtime import fastlaunch
+m = fastlaunch.load()
+print(json.dumps({
+    "file": getattr(m, "__file__", None),
+    "planted": hasattr(m, "PLANTED"),
+    "has_launcher": hasattr(m, "Launcher"),
+    "error": fastlaunch.error(),
+    "notice": fastlaunch.notice(),
+    "expected": fastlaunch.library_name(fastlaunch.source(), fastlaunch.compiler()),
+}))
+"""
+
+
+def _child(cache_dir, verbose: bool = False, umask: int = 0o022) -> tuple[dict, str]:
+    """Load the C launcher in a fresh process with ``cache_dir``; (its report, its stderr)."""
+    import json
+    import sys
+
+    from tests.conftest import child_env
+
+    env = child_env(CUFORGE_CACHE_DIR=str(cache_dir))
+    env.pop("CUFORGE_FAST_LAUNCH", None)
+    if verbose:
+        env["CUFORGE_VERBOSE"] = "1"
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=lambda: os.umask(umask),
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+
+
+@pytest.fixture
+def planted(tmp_path, env):
+    """A library that would run our code if imported: (its path, the marker it writes)."""
+    import sysconfig
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    marker = tmp_path / "planted-code-ran"
+    (tmp_path / "planted.c").write_text(PLANTED)
+    so = tmp_path / "planted.so"
+    include = sysconfig.get_paths()["include"]
+    subprocess.run(
+        [
+            cc,
+            "-shared",
+            "-fPIC",
+            f"-I{include}",
+            f'-DMARKER="{marker}"',
+            str(tmp_path / "planted.c"),
+        ]
+        + ["-o", str(so)],
+        check=True,
+    )
+    return so, marker
+
+
+def test_c_source_is_a_package_file_and_names_the_build():
+    from importlib import resources
+
+    path = resources.files("cuforge.runtime").joinpath("_launcher.c")
+    assert path.is_file()
+    text = path.read_bytes()
+    assert b"PyInit__cuforge_fastlaunch" in text
+    assert fastlaunch.source() == text
+    cc = ["/usr/bin/cc"]
+    name = fastlaunch.library_name(text, cc)
+    assert name == fastlaunch.library_name(text, cc)  # stable
+    assert name.startswith("_cuforge_fastlaunch-")
+    # the text, the compiler and the Python ABI each change the name
+    assert fastlaunch.library_name(text + b"\n/* edited */\n", cc) != name
+    assert fastlaunch.library_name(text, ["/usr/bin/clang"]) != name
+    assert fastlaunch.library_name(text, cc, ".cpython-399-x86_64-linux-gnu.so") != name
+
+
+def test_built_library_is_named_by_the_hash(tmp_path, env):
+    # a umask that lets the group write (common: user private groups) must not make the
+    # cache dir or the library untrusted
+    report, _ = _child(tmp_path / "cache", umask=0o002)
+    assert report["notice"] is None
+    for d in (tmp_path / "cache", tmp_path / "cache" / "runtime"):
+        assert os.stat(d).st_mode & 0o777 == 0o700
+    assert report["error"] is None and report["has_launcher"]
+    runtime = tmp_path / "cache" / "runtime"
+    assert report["file"] == str(runtime / report["expected"])
+    st = os.lstat(report["file"])
+    assert st.st_mode & 0o022 == 0
+    assert sorted(os.listdir(runtime)) == [report["expected"]]  # no temp file left behind
+    # a second process imports the same file, building nothing
+    mtime = st.st_mtime_ns
+    again, _ = _child(tmp_path / "cache")
+    assert again["file"] == report["file"] and os.lstat(report["file"]).st_mtime_ns == mtime
+
+
+@pytest.mark.parametrize("how", ["symlink", "group-writable file"])
+def test_planted_library_is_not_imported(tmp_path, planted, how):
+    so, marker = planted
+    cache = tmp_path / "cache"
+    first, _ = _child(cache)
+    target = first["file"]
+    os.unlink(target)
+    if how == "symlink":
+        os.symlink(so, target)
+    else:
+        shutil.copy(so, target)
+        os.chmod(target, 0o775)
+    report, stderr = _child(cache, verbose=True)
+    assert not marker.exists(), "the planted library's code ran"
+    assert not report["planted"] and report["has_launcher"]
+    assert report["file"] == target
+    assert not os.path.islink(target) and os.lstat(target).st_mode & 0o022 == 0  # rebuilt
+    expected = "symlink" if how == "symlink" else "writable by group or others"
+    assert expected in report["notice"]
+    assert stderr.count(expected) == 1
+
+
+def test_group_writable_runtime_dir_is_not_used(tmp_path, planted):
+    so, marker = planted
+    cache = tmp_path / "cache"
+    first, _ = _child(cache)
+    runtime = cache / "runtime"
+    # plant a library under the exact name the hash gives; a group member could have
+    os.unlink(first["file"])
+    shutil.copy(so, first["file"])
+    os.chmod(first["file"], 0o700)
+    os.chmod(runtime, 0o770)
+    report, stderr = _child(cache, verbose=True)
+    assert not marker.exists(), "the planted library's code ran"
+    assert not report["planted"] and report["has_launcher"] and report["error"] is None
+    assert not report["file"].startswith(str(runtime))  # built privately instead
+    assert not os.path.exists(report["file"])  # ... and that temp dir is gone again
+    assert os.listdir(runtime) == [first["expected"]]  # nothing was written there
+    assert "writable by group" in report["notice"] and "chmod go-w" in report["notice"]
+    assert stderr.count("writable by group") == 1
+
+
+def test_untrusted_cache_dir_is_not_used(tmp_path, env):
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    os.chmod(cache, 0o707)  # writable by others
+    report, _ = _child(cache)
+    assert report["error"] is None and report["has_launcher"]
+    assert not os.path.exists(cache / "runtime")
+    assert "writable by others" in report["notice"]
+
+
+# -- the generated Python fast path (used when the C launcher cannot be built) ---------------
+
+
+class FakeTorch:
+    """Just what the Python fast path asks of torch."""
+
+    Tensor = FakeTensor
+    float32 = "f32"  # FakeTensor's dtype: the fast path checks it by identity
+
+    class _C:
+        @staticmethod
+        def _cuda_getDevice():
+            return 0
+
+        @staticmethod
+        def _cuda_getCurrentRawStream(dev):
+            return 0xABC0 + dev
+
+
+@pytest.mark.parametrize("use_ex", [True, False], ids=["cuLaunchKernelEx", "cuLaunchKernel"])
+def test_python_fast_path(env, use_ex):
+    import threading
+    import types
+
+    from cuforge.runtime import fastpath
+
+    _, mock = env
+    params = [
+        parse_param(i, d) for i, d in enumerate(["float* y", "const float* x", "float a", "int n"])
+    ]
+    layout = Layout(params)
+    buf, array, params_addr = layout.new_buffers()
+    devices = [fastpath.NOT_LOADED] * fastpath.MAX_DEVICES
+    devices[0] = fastpath.DeviceState(0x1234, 49152, 49152)
+    slow_calls, fail_calls = [], []
+    d = types.SimpleNamespace(launch=mock.cuLaunchKernel, launch_ex=mock.cuLaunchKernelEx)
+    fast, source = fastpath.python_launcher(
+        "saxpy",
+        params,
+        layout,
+        buf,
+        params_addr,
+        devices,
+        [threading.get_ident()],
+        threading.get_ident,
+        lambda cfg, args: slow_calls.append(args) or "slow",
+        lambda code, cfg, args: fail_calls.append((code, cfg)) or "failed",
+        FakeTorch,
+        d,
+        use_ex,
+        False,
+    )
+    assert "cfg.check" in source
+    cfg = fastpath.Config((2, 3, 4), (128, 1, 1), 0, fastpath.DEFAULT, False, None)
+    calls = ctypes.c_int.in_dll(mock, "calls").value
+    ex_calls = ctypes.c_int.in_dll(mock, "ex_calls").value
+    y, x = FakeTensor(0x1000), FakeTensor(0x2000)
+    assert fast(cfg, y, x, 2.5, 7) is None
+    assert not slow_calls and not fail_calls
+    assert ctypes.c_int.in_dll(mock, "calls").value == calls + 1
+    assert ctypes.c_int.in_dll(mock, "ex_calls").value == ex_calls + (1 if use_ex else 0)
+    assert _last(mock, layout) == layout.struct.pack(0x1000, 0x2000, 2.5, 7)
+    assert list((ctypes.c_uint * 7).in_dll(mock, "last_dims")) == [2, 3, 4, 128, 1, 1, 0]
+    assert ctypes.c_void_p.in_dll(mock, "last_stream").value == 0xABC0
+    assert ctypes.c_void_p.in_dll(mock, "last_func").value == 0x1234
+    # an explicit stream
+    explicit = fastpath.Config((1, 1, 1), (32, 1, 1), 0, 0x7777, False, None)
+    assert fast(explicit, y, x, 1.0, 1) is None
+    assert ctypes.c_void_p.in_dll(mock, "last_stream").value == 0x7777
+    # what the fast path must not take goes to the slow path, with the same cfg and args
+    cooperative = fastpath.Config((1, 1, 1), (32, 1, 1), 0, fastpath.DEFAULT, True, None)
+    big = fastpath.Config((1, 1, 1), (32, 1, 1), 65536, fastpath.DEFAULT, False, None)
+    for c, args in [
+        (cfg, (FakeTensor(1, dtype="f16"), x, 1.0, 1)),  # dtype
+        (cfg, (FakeTensor(1, contiguous=False), x, 1.0, 1)),  # strides
+        (cfg, (FakeTensor(1, device=1), FakeTensor(2, device=1), 1.0, 1)),  # not loaded there
+        (cfg, (FakeTensor(1, device=-1), FakeTensor(2, device=-1), 1.0, 1)),  # CPU
+        (cfg, (y, x, "1", 1)),  # str
+        (cfg, (y, x, 1.0)),  # count
+        (cooperative, (y, x, 1.0, 1)),
+        (big, (y, x, 1.0, 1)),  # more shared memory than allowed so far
+    ]:
+        before = ctypes.c_int.in_dll(mock, "calls").value
+        assert fast(c, *args) == "slow"
+        assert slow_calls[-1] == args
+        assert ctypes.c_int.in_dll(mock, "calls").value == before
+    devices[0].shm_fast = 65536  # what _allow_shared_memory does
+    assert fast(big, y, x, 1.0, 1) is None
+    # another thread than the loading one: slow path
+    out = []
+    t = threading.Thread(target=lambda: out.append(fast(cfg, y, x, 1.0, 1)))
+    t.start()
+    t.join()
+    assert out == ["slow"]
+    # a driver error goes to fail()
+    ctypes.c_int.in_dll(mock, "result").value = 700
+    try:
+        assert fast(cfg, y, x, 1.0, 1) == "failed"
+    finally:
+        ctypes.c_int.in_dll(mock, "result").value = 0
+    assert fail_calls == [(700, cfg)]
+
+
+def test_settings_choose_the_launch_path(tmp_path):
+    """CUFORGE_FAST_LAUNCH and CUFORGE_LAUNCH_ENTRY are read through cuforge.config."""
+    from tests.conftest import child_env, run_python
+
+    code = """
+    import json
+    from cuforge.runtime import fastlaunch, kernel
+    print(json.dumps({"module": fastlaunch.load() is not None, "error": fastlaunch.error(),
+                      "entry": kernel.C_LAUNCH_ENTRY}))
+    """
+    cache = tmp_path / "cache"
+    env = child_env(
+        CUFORGE_CACHE_DIR=str(cache), CUFORGE_FAST_LAUNCH=" Python ", CUFORGE_LAUNCH_ENTRY="EX"
+    )
+    report = run_python(code, env)
+    assert report == {"module": False, "error": "CUFORGE_FAST_LAUNCH=python", "entry": "ex"}
+    assert not cache.exists()  # nothing was built
+    env.pop("CUFORGE_LAUNCH_ENTRY")
+    assert run_python(code, env)["entry"] == "classic"

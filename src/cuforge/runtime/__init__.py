@@ -6,6 +6,9 @@
 * :mod:`~cuforge.runtime.streams` -- ``stream=`` objects and the default stream
 * :mod:`~cuforge.runtime.module` -- loading binaries (``cuLibraryLoadData``), once per process
 * :mod:`~cuforge.runtime.driver` -- the CUDA driver through ctypes
-* :mod:`~cuforge.runtime.fastlaunch` -- the optional C fast path
+* :mod:`~cuforge.runtime.fastpath` -- the launch-config and per-device records, the generated
+  Python fast path and the C launcher's per-kernel state
+* :mod:`~cuforge.runtime.fastlaunch` -- builds and imports the optional C fast path
+  (its source: ``_launcher.c`` in this package)
 * :mod:`~cuforge.runtime.errors` -- :class:`LaunchError` and its kinds
 """

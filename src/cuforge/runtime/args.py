@@ -116,9 +116,11 @@ _TORCH_DTYPE_NAMES = {
 NUMPY_DTYPE_NAMES = {k: v for k, v in _TORCH_DTYPE_NAMES.items() if k != "bf16"}
 
 
-def torch_dtype_for(code: str | None):
-    """The torch dtype a pointer with pointee ``code`` most naturally takes (None if any)."""
-    torch = sys.modules.get("torch")
+def torch_dtype_for(code: str | None, torch=None):
+    """The torch dtype a pointer with pointee ``code`` most naturally takes (None if any).
+    ``torch``: the torch module to ask (default: the one imported, if any)."""
+    if torch is None:
+        torch = sys.modules.get("torch")
     if torch is None or code is None:
         return None
     return getattr(torch, _TORCH_DTYPE_NAMES.get(code, ""), None)

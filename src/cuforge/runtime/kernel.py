@@ -30,19 +30,24 @@ The launcher is, in order of preference:
 3. the general path, for everything else (DLPack, ``__cuda_array_interface__``, Pointer,
    structs, bool/bfloat16 scalars, a first launch on a device, cooperative or cluster
    launches, and every error): it checks every argument and names the one that is wrong.
+
+The fast paths and the records they read (:class:`~cuforge.runtime.fastpath.Config`, one
+per launch configuration; :class:`~cuforge.runtime.fastpath.DeviceState`, one per device a
+kernel is loaded on) live in :mod:`cuforge.runtime.fastpath`.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import os
 import sys
 import threading
 from ctypes import c_void_p
 
+from cuforge.config import settings
 from cuforge.runtime import args as argmod
 from cuforge.runtime import driver as drv_mod
+from cuforge.runtime import fastpath
 from cuforge.runtime.errors import (
     ArgumentCountError,
     ArgumentError,
@@ -51,15 +56,19 @@ from cuforge.runtime.errors import (
     KernelNotFoundError,
     LaunchError,
 )
+from cuforge.runtime.fastpath import (
+    DEFAULT,
+    MAX_DEVICES,
+    NOT_LOADED,
+    Config,
+    DeviceState,
+    cstream,
+)
 from cuforge.runtime.signature import Param, find_kernel, kernel_names
-from cuforge.runtime.streams import default_stream, stream_handle, torch_stream_getter
+from cuforge.runtime.streams import default_stream, stream_handle
 
 __all__ = ["Kernel", "LAUNCH_API"]
 
-_MAX_DEVICES = 64
-#: "check" value of configurations the fast path must not take (cooperative, cluster)
-_SPECIAL = 1 << 62
-_DEFAULT = object()  # "no stream given": the default-stream rules apply
 _get_ident = threading.get_ident
 
 #: The fast path: "c" (the C launcher of :mod:`cuforge.runtime.fastlaunch` when it can be
@@ -68,25 +77,9 @@ _get_ident = threading.get_ident
 #: cuLaunchKernel: 11 ctypes arguments). The benchmark switches it to compare.
 LAUNCH_API = "c"
 #: The driver entry point the C launcher calls: "classic" (cuLaunchKernel) or "ex"
-#: (cuLaunchKernelEx). ``CUFORGE_LAUNCH_ENTRY`` overrides it (for testing both).
-C_LAUNCH_ENTRY = os.environ.get("CUFORGE_LAUNCH_ENTRY", "classic")
-
-_STREAMS: dict[int, c_void_p] = {}
-
-
-def _cstream(handle: int) -> c_void_p | None:
-    if not handle:
-        return None
-    s = _STREAMS.get(handle)
-    if s is None:
-        if len(_STREAMS) > 4096:
-            _STREAMS.clear()
-        s = _STREAMS[handle] = c_void_p(handle)
-    return s
-
-
-class _Never:
-    """Stands in for torch.Tensor when torch is not imported: nothing is of this type."""
+#: (cuLaunchKernelEx). ``CUFORGE_LAUNCH_ENTRY`` (read when this module is imported, through
+#: :func:`cuforge.config.settings`) sets it; the benchmark switches it to compare.
+C_LAUNCH_ENTRY = settings().launch_entry
 
 
 def _dims(value, what: str) -> tuple[int, int, int]:
@@ -121,17 +114,6 @@ def _dims(value, what: str) -> tuple[int, int, int]:
     return out[0], out[1], out[2]
 
 
-class _Extra:
-    """The slow-path part of a launch configuration."""
-
-    __slots__ = ("stream", "cooperative", "cluster")
-
-    def __init__(self, stream, cooperative, cluster) -> None:
-        self.stream = stream  # int handle, or _DEFAULT
-        self.cooperative = cooperative
-        self.cluster = cluster
-
-
 class Kernel:
     """A kernel of a compiled :class:`~cuforge.program.Program`, ready to launch.
 
@@ -148,10 +130,8 @@ class Kernel:
         self.program = program
         self.name = name
         self._lock = threading.RLock()
-        self._funcs: list[int] = [0] * _MAX_DEVICES
-        self._cfuncs: list = [None] * _MAX_DEVICES  # the same handles as c_void_p (fast path)
-        self._shm_fast: list[int] = [-1] * _MAX_DEVICES  # fast path: max dynamic smem ok
-        self._shm_set: list[int] = [-1] * _MAX_DEVICES  # general path: attribute value set
+        #: one record per device; NOT_LOADED until the kernel is loaded there
+        self._devices: list[DeviceState] = [NOT_LOADED] * MAX_DEVICES
         self._owner: list = [None]
         self._configs: dict = {}
         self._call_configs: dict = {}
@@ -252,98 +232,23 @@ class Kernel:
         if not usable or torch is None:
             self._fast = self._generic_entry
             return
-        check_device = d is not None and d.device_count() > 1
-        ns: dict = {
-            "Tensor": torch.Tensor,
-            "cur_dev": getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device,
-            "raw_stream": torch_stream_getter(),
-            "funcs": self._cfuncs,
-            "shm_ok": self._shm_fast,
-            "owner": self._owner,
-            "get_ident": _get_ident,
-            "pack": self._layout.struct.pack_into,
-            "buf": self._buf,
-            "params": c_void_p(self._params_arg),
-            "slow": self._generic,
-            "fail": self._fast_failed,
-            "DEFAULT": _DEFAULT,
-            "FLOATS": frozenset({float, int}),
-            "cstream": _cstream,
-            "scache": _STREAMS,
-        }
         use_ex = LAUNCH_API in ("c", "ex") and d is not None and d.launch_ex is not None
-        ns["launch"] = (d.launch_ex if use_ex else d.launch) if d is not None else None
-        n = len(params)
-        names = [f"a{i}" for i in range(n)]
-        lines = [
-            "def fast(cfg, *args):",
-            f"    if len(args) != {n} or get_ident() != owner[0]:",
-            "        return slow(cfg, args)",
-            f"    {', '.join(names)}, = args",
-        ]
-        values = []
-        first = True
-        scalar_checks = []
-        for i, p in enumerate(params):
-            a = names[i]
-            if p.kind == "pointer":
-                dt = argmod.torch_dtype_for(p.code)
-                if dt is not None:
-                    ns[f"dt{i}"] = dt
-                    dtcheck = f" or {a}.dtype is not dt{i}"
-                else:
-                    dtcheck = ""
-                if first:
-                    lines.append(
-                        f"    if type({a}) is not Tensor{dtcheck} or not {a}.is_contiguous():"
-                    )
-                    lines.append("        return slow(cfg, args)")
-                    lines.append(f"    dev = {a}.get_device()")
-                    first = False
-                else:
-                    lines.append(
-                        f"    if type({a}) is not Tensor{dtcheck} or not {a}.is_contiguous() or {a}.get_device() != dev:"
-                    )
-                    lines.append("        return slow(cfg, args)")
-                values.append(f"{a}.data_ptr()")
-            else:
-                if p.code in ("f", "d", "e"):
-                    scalar_checks.append(f"type({a}) not in FLOATS")
-                else:
-                    scalar_checks.append(f"type({a}) is not int")
-                values.append(a)
-        if scalar_checks:
-            lines.append(f"    if {' or '.join(scalar_checks)}:")
-            lines.append("        return slow(cfg, args)")
-        lines += [
-            "    gx, gy, gz, bx, by, bz, shmem, check, stream, lc, lcref, extra = cfg",
-            "    if dev < 0 or check > shm_ok[dev]"
-            + (" or cur_dev() != dev:" if check_device else ":"),
-            "        return slow(cfg, args)",
-            "    try:",
-            f"        pack(buf, 0, {', '.join(values)})",
-            "    except Exception:",
-            "        return slow(cfg, args)",
-        ]
-        if use_ex:
-            lines += [
-                "    if stream is DEFAULT:",
-                "        lc.hStream = raw_stream(dev)",
-                "    r = launch(lcref, funcs[dev], params, None)",
-            ]
-        else:
-            lines += [
-                "    if stream is DEFAULT:",
-                "        s = raw_stream(dev)",
-                "        stream = (scache.get(s) or cstream(s)) if s else None",
-                "    r = launch(funcs[dev], gx, gy, gz, bx, by, bz, shmem, stream, params, None)",
-            ]
-        lines += ["    if r:", "        return fail(r, cfg, args)"]
-        source = "\n".join(lines) + "\n"
-        code = compile(source, f"<cuforge fast launch of {self.name}>", "exec")
-        exec(code, ns)  # noqa: S102 - our own generated source
-        self._fast_source = source
-        self._fast = ns["fast"]
+        self._fast, self._fast_source = fastpath.python_launcher(
+            self.name,
+            params,
+            self._layout,
+            self._buf,
+            self._params_arg,
+            self._devices,
+            self._owner,
+            _get_ident,
+            self._generic,
+            self._fast_failed,
+            torch,
+            d,
+            use_ex,
+            d is not None and d.device_count() > 1,
+        )
         self._fast_torch = True
 
     def _build_c_fast(self, torch, cupy, d) -> bool:
@@ -364,57 +269,28 @@ class Kernel:
             self._call_configs.clear()
             if state is not None:
                 state.disable()
-            launch_ex = ctypes.cast(d.launch_ex, c_void_p).value if C_LAUNCH_ENTRY == "ex" else 0
-            state = module.State(
-                [fastlaunch.KINDS["ptr" if p.kind == "pointer" else p.code] for p in self.params],
-                list(self._layout.offsets),
-                ctypes.addressof(self._buf),
-                self._params_arg or 0,
-                ctypes.cast(d.pydll.cuLaunchKernel, c_void_p).value,
-                launch_ex or 0,
-                1 if d.device_count() > 1 else 0,
+            state = fastpath.c_state(
+                module,
+                self.params,
+                self._layout,
+                self._buf,
+                self._array,
+                self._params_arg,
+                d,
+                C_LAUNCH_ENTRY,
+                d.device_count() > 1,
                 self._generic,
                 self._fast_failed,
-                (self._buf, self._array),
+                self._devices,
             )
             self._state, self._state_layout = state, self._layout
             self._state_frameworks = set()
             self._launcher_type = module.Launcher
-            for dev in range(_MAX_DEVICES):
-                if self._funcs[dev] and self._shm_fast[dev] >= 0:
-                    state.set_device(dev, self._funcs[dev], self._shm_fast[dev])
         if torch is not None and "torch" not in self._state_frameworks:
-            t = torch.Tensor
-            state.set_torch(
-                t,
-                [
-                    argmod.torch_dtype_for(p.code) if p.kind == "pointer" else None
-                    for p in self.params
-                ],
-                torch_stream_getter(),
-                getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device,
-                _class_attr(t, "dtype"),
-                t.is_contiguous,
-                t.get_device,
-                t.data_ptr,
-            )
+            fastpath.enable_torch(state, torch, self.params)
             self._state_frameworks.add("torch")
         if cupy is not None and "cupy" not in self._state_frameworks:
-            import numpy
-
-            never = object()  # a pointee numpy cannot name (bfloat16): CuPy takes the slow path
-            dtypes = []
-            for p in self.params:
-                if p.kind != "pointer" or p.code is None:
-                    dtypes.append(None)
-                else:
-                    name = argmod.NUMPY_DTYPE_NAMES.get(p.code)
-                    dtypes.append(numpy.dtype(name) if name else never)
-
-            def cupy_stream(get=cupy.cuda.get_current_stream):
-                return get().ptr
-
-            state.set_cupy(cupy.ndarray, dtypes, cupy_stream, cupy.cuda.runtime.getDevice)
+            fastpath.enable_cupy(state, cupy, self.params)
             self._state_frameworks.add("cupy")
         return True
 
@@ -447,25 +323,17 @@ class Kernel:
             raise ArgumentValueError(
                 f"block {bx}x{by}x{bz} has {bx * by * bz} threads; CUDA allows at most 1024 per block"
             )
-        handle = _DEFAULT if stream is None else stream_handle(stream)
+        handle = DEFAULT if stream is None else stream_handle(stream)
         cluster_dims = _dims(cluster, "cluster") if cluster is not None else None
-        special = bool(cooperative) or cluster_dims is not None
-        lc = drv_mod.LaunchConfig(gx, gy, gz, bx, by, bz, shmem)
-        if handle is not _DEFAULT:
-            lc.hStream = handle or None
-        extra = _Extra(handle, bool(cooperative), cluster_dims)
-        cstream = _DEFAULT if handle is _DEFAULT else _cstream(handle)
-        check = _SPECIAL if special else shmem
-        return (gx, gy, gz, bx, by, bz, shmem, check, cstream, lc, ctypes.byref(lc), extra)
+        return Config((gx, gy, gz), (bx, by, bz), shmem, handle, bool(cooperative), cluster_dims)
 
-    def _launcher(self, cfg):
+    def _launcher(self, cfg: Config):
         """A callable that launches with ``cfg``: the C launcher, or a partial of the
         Python fast path."""
         state = self._state
         if state is not None:
-            extra = cfg[11]
-            stream = None if extra.stream is _DEFAULT else extra.stream
-            return self._launcher_type(state, cfg, *cfg[:8], stream)
+            stream = None if cfg.handle is DEFAULT else cfg.handle
+            return self._launcher_type(state, cfg, *cfg.dims(), cfg.check, stream)
         return functools.partial(self._fast, cfg)
 
     def __getitem__(self, key):
@@ -542,10 +410,10 @@ class Kernel:
         # the device's primary context must be current; skip the driver round trips when
         # the framework already says that device is current (a launch that still finds no
         # context current -- a fresh thread -- is retried below after switching)
-        switched = not self._funcs[device] or not _framework_on(framework, device)
+        switched = not self._devices[device].func or not _framework_on(framework, device)
         previous = d.use_device(device) if switched else 0
         try:
-            func = self._funcs[device] or self._load(device)
+            func = self._devices[device].func or self._load(device)
             if self._owner[0] is None:
                 self._owner[0] = _get_ident()
             if (framework == "torch" and not self._fast_torch) or (
@@ -560,12 +428,9 @@ class Kernel:
             if not values:
                 _, fw, values = self._convert(params, args, device)
                 framework = framework or fw
-            gx, gy, gz, bx, by, bz, shmem, _check, _cs, _lc, _lcref, extra = cfg
-            stream = (
-                extra.stream if extra.stream is not _DEFAULT else default_stream(framework, device)
-            )
-            if shmem > self._shm_set[device]:
-                self._allow_shared_memory(device, func, shmem)
+            stream = cfg.handle if cfg.handle is not DEFAULT else default_stream(framework, device)
+            if cfg.shmem > self._devices[device].shm_set:
+                self._allow_shared_memory(device, func, cfg.shmem)
             layout = self._layout
             if self._gbufs is None or self._gbufs[0] is not layout:
                 self._gbufs = (layout, *layout.new_buffers())
@@ -578,33 +443,20 @@ class Kernel:
                     raise ArgumentValueError(
                         f"{self._signature()}: cannot pack arguments: {exc}"
                     ) from None
-                code = self._launch_general(d, func, cfg, stream, params_arg, extra)
+                code = self._launch_general(d, func, cfg, stream, params_arg)
                 if code == drv_mod.CUDA_ERROR_INVALID_CONTEXT and not switched:
                     previous, switched = d.use_device(device), True
-                    code = self._launch_general(d, func, cfg, stream, params_arg, extra)
+                    code = self._launch_general(d, func, cfg, stream, params_arg)
             if code:
                 raise self._launch_error(code, cfg)
         finally:
             if switched and previous and previous != d.primary_context(device):
                 d.set_current_context(previous)
 
-    def _launch_general(self, d, func: int, cfg, stream: int, params_arg, extra) -> int:
-        if extra.cooperative or extra.cluster is not None:
-            return self._launch_ex(func, cfg, stream, params_arg, extra)
-        gx, gy, gz, bx, by, bz, shmem = cfg[:7]
-        return d.launch(
-            c_void_p(func),
-            gx,
-            gy,
-            gz,
-            bx,
-            by,
-            bz,
-            shmem,
-            _cstream(stream),
-            c_void_p(params_arg),
-            None,
-        )
+    def _launch_general(self, d, func: int, cfg: Config, stream: int, params_arg) -> int:
+        if cfg.cooperative or cfg.cluster is not None:
+            return self._launch_ex(func, cfg, stream, params_arg)
+        return d.launch(c_void_p(func), *cfg.dims(), cstream(stream), c_void_p(params_arg), None)
 
     def _convert(self, params: list[Param], args, device: int = -1):
         values = []
@@ -655,8 +507,8 @@ class Kernel:
         from cuforge.runtime.module import loaded_program
 
         with self._lock:
-            if self._funcs[device]:
-                return self._funcs[device]
+            if self._devices[device].func:
+                return self._devices[device].func
             loaded = self._loaded
             if loaded is None:
                 loaded = self._loaded = loaded_program(self.program)
@@ -670,13 +522,11 @@ class Kernel:
             info = d.param_info(handle, is_kernel)
             self._check_layout(info)
             shm = d.func_attribute(func, drv_mod.FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES)
-            self._cfuncs[device] = c_void_p(func)
-            self._shm_set[device] = shm
-            self._funcs[device] = func
-            if self._layout is not None and not self._layout_changed:
-                self._shm_fast[device] = shm
-                if self._state is not None:
-                    self._state.set_device(device, func, shm)
+            fast = self._layout is not None and not self._layout_changed
+            # filled in completely before it is published: the fast paths read it unlocked
+            self._devices[device] = DeviceState(func, shm if fast else -1, shm)
+            if fast and self._state is not None:
+                self._state.set_device(device, func, shm)
             return func
 
     _layout_changed = False
@@ -780,42 +630,31 @@ class Kernel:
                 f"can have on device {device}"
             )
         d.set_func_attribute(func, drv_mod.FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES, shmem)
-        self._shm_set[device] = shmem
-        if self._shm_fast[device] >= 0:
-            self._shm_fast[device] = shmem
+        dv = self._devices[device]
+        dv.shm_set = shmem
+        if dv.shm_fast >= 0:
+            dv.shm_fast = shmem
             if self._state is not None:
                 self._state.set_device(device, func, shmem)
 
-    def _launch_ex(self, func: int, cfg, stream: int, params_arg, extra) -> int:
+    def _launch_ex(self, func: int, cfg: Config, stream: int, params_arg) -> int:
         d = drv_mod.driver()
         if d.launch_ex is None:
-            if extra.cluster is not None:
+            if cfg.cluster is not None:
                 raise LaunchError("cluster launches need cuLaunchKernelEx (CUDA >= 12.0)")
             f = d.fn("cuLaunchCooperativeKernel", gil=True)
-            gx, gy, gz, bx, by, bz, shmem = cfg[:7]
-            return f(
-                c_void_p(func),
-                gx,
-                gy,
-                gz,
-                bx,
-                by,
-                bz,
-                shmem,
-                _cstream(stream),
-                c_void_p(params_arg),
-            )
-        gx, gy, gz, bx, by, bz, shmem = cfg[:7]
+            return f(c_void_p(func), *cfg.dims(), cstream(stream), c_void_p(params_arg))
+        gx, gy, gz, bx, by, bz, shmem = cfg.dims()
         lc = drv_mod.LaunchConfig(gx, gy, gz, bx, by, bz, shmem)
         lc.hStream = stream or None
         attrs = (drv_mod.LaunchAttribute * 2)()
         n = 0
-        if extra.cooperative:
+        if cfg.cooperative:
             attrs[n].id = drv_mod.LAUNCH_ATTRIBUTE_COOPERATIVE
             attrs[n].value[0] = 1
             n += 1
-        if extra.cluster is not None:
-            cx, cy, cz = extra.cluster
+        if cfg.cluster is not None:
+            cx, cy, cz = cfg.cluster
             if gx % cx or gy % cy or gz % cz:
                 raise ArgumentValueError(
                     f"grid {gx}x{gy}x{gz} is not a multiple of cluster {cx}x{cy}x{cz}"
@@ -829,9 +668,9 @@ class Kernel:
         lc.numAttrs = n
         return d.launch_ex(ctypes.byref(lc), c_void_p(func), c_void_p(params_arg), None)
 
-    def _launch_error(self, code: int, cfg) -> LaunchError:
+    def _launch_error(self, code: int, cfg: Config) -> LaunchError:
         d = drv_mod.driver()
-        gx, gy, gz, bx, by, bz, shmem = cfg[:7]
+        gx, gy, gz, bx, by, bz, shmem = cfg.dims()
         err = d.error(
             code,
             f"launching {self._signature()} with grid {gx}x{gy}x{gz}, block {bx}x{by}x{bz}, shared_mem {shmem}",
@@ -872,7 +711,7 @@ class Kernel:
         device = d.current_device() if device is None else device
         previous = d.use_device(device)
         try:
-            func = self._funcs[device] or self._load(device)
+            func = self._devices[device].func or self._load(device)
             return {k: d.func_attribute(func, v) for k, v in drv_mod.FUNC_ATTRIBUTES.items()}
         finally:
             if previous and previous != d.primary_context(device):
@@ -880,14 +719,6 @@ class Kernel:
 
     def __repr__(self) -> str:
         return f"<cuforge.Kernel {self._signature()} from {self.program.name}>"
-
-
-def _class_attr(cls, name: str):
-    """The descriptor ``name`` as defined on ``cls`` or a base (not bound to an instance)."""
-    for base in cls.__mro__:
-        if name in base.__dict__:
-            return base.__dict__[name]
-    raise AttributeError(name)
 
 
 def _framework_on(framework: str | None, device: int) -> bool:

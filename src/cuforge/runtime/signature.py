@@ -28,6 +28,7 @@ __all__ = [
     "kernel_names",
     "split_name_expression",
     "parse_param",
+    "strip_comments",
     "normalize_type",
 ]
 

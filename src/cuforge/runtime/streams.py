@@ -82,9 +82,11 @@ def stream_handle(stream) -> int:
     return handler(stream)
 
 
-def torch_stream_getter():
-    """A function device -> torch's current raw stream handle there (cheap: no Stream object)."""
-    torch = sys.modules.get("torch")
+def torch_stream_getter(torch=None):
+    """A function device -> torch's current raw stream handle there (cheap: no Stream object).
+    ``torch``: the torch module to ask (default: the one imported; None when there is none)."""
+    if torch is None:
+        torch = sys.modules.get("torch")
     if torch is None:
         return None
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)

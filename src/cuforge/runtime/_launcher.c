@@ -1,0 +1,516 @@
+/* The C launch path of cuforge (see cuforge/runtime/fastlaunch.py): a small CPython
+   extension, compiled once per machine with the system C compiler.
+
+   State: one per kernel argument layout: parameter kinds and buffer offsets, the kernel's
+   argument buffer, the per-device functions and shared-memory limits, the driver entry
+   point, and the torch / CuPy types and descriptors it checks arguments against.
+   Launcher: one per launch configuration (grid, block, shared memory, stream); calling it
+   checks and packs the arguments and calls the driver, or hands everything to the Python
+   general path (State's `slow`) when anything is not exactly what it handles.
+
+   The built library's file name carries a hash of this text, the Python version and ABI,
+   and the compiler: editing this file makes every process build a fresh one. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <float.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <limits.h>
+#include <string.h>
+
+typedef int (*launch_t)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                        unsigned, void*, void**, void**);
+typedef struct {  /* CUlaunchConfig */
+    unsigned gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
+    void* hStream;
+    void* attrs;
+    unsigned numAttrs;
+} LaunchConfigC;
+typedef int (*launch_ex_t)(const LaunchConfigC*, void*, void**, void**);
+
+enum { K_PTR = 0, K_F32, K_F64, K_F16, K_I8, K_U8, K_I16, K_U16, K_I32, K_U32, K_I64, K_U64 };
+#define MAXP 64
+#define MAXDEV 64
+
+static PyObject *s_dtype, *s_c_contiguous, *s_data, *s_ptr, *s_device_id;
+
+typedef struct {
+    PyObject_HEAD
+    int ready;
+    int n;
+    int kinds[MAXP];
+    Py_ssize_t offsets[MAXP];
+    PyObject* dtypes[MAXP];
+    char* buf;
+    void** params;
+    void* funcs[MAXDEV];
+    long long shm_ok[MAXDEV];
+    int check_device;
+    launch_t launch;
+    launch_ex_t launch_ex;  /* used instead of launch when not NULL */
+    PyObject* tensor_type;
+    PyObject* t_dtype;          /* torch.Tensor's descriptors, called directly */
+    PyObject* t_is_contiguous;
+    PyObject* t_get_device;
+    PyObject* t_data_ptr;
+    PyObject* raw_stream;
+    PyObject* cur_dev;
+    PyObject* slow;
+    PyObject* fail;
+    PyObject* keep;
+    PyObject* cupy_type;
+    PyObject* cupy_dtypes[MAXP];
+    PyObject* cupy_stream;
+    PyObject* cupy_cur_dev;
+} State;
+
+/* State and Launcher take part in garbage collection: a launcher keeps its kernel alive
+   (through the state's callbacks), and the kernel holds its launchers. */
+static int State_traverse(State* self, visitproc visit, void* arg) {
+    for (int i = 0; i < self->n; i++) { Py_VISIT(self->dtypes[i]); Py_VISIT(self->cupy_dtypes[i]); }
+    Py_VISIT(self->cupy_type);
+    Py_VISIT(self->cupy_stream);
+    Py_VISIT(self->cupy_cur_dev);
+    Py_VISIT(self->tensor_type);
+    Py_VISIT(self->t_dtype);
+    Py_VISIT(self->t_is_contiguous);
+    Py_VISIT(self->t_get_device);
+    Py_VISIT(self->t_data_ptr);
+    Py_VISIT(self->raw_stream);
+    Py_VISIT(self->cur_dev);
+    Py_VISIT(self->slow);
+    Py_VISIT(self->fail);
+    Py_VISIT(self->keep);
+    return 0;
+}
+
+static int State_clear(State* self) {
+    self->ready = 0;
+    for (int i = 0; i < self->n; i++) { Py_CLEAR(self->dtypes[i]); Py_CLEAR(self->cupy_dtypes[i]); }
+    Py_CLEAR(self->cupy_type);
+    Py_CLEAR(self->cupy_stream);
+    Py_CLEAR(self->cupy_cur_dev);
+    Py_CLEAR(self->tensor_type);
+    Py_CLEAR(self->t_dtype);
+    Py_CLEAR(self->t_is_contiguous);
+    Py_CLEAR(self->t_get_device);
+    Py_CLEAR(self->t_data_ptr);
+    Py_CLEAR(self->raw_stream);
+    Py_CLEAR(self->cur_dev);
+    Py_CLEAR(self->slow);
+    Py_CLEAR(self->fail);
+    Py_CLEAR(self->keep);
+    return 0;
+}
+
+static void State_dealloc(State* self) {
+    PyObject_GC_UnTrack(self);
+    State_clear(self);
+    Py_TYPE(self)->tp_free((PyObject*)self);
+}
+
+/* State(kinds, offsets, buf_addr, params_addr, launch_addr, launch_ex_addr, check_device,
+         slow, fail, keep); then set_torch(...) / set_cupy(...) as those frameworks appear */
+static int State_init(State* self, PyObject* args, PyObject* kw) {
+    PyObject *kinds, *offsets, *slow, *fail, *keep;
+    unsigned long long buf, params, launch, launch_ex;
+    int check_device;
+    if (!PyArg_ParseTuple(args, "OOKKKKiOOO", &kinds, &offsets, &buf, &params, &launch, &launch_ex,
+                          &check_device, &slow, &fail, &keep))
+        return -1;
+    if (self->n) { PyErr_SetString(PyExc_RuntimeError, "State is initialized once"); return -1; }
+    Py_ssize_t n = PySequence_Size(kinds);
+    if (n < 1 || n > MAXP || PySequence_Size(offsets) != n) {
+        PyErr_SetString(PyExc_ValueError, "bad State arguments");
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject* k = PySequence_GetItem(kinds, i);
+        PyObject* o = PySequence_GetItem(offsets, i);
+        if (!k || !o) { Py_XDECREF(k); Py_XDECREF(o); return -1; }
+        self->kinds[i] = (int)PyLong_AsLong(k);
+        self->offsets[i] = PyLong_AsSsize_t(o);
+        Py_DECREF(k);
+        Py_DECREF(o);
+        self->dtypes[i] = NULL;
+        self->cupy_dtypes[i] = NULL;
+        if (PyErr_Occurred()) return -1;
+    }
+    self->n = (int)n;
+    self->buf = (char*)(uintptr_t)buf;
+    self->params = (void**)(uintptr_t)params;
+    self->launch = (launch_t)(uintptr_t)launch;
+    self->launch_ex = (launch_ex_t)(uintptr_t)launch_ex;
+    self->check_device = check_device;
+    for (int i = 0; i < MAXDEV; i++) { self->funcs[i] = NULL; self->shm_ok[i] = -1; }
+    Py_INCREF(slow); self->slow = slow;
+    Py_INCREF(fail); self->fail = fail;
+    Py_INCREF(keep); self->keep = keep;
+    self->ready = 1;
+    return 0;
+}
+
+static int set_dtypes(PyObject* seq, PyObject** out, int n) {
+    if (PySequence_Size(seq) != n) { PyErr_SetString(PyExc_ValueError, "dtypes: one per parameter"); return -1; }
+    for (int i = 0; i < n; i++) {
+        PyObject* d = PySequence_GetItem(seq, i);
+        if (!d) return -1;
+        Py_CLEAR(out[i]);
+        if (d == Py_None) Py_DECREF(d);
+        else out[i] = d;  /* owned */
+    }
+    return 0;
+}
+
+#define REPLACE(field, value) do { PyObject* _old = (field); Py_INCREF(value); (field) = (value); Py_XDECREF(_old); } while (0)
+
+/* set_torch(Tensor, dtypes, raw_stream, cur_dev, dtype_descr, is_contiguous, get_device, data_ptr) */
+static PyObject* State_set_torch(State* self, PyObject* args) {
+    PyObject *type, *dtypes, *raw_stream, *cur_dev, *d_dtype, *d_contig, *d_dev, *d_ptr;
+    if (!PyArg_ParseTuple(args, "OOOOOOOO", &type, &dtypes, &raw_stream, &cur_dev, &d_dtype, &d_contig,
+                          &d_dev, &d_ptr))
+        return NULL;
+    if (set_dtypes(dtypes, self->dtypes, self->n) < 0) return NULL;
+    REPLACE(self->t_dtype, d_dtype);
+    REPLACE(self->t_is_contiguous, d_contig);
+    REPLACE(self->t_get_device, d_dev);
+    REPLACE(self->t_data_ptr, d_ptr);
+    REPLACE(self->raw_stream, raw_stream);
+    REPLACE(self->cur_dev, cur_dev);
+    REPLACE(self->tensor_type, type);  /* last: enables the torch branch */
+    Py_RETURN_NONE;
+}
+
+/* set_cupy(ndarray, dtypes, current_stream_ptr, cur_dev) */
+static PyObject* State_set_cupy(State* self, PyObject* args) {
+    PyObject *type, *dtypes, *stream, *cur_dev;
+    if (!PyArg_ParseTuple(args, "OOOO", &type, &dtypes, &stream, &cur_dev)) return NULL;
+    if (set_dtypes(dtypes, self->cupy_dtypes, self->n) < 0) return NULL;
+    REPLACE(self->cupy_stream, stream);
+    REPLACE(self->cupy_cur_dev, cur_dev);
+    REPLACE(self->cupy_type, type);
+    Py_RETURN_NONE;
+}
+
+static PyObject* State_set_device(State* self, PyObject* args) {
+    int dev;
+    unsigned long long func;
+    long long shm;
+    if (!PyArg_ParseTuple(args, "iKL", &dev, &func, &shm)) return NULL;
+    if (dev < 0 || dev >= MAXDEV) { PyErr_SetString(PyExc_ValueError, "device out of range"); return NULL; }
+    self->funcs[dev] = (void*)(uintptr_t)func;
+    self->shm_ok[dev] = shm;
+    Py_RETURN_NONE;
+}
+
+static PyObject* State_disable(State* self, PyObject* unused) {
+    self->ready = 0;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef State_methods[] = {
+    {"set_device", (PyCFunction)State_set_device, METH_VARARGS, "set_device(dev, func, shm_ok)"},
+    {"disable", (PyCFunction)State_disable, METH_NOARGS, "send every launch to the slow path"},
+    {"set_torch", (PyCFunction)State_set_torch, METH_VARARGS, "enable torch tensors"},
+    {"set_cupy", (PyCFunction)State_set_cupy, METH_VARARGS, "enable CuPy arrays"},
+    {NULL, NULL, 0, NULL}};
+
+static PyTypeObject StateType = {PyVarObject_HEAD_INIT(NULL, 0)};
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    State* st;
+    PyObject* cfg;
+    unsigned g[3], b[3], shmem;
+    long long check;
+    int default_stream;
+    void* stream;
+} Launcher;
+
+static int Launcher_traverse(Launcher* self, visitproc visit, void* arg) {
+    Py_VISIT(self->st);
+    Py_VISIT(self->cfg);
+    return 0;
+}
+
+static int Launcher_clear(Launcher* self) {
+    Py_CLEAR(self->st);
+    Py_CLEAR(self->cfg);
+    return 0;
+}
+
+static void Launcher_dealloc(Launcher* self) {
+    PyObject_GC_UnTrack(self);
+    Launcher_clear(self);
+    Py_TYPE(self)->tp_free((PyObject*)self);
+}
+
+static PyObject* args_tuple(PyObject* const* args, Py_ssize_t n) {
+    PyObject* t = PyTuple_New(n);
+    if (!t) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) { Py_INCREF(args[i]); PyTuple_SET_ITEM(t, i, args[i]); }
+    return t;
+}
+
+static PyObject* slow_path(Launcher* self, PyObject* const* args, Py_ssize_t n) {
+    if (PyErr_Occurred()) PyErr_Clear();
+    PyObject* t = args_tuple(args, n);
+    if (!t) return NULL;
+    PyObject* r = PyObject_CallFunctionObjArgs(self->st->slow, self->cfg, t, NULL);
+    Py_DECREF(t);
+    return r;
+}
+
+/* obj.<method>() through the type's own method descriptor (no attribute lookup) */
+static inline PyObject* call_descr(PyObject* descr, PyObject* obj) {
+    return PyObject_Vectorcall(descr, &obj, 1, NULL);
+}
+
+/* obj.<attribute> through the type's own data descriptor */
+static inline PyObject* get_descr(PyObject* descr, PyObject* obj, PyObject* name) {
+    descrgetfunc get = Py_TYPE(descr)->tp_descr_get;
+    if (get == NULL) return PyObject_GetAttr(obj, name);
+    return get(descr, obj, (PyObject*)Py_TYPE(obj));
+}
+
+static PyObject* Launcher_vectorcall(PyObject* op, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+    Launcher* self = (Launcher*)op;
+    State* st = self->st;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (st == NULL || self->cfg == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "launcher was cleared");
+        return NULL;
+    }
+    if (kwnames != NULL || nargs != st->n || !st->ready) return slow_path(self, args, nargs);
+    uint64_t vals[MAXP];
+    int dev = -1;
+    int frameworks = 0;  /* 1: torch tensors seen, 2: CuPy arrays seen */
+    /* 1. gather and check every argument (Python calls happen here, before any write) */
+    for (int i = 0; i < st->n; i++) {
+        PyObject* a = args[i];
+        int kind = st->kinds[i];
+        if (kind == K_PTR) {
+            PyObject* type = (PyObject*)Py_TYPE(a);
+            long d;
+            unsigned long long p;
+            if (st->tensor_type != NULL && type == st->tensor_type) {
+                frameworks |= 1;
+                if (st->dtypes[i] != NULL) {
+                    PyObject* dt = get_descr(st->t_dtype, a, s_dtype);
+                    if (dt == NULL) return slow_path(self, args, nargs);
+                    int same = dt == st->dtypes[i];
+                    Py_DECREF(dt);
+                    if (!same) return slow_path(self, args, nargs);
+                }
+                PyObject* r = call_descr(st->t_is_contiguous, a);
+                if (r == NULL) return slow_path(self, args, nargs);
+                int contiguous = r == Py_True;
+                Py_DECREF(r);
+                if (!contiguous) return slow_path(self, args, nargs);
+                r = call_descr(st->t_get_device, a);
+                if (r == NULL) return slow_path(self, args, nargs);
+                d = PyLong_AsLong(r);
+                Py_DECREF(r);
+                if (d < 0 || d >= MAXDEV || (dev >= 0 && d != dev)) return slow_path(self, args, nargs);
+                r = call_descr(st->t_data_ptr, a);
+                if (r == NULL) return slow_path(self, args, nargs);
+                p = PyLong_AsUnsignedLongLong(r);
+                Py_DECREF(r);
+            } else if (st->cupy_type != NULL && type == st->cupy_type) {
+                frameworks |= 2;
+                if (st->cupy_dtypes[i] != NULL) {
+                    PyObject* dt = PyObject_GetAttr(a, s_dtype);
+                    if (dt == NULL) return slow_path(self, args, nargs);
+                    int same = dt == st->cupy_dtypes[i];
+                    Py_DECREF(dt);
+                    if (!same) return slow_path(self, args, nargs);
+                }
+                PyObject* r = PyObject_GetAttr(a, s_c_contiguous);
+                if (r == NULL) return slow_path(self, args, nargs);
+                int contiguous = r == Py_True;
+                Py_DECREF(r);
+                if (!contiguous) return slow_path(self, args, nargs);
+                PyObject* mem = PyObject_GetAttr(a, s_data);
+                if (mem == NULL) return slow_path(self, args, nargs);
+                r = PyObject_GetAttr(mem, s_device_id);
+                if (r == NULL) { Py_DECREF(mem); return slow_path(self, args, nargs); }
+                d = PyLong_AsLong(r);
+                Py_DECREF(r);
+                r = PyObject_GetAttr(mem, s_ptr);
+                Py_DECREF(mem);
+                if (r == NULL) return slow_path(self, args, nargs);
+                p = PyLong_AsUnsignedLongLong(r);
+                Py_DECREF(r);
+                if (d < 0 || d >= MAXDEV || (dev >= 0 && d != dev)) return slow_path(self, args, nargs);
+            } else {
+                return slow_path(self, args, nargs);
+            }
+            if (p == (unsigned long long)-1 && PyErr_Occurred()) return slow_path(self, args, nargs);
+            dev = (int)d;
+            vals[i] = (uint64_t)p;
+        } else if (kind == K_F32 || kind == K_F64 || kind == K_F16) {
+            double v;
+            if (PyFloat_CheckExact(a)) v = PyFloat_AS_DOUBLE(a);
+            else if (PyLong_CheckExact(a)) {
+                v = PyLong_AsDouble(a);
+                if (v == -1.0 && PyErr_Occurred()) return slow_path(self, args, nargs);
+            } else return slow_path(self, args, nargs);
+            if (kind == K_F32) {
+                float f = (float)v;
+                if (isinf(f) && !isinf(v)) return slow_path(self, args, nargs);
+                uint32_t bits; memcpy(&bits, &f, 4); vals[i] = bits;
+            } else if (kind == K_F64) {
+                memcpy(&vals[i], &v, 8);
+            } else {
+                unsigned char h[2];
+#if PY_VERSION_HEX >= 0x030B0000
+                if (PyFloat_Pack2(v, (char*)h, 1) < 0) return slow_path(self, args, nargs);
+#else
+                if (_PyFloat_Pack2(v, h, 1) < 0) return slow_path(self, args, nargs);
+#endif
+                vals[i] = (uint64_t)h[0] | ((uint64_t)h[1] << 8);
+            }
+        } else {
+            if (!PyLong_CheckExact(a)) return slow_path(self, args, nargs);
+            if (kind == K_U64) {
+                unsigned long long u = PyLong_AsUnsignedLongLong(a);
+                if (u == (unsigned long long)-1 && PyErr_Occurred()) return slow_path(self, args, nargs);
+                vals[i] = u;
+            } else {
+                int overflow = 0;
+                long long v = PyLong_AsLongLongAndOverflow(a, &overflow);
+                if (overflow || (v == -1 && PyErr_Occurred())) return slow_path(self, args, nargs);
+                long long lo, hi;
+                switch (kind) {
+                    case K_I8: lo = -128; hi = 127; break;
+                    case K_U8: lo = 0; hi = 255; break;
+                    case K_I16: lo = -32768; hi = 32767; break;
+                    case K_U16: lo = 0; hi = 65535; break;
+                    case K_I32: lo = -2147483648LL; hi = 2147483647LL; break;
+                    case K_U32: lo = 0; hi = 4294967295LL; break;
+                    default: lo = LLONG_MIN; hi = LLONG_MAX; break;
+                }
+                if (v < lo || v > hi) return slow_path(self, args, nargs);
+                vals[i] = (uint64_t)v;
+            }
+        }
+    }
+    if (dev < 0 || frameworks == 3 || st->funcs[dev] == NULL || self->check > st->shm_ok[dev])
+        return slow_path(self, args, nargs);
+    if (st->check_device) {
+        PyObject* r = PyObject_CallNoArgs(frameworks == 1 ? st->cur_dev : st->cupy_cur_dev);
+        if (r == NULL) return slow_path(self, args, nargs);
+        long c = PyLong_AsLong(r);
+        Py_DECREF(r);
+        if (c != dev) return slow_path(self, args, nargs);
+    }
+    void* stream = self->stream;
+    if (self->default_stream) {
+        PyObject* r;
+        if (frameworks == 1) {
+            PyObject* d = PyLong_FromLong(dev);
+            r = d ? PyObject_CallOneArg(st->raw_stream, d) : NULL;
+            Py_XDECREF(d);
+        } else {
+            r = PyObject_CallNoArgs(st->cupy_stream);
+        }
+        if (r == NULL) return slow_path(self, args, nargs);
+        stream = PyLong_AsVoidPtr(r);
+        Py_DECREF(r);
+        if (stream == NULL && PyErr_Occurred()) return slow_path(self, args, nargs);
+    }
+    /* 2. write the buffer and launch: no Python code runs from here to the driver's return */
+    char* buf = st->buf;
+    for (int i = 0; i < st->n; i++) {
+        char* slot = buf + st->offsets[i];
+        switch (st->kinds[i]) {
+            case K_PTR: case K_F64: case K_I64: case K_U64: memcpy(slot, &vals[i], 8); break;
+            case K_F32: case K_I32: case K_U32: { uint32_t v = (uint32_t)vals[i]; memcpy(slot, &v, 4); break; }
+            case K_F16: case K_I16: case K_U16: { uint16_t v = (uint16_t)vals[i]; memcpy(slot, &v, 2); break; }
+            default: { uint8_t v = (uint8_t)vals[i]; memcpy(slot, &v, 1); break; }
+        }
+    }
+    int code;
+    if (st->launch_ex != NULL) {
+        LaunchConfigC c = {self->g[0], self->g[1], self->g[2], self->b[0], self->b[1], self->b[2],
+                           self->shmem, stream, NULL, 0};
+        code = st->launch_ex(&c, st->funcs[dev], st->params, NULL);
+    } else {
+        code = st->launch(st->funcs[dev], self->g[0], self->g[1], self->g[2], self->b[0], self->b[1],
+                          self->b[2], self->shmem, stream, st->params, NULL);
+    }
+    if (code != 0) {
+        PyObject* t = args_tuple(args, nargs);
+        if (!t) return NULL;
+        PyObject* r = PyObject_CallFunction(st->fail, "iOO", code, self->cfg, t);
+        Py_DECREF(t);
+        return r;
+    }
+    Py_RETURN_NONE;
+}
+
+/* Launcher(state, cfg, gx, gy, gz, bx, by, bz, shmem, check, stream_or_None) */
+static PyObject* Launcher_new(PyTypeObject* type, PyObject* args, PyObject* kw) {
+    PyObject *st, *cfg, *stream;
+    unsigned gx, gy, gz, bx, by, bz, shmem;
+    long long check;
+    if (!PyArg_ParseTuple(args, "O!OIIIIIIILO", &StateType, &st, &cfg, &gx, &gy, &gz, &bx, &by, &bz,
+                          &shmem, &check, &stream))
+        return NULL;
+    Launcher* self = (Launcher*)type->tp_alloc(type, 0);
+    if (!self) return NULL;
+    self->vectorcall = Launcher_vectorcall;
+    Py_INCREF(st); self->st = (State*)st;
+    Py_INCREF(cfg); self->cfg = cfg;
+    self->g[0] = gx; self->g[1] = gy; self->g[2] = gz;
+    self->b[0] = bx; self->b[1] = by; self->b[2] = bz;
+    self->shmem = shmem;
+    self->check = check;
+    if (stream == Py_None) { self->default_stream = 1; self->stream = NULL; }
+    else {
+        self->default_stream = 0;
+        self->stream = PyLong_AsVoidPtr(stream);
+        if (PyErr_Occurred()) { Py_DECREF(self); return NULL; }
+    }
+    return (PyObject*)self;
+}
+
+static PyTypeObject LauncherType = {PyVarObject_HEAD_INIT(NULL, 0)};
+
+static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_cuforge_fastlaunch", NULL, -1, NULL};
+
+PyMODINIT_FUNC PyInit__cuforge_fastlaunch(void) {
+    s_dtype = PyUnicode_InternFromString("dtype");
+    s_c_contiguous = PyUnicode_InternFromString("_c_contiguous");
+    s_data = PyUnicode_InternFromString("data");
+    s_ptr = PyUnicode_InternFromString("ptr");
+    s_device_id = PyUnicode_InternFromString("device_id");
+    StateType.tp_name = "_cuforge_fastlaunch.State";
+    StateType.tp_basicsize = sizeof(State);
+    StateType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC;
+    StateType.tp_traverse = (traverseproc)State_traverse;
+    StateType.tp_clear = (inquiry)State_clear;
+    StateType.tp_new = PyType_GenericNew;
+    StateType.tp_init = (initproc)State_init;
+    StateType.tp_dealloc = (destructor)State_dealloc;
+    StateType.tp_methods = State_methods;
+    LauncherType.tp_name = "_cuforge_fastlaunch.Launcher";
+    LauncherType.tp_basicsize = sizeof(Launcher);
+    LauncherType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_HAVE_GC;
+    LauncherType.tp_traverse = (traverseproc)Launcher_traverse;
+    LauncherType.tp_clear = (inquiry)Launcher_clear;
+    LauncherType.tp_vectorcall_offset = offsetof(Launcher, vectorcall);
+    LauncherType.tp_call = PyVectorcall_Call;
+    LauncherType.tp_new = Launcher_new;
+    LauncherType.tp_dealloc = (destructor)Launcher_dealloc;
+    if (PyType_Ready(&StateType) < 0 || PyType_Ready(&LauncherType) < 0) return NULL;
+    PyObject* m = PyModule_Create(&moddef);
+    if (!m) return NULL;
+    Py_INCREF(&StateType);
+    Py_INCREF(&LauncherType);
+    PyModule_AddObject(m, "State", (PyObject*)&StateType);
+    PyModule_AddObject(m, "Launcher", (PyObject*)&LauncherType);
+    return m;
+}

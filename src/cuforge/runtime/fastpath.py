@@ -1,0 +1,348 @@
+"""The fast launch paths of a :class:`~cuforge.runtime.kernel.Kernel`, and the two records
+they read.
+
+* :class:`Config` -- one launch configuration (grid, block, shared memory, stream,
+  cooperative, cluster), normalized once by ``k[grid, block, ...]`` and cached;
+* :class:`DeviceState` -- what a kernel knows about one device once it is loaded there;
+* :func:`python_launcher` -- generates, compiles and returns the pure-Python fast path for
+  one kernel (used when the C launcher cannot be built);
+* :func:`c_state`, :func:`enable_torch`, :func:`enable_cupy` -- set up the C launcher's
+  per-kernel state (:mod:`cuforge.runtime.fastlaunch`).
+
+Both fast paths take only what they handle exactly and hand everything else to the
+kernel's general path (``slow(cfg, args)``), which checks again and names the wrong
+argument. The generated code reads the records' attributes directly (``__slots__``: one
+specialized load each), never a tuple by position.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from ctypes import c_void_p
+
+from cuforge.runtime import args as argmod
+from cuforge.runtime import driver as drv_mod
+from cuforge.runtime.fastlaunch import KINDS
+from cuforge.runtime.streams import torch_stream_getter
+
+__all__ = [
+    "Config",
+    "DeviceState",
+    "NOT_LOADED",
+    "DEFAULT",
+    "SPECIAL",
+    "MAX_DEVICES",
+    "cstream",
+    "python_launcher",
+    "c_state",
+    "c_kind",
+    "enable_torch",
+    "enable_cupy",
+]
+
+MAX_DEVICES = 64
+#: ``Config.check`` of configurations the fast paths must not take (cooperative, cluster)
+SPECIAL = 1 << 62
+#: "no stream given": the default-stream rules apply
+DEFAULT = object()
+
+_STREAMS: dict[int, c_void_p] = {}
+
+
+def cstream(handle: int) -> c_void_p | None:
+    """The stream handle as a (cached) ``c_void_p``; None for the legacy default stream 0."""
+    if not handle:
+        return None
+    s = _STREAMS.get(handle)
+    if s is None:
+        if len(_STREAMS) > 4096:
+            _STREAMS.clear()
+        s = _STREAMS[handle] = c_void_p(handle)
+    return s
+
+
+class Config:
+    """One normalized launch configuration. Immutable by convention once made (the Python
+    ``ex`` fast path rewrites ``lc.hStream`` when ``stream`` is :data:`DEFAULT`).
+
+    ``gx, gy, gz`` / ``bx, by, bz``: grid and block, each >= 1. ``shmem``: dynamic shared
+    memory bytes. ``check``: what the fast paths compare with a device's
+    :attr:`DeviceState.shm_fast` (``shmem``, or :data:`SPECIAL` to keep them off).
+    ``handle``: the stream handle (int) or :data:`DEFAULT`. ``stream``: the same as a
+    ``c_void_p`` (None for stream 0) or :data:`DEFAULT`. ``lc`` / ``lcref``: a prebuilt
+    ``CUlaunchConfig`` and a ``byref`` to it. ``cooperative``: bool. ``cluster``: the
+    cluster dims ``(x, y, z)`` or None.
+    """
+
+    __slots__ = (
+        "gx",
+        "gy",
+        "gz",
+        "bx",
+        "by",
+        "bz",
+        "shmem",
+        "check",
+        "handle",
+        "stream",
+        "lc",
+        "lcref",
+        "cooperative",
+        "cluster",
+    )
+
+    def __init__(
+        self,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        shmem: int,
+        handle,
+        cooperative: bool,
+        cluster: tuple[int, int, int] | None,
+    ) -> None:
+        self.gx, self.gy, self.gz = grid
+        self.bx, self.by, self.bz = block
+        self.shmem = shmem
+        self.handle = handle
+        self.cooperative = cooperative
+        self.cluster = cluster
+        self.check = SPECIAL if cooperative or cluster is not None else shmem
+        self.stream = DEFAULT if handle is DEFAULT else cstream(handle)
+        lc = drv_mod.LaunchConfig(*grid, *block, shmem)
+        if handle is not DEFAULT:
+            lc.hStream = handle or None
+        self.lc = lc
+        self.lcref = ctypes.byref(lc)
+
+    def dims(self) -> tuple[int, int, int, int, int, int, int]:
+        """``(gx, gy, gz, bx, by, bz, shmem)``"""
+        return self.gx, self.gy, self.gz, self.bx, self.by, self.bz, self.shmem
+
+    def __repr__(self) -> str:
+        return (
+            f"Config(grid={self.gx}x{self.gy}x{self.gz}, block={self.bx}x{self.by}x{self.bz}, "
+            f"shared_mem={self.shmem}, stream={'default' if self.handle is DEFAULT else self.handle}"
+            f", cooperative={self.cooperative}, cluster={self.cluster})"
+        )
+
+
+class DeviceState:
+    """What a kernel knows about one device: ``func`` (the CUfunction handle; 0 when not
+    loaded there), ``cfunc`` (the same as a ``c_void_p``, for the fast path), ``shm_fast``
+    (the dynamic shared memory the fast paths may launch with; -1 keeps them off) and
+    ``shm_set`` (the ``MAX_DYNAMIC_SHARED_SIZE_BYTES`` value set on the function).
+
+    A kernel's list holds :data:`NOT_LOADED` for every device until it is loaded there;
+    the loaded record is filled in completely before it is put in the list."""
+
+    __slots__ = ("func", "cfunc", "shm_fast", "shm_set")
+
+    def __init__(self, func: int = 0, shm_fast: int = -1, shm_set: int = -1) -> None:
+        self.func = func
+        self.cfunc = c_void_p(func) if func else None
+        self.shm_fast = shm_fast
+        self.shm_set = shm_set
+
+    def __repr__(self) -> str:
+        return f"DeviceState(func={self.func:#x}, shm_fast={self.shm_fast}, shm_set={self.shm_set})"
+
+
+#: The shared record of a device a kernel is not loaded on (never modified).
+NOT_LOADED = DeviceState()
+
+
+def python_launcher(
+    kernel_name: str,
+    params: list,
+    layout,
+    buf,
+    params_arg: int,
+    devices: list[DeviceState],
+    owner: list,
+    get_ident,
+    slow,
+    fail,
+    torch,
+    d,
+    use_ex: bool,
+    check_device: bool,
+):
+    """Generate the pure-Python fast path for one kernel: ``fast(cfg, *args)``.
+
+    It takes contiguous torch tensors of the declared dtype, all on one device the kernel
+    is loaded on, and int/float scalars, on the thread ``owner[0]`` that loaded the kernel;
+    anything else goes to ``slow(cfg, args)``. A driver error goes to
+    ``fail(code, cfg, args)``. ``use_ex``: call ``cuLaunchKernelEx`` with ``cfg.lcref``
+    (else ``cuLaunchKernel``). ``check_device``: also check torch's current device (more
+    than one GPU). Returns ``(fast, source)``."""
+    ns: dict = {
+        "Tensor": torch.Tensor,
+        "cur_dev": getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device,
+        "raw_stream": torch_stream_getter(torch),
+        "devices": devices,
+        "owner": owner,
+        "get_ident": get_ident,
+        "pack": layout.struct.pack_into,
+        "buf": buf,
+        "params": c_void_p(params_arg),
+        "slow": slow,
+        "fail": fail,
+        "DEFAULT": DEFAULT,
+        "FLOATS": frozenset({float, int}),
+        "cstream": cstream,
+        "scache": _STREAMS,
+    }
+    ns["launch"] = (d.launch_ex if use_ex else d.launch) if d is not None else None
+    n = len(params)
+    names = [f"a{i}" for i in range(n)]
+    lines = [
+        "def fast(cfg, *args):",
+        f"    if len(args) != {n} or get_ident() != owner[0]:",
+        "        return slow(cfg, args)",
+        f"    {', '.join(names)}, = args",
+    ]
+    values = []
+    first = True
+    scalar_checks = []
+    for i, p in enumerate(params):
+        a = names[i]
+        if p.kind == "pointer":
+            dt = argmod.torch_dtype_for(p.code, torch)
+            if dt is not None:
+                ns[f"dt{i}"] = dt
+                dtcheck = f" or {a}.dtype is not dt{i}"
+            else:
+                dtcheck = ""
+            if first:
+                lines.append(f"    if type({a}) is not Tensor{dtcheck} or not {a}.is_contiguous():")
+                lines.append("        return slow(cfg, args)")
+                lines.append(f"    dev = {a}.get_device()")
+                first = False
+            else:
+                lines.append(
+                    f"    if type({a}) is not Tensor{dtcheck} or not {a}.is_contiguous() or {a}.get_device() != dev:"
+                )
+                lines.append("        return slow(cfg, args)")
+            values.append(f"{a}.data_ptr()")
+        else:
+            if p.code in ("f", "d", "e"):
+                scalar_checks.append(f"type({a}) not in FLOATS")
+            else:
+                scalar_checks.append(f"type({a}) is not int")
+            values.append(a)
+    if scalar_checks:
+        lines.append(f"    if {' or '.join(scalar_checks)}:")
+        lines.append("        return slow(cfg, args)")
+    lines += [
+        "    dv = devices[dev]",
+        "    if dev < 0 or cfg.check > dv.shm_fast"
+        + (" or cur_dev() != dev:" if check_device else ":"),
+        "        return slow(cfg, args)",
+        "    try:",
+        f"        pack(buf, 0, {', '.join(values)})",
+        "    except Exception:",
+        "        return slow(cfg, args)",
+    ]
+    if use_ex:
+        lines += [
+            "    if cfg.stream is DEFAULT:",
+            "        cfg.lc.hStream = raw_stream(dev)",
+            "    r = launch(cfg.lcref, dv.cfunc, params, None)",
+        ]
+    else:
+        lines += [
+            "    stream = cfg.stream",
+            "    if stream is DEFAULT:",
+            "        s = raw_stream(dev)",
+            "        stream = (scache.get(s) or cstream(s)) if s else None",
+            "    r = launch(dv.cfunc, cfg.gx, cfg.gy, cfg.gz, cfg.bx, cfg.by, cfg.bz, cfg.shmem,"
+            " stream, params, None)",
+        ]
+    lines += ["    if r:", "        return fail(r, cfg, args)"]
+    source = "\n".join(lines) + "\n"
+    code = compile(source, f"<cuforge fast launch of {kernel_name}>", "exec")
+    exec(code, ns)  # noqa: S102 - our own generated source
+    return ns["fast"], source
+
+
+def c_state(
+    module,
+    params: list,
+    layout,
+    buf,
+    array,
+    params_arg: int,
+    d,
+    entry: str,
+    check_device: bool,
+    slow,
+    fail,
+    devices: list[DeviceState],
+):
+    """A new C launcher state (``module.State``) for one argument layout, with every loaded
+    device of ``devices`` registered. ``entry``: "ex" calls ``cuLaunchKernelEx``, anything
+    else ``cuLaunchKernel``. ``buf`` and ``array`` are kept alive by the state."""
+    launch_ex = ctypes.cast(d.launch_ex, c_void_p).value if entry == "ex" else 0
+    state = module.State(
+        [c_kind(p) for p in params],
+        list(layout.offsets),
+        ctypes.addressof(buf),
+        params_arg or 0,
+        ctypes.cast(d.pydll.cuLaunchKernel, c_void_p).value,
+        launch_ex or 0,
+        1 if check_device else 0,
+        slow,
+        fail,
+        (buf, array),
+    )
+    for dev, dv in enumerate(devices):
+        if dv.func and dv.shm_fast >= 0:
+            state.set_device(dev, dv.func, dv.shm_fast)
+    return state
+
+
+def c_kind(p) -> int:
+    """The C launcher's kind number for parameter ``p`` (pointer or plain scalar)."""
+    return KINDS["ptr" if p.kind == "pointer" else p.code]
+
+
+def enable_torch(state, torch, params: list) -> None:
+    """Let the C launcher take torch tensors (exact ``torch.Tensor``, declared dtype)."""
+    t = torch.Tensor
+    state.set_torch(
+        t,
+        [argmod.torch_dtype_for(p.code, torch) if p.kind == "pointer" else None for p in params],
+        torch_stream_getter(torch),
+        getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device,
+        _class_attr(t, "dtype"),
+        t.is_contiguous,
+        t.get_device,
+        t.data_ptr,
+    )
+
+
+def enable_cupy(state, cupy, params: list) -> None:
+    """Let the C launcher take CuPy arrays (exact ``cupy.ndarray``, declared dtype)."""
+    import numpy
+
+    never = object()  # a pointee numpy cannot name (bfloat16): CuPy takes the slow path
+    dtypes = []
+    for p in params:
+        if p.kind != "pointer" or p.code is None:
+            dtypes.append(None)
+        else:
+            name = argmod.NUMPY_DTYPE_NAMES.get(p.code)
+            dtypes.append(numpy.dtype(name) if name else never)
+
+    def cupy_stream(get=cupy.cuda.get_current_stream):
+        return get().ptr
+
+    state.set_cupy(cupy.ndarray, dtypes, cupy_stream, cupy.cuda.runtime.getDevice)
+
+
+def _class_attr(cls, name: str):
+    """The descriptor ``name`` as defined on ``cls`` or a base (not bound to an instance)."""
+    for base in cls.__mro__:
+        if name in base.__dict__:
+            return base.__dict__[name]
+    raise AttributeError(name)
