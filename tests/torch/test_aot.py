@@ -7,7 +7,11 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from tests.conftest import child_env
+
+pytestmark = pytest.mark.slow  # builds a real extension
 
 _MODULE = textwrap.dedent(
     """

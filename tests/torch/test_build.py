@@ -23,6 +23,7 @@ def _build(spec):
     return build_extension(spec)
 
 
+@pytest.mark.slow
 def test_editing_one_tu_recompiles_only_that_tu(ext, torch_env):
     first = _build(ext.spec())
     assert first.source in ("built", "objects")
@@ -36,6 +37,7 @@ def test_editing_one_tu_recompiles_only_that_tu(ext, torch_env):
     assert second.key != first.key
 
 
+@pytest.mark.slow
 def test_header_edit_rebuilds_its_dependents_only(ext, torch_env):
     config = os.path.join(os.path.dirname(ext.kernels), "config.cuh")
     ext.write(config, "#define SAMPLE_BLOCK 256\n")
@@ -51,6 +53,7 @@ def test_header_edit_rebuilds_its_dependents_only(ext, torch_env):
     assert edited.compiled == ["kernels.cu"]
 
 
+@pytest.mark.slow
 def test_a_flags_change_rebuilds(ext, torch_env):
     _build(ext.spec())
     torch_env.reset()
@@ -60,6 +63,7 @@ def test_a_flags_change_rebuilds(ext, torch_env):
     assert result.compiled == ["kernels.cu"]
 
 
+@pytest.mark.slow
 def test_a_revert_rebuilds_nothing(ext, torch_env):
     original = ext.read(ext.kernels)
     a = _build(ext.spec())
@@ -97,6 +101,7 @@ def _child(code: str, **subs: object) -> str:
     return code
 
 
+@pytest.mark.slow
 def test_a_warm_load_in_a_fresh_process_starts_no_subprocess(ext, torch_env):
     _build(ext.spec())
     torch_env.reset()
@@ -110,6 +115,7 @@ def test_a_warm_load_in_a_fresh_process_starts_no_subprocess(ext, torch_env):
     assert torch_env.compiles() == 0 and torch_env.links() == 0
 
 
+@pytest.mark.slow
 def test_load_inline_with_the_same_inputs_does_not_rebuild(tmp_path, torch_env):
     code = """
     import json, ctypes
@@ -141,6 +147,7 @@ print(json.dumps({"source": last_build["source"], "path": last_build["path"]}))
 """
 
 
+@pytest.mark.slow
 def test_four_concurrent_loaders_build_once(ext, torch_env):
     _build(ext.spec())  # the binding is cached; now make a brand-new kernels TU
     ext.append_kernels("// a new variant for four loaders\n")
@@ -166,6 +173,7 @@ def test_four_concurrent_loaders_build_once(ext, torch_env):
     assert sorted(r["source"] for r in results).count("built") == 1
 
 
+@pytest.mark.slow
 def test_a_builder_killed_with_sigkill_does_not_block_the_next(ext, torch_env):
     _build(ext.spec())
     ext.append_kernels("// a variant whose first builder dies\n")
@@ -192,6 +200,7 @@ def test_a_builder_killed_with_sigkill_does_not_block_the_next(ext, torch_env):
     assert torch_env.compiles("kernels.cu") == 2
 
 
+@pytest.mark.slow
 def test_a_broken_source_gives_a_clear_error_and_the_fix_works(ext, torch_env):
     from cuforge.errors import CompileError
 
@@ -223,6 +232,7 @@ def test_no_gpu_and_no_arch_gives_the_clear_error(ext, torch_env, monkeypatch):
     assert torch_env.compiles() == 0
 
 
+@pytest.mark.slow
 def test_a_torch_library_extension_loads_with_is_python_module_false(ext, torch_env):
     code = """
     import json
@@ -240,6 +250,7 @@ def test_a_torch_library_extension_loads_with_is_python_module_false(ext, torch_
     assert got["out"] == [2.0, 2.0, 2.0] and got["scaled"] == [3.0, 3.0]
 
 
+@pytest.mark.slow
 def test_the_split_nvcc_pipeline_builds_a_working_module(ext, torch_env):
     """nvcc's host and device lanes run in parallel (forced here on the small kernels TU;
     by default only a .cu that includes torch's headers is split)."""
@@ -258,3 +269,80 @@ def test_the_split_nvcc_pipeline_builds_a_working_module(ext, torch_env):
     with open(os.path.join(ext.build_dir, "build.ninja"), encoding="utf-8") as f:
         assert "cuforge.torch.nvcc_split" in f.read()
     assert not os.path.exists(os.path.join(ext.build_dir, "kernels.cuda.o.split"))
+
+
+_CHECKED_CHILD = """
+import json
+import torch
+from cuforge.torch import load
+m = load(NAME, SOURCES, build_directory=BUILD)
+from cuforge.torch.build import last_build
+out = m.add(torch.ones(4), torch.full((4,), 2.0)).tolist()
+print(json.dumps({"source": last_build["source"], "path": last_build["path"], "out": out}))
+"""
+
+
+def _module_entry_payload(key: str) -> bytes:
+    from cuforge.store import default_store
+
+    entry = default_store().get(key)
+    assert entry is not None and entry.kind == "module"
+    return entry.payload
+
+
+@pytest.mark.slow
+def test_a_tampered_module_file_is_rewritten_from_the_store_before_import(ext, torch_env):
+    built = _build(ext.spec())
+    payload = _module_entry_payload(built.key)
+    with open(built.path, "rb") as f:
+        assert f.read() == payload
+    code = _child(_CHECKED_CHILD, NAME=EXT_NAME, SOURCES=ext.sources, BUILD=ext.build_dir)
+    # same size, different bytes: garbage in the middle of the ELF file
+    middle = len(payload) // 2
+    with open(built.path, "r+b") as f:
+        f.seek(middle)
+        f.write(b"\xcc" * 4096)
+    torch_env.reset()
+    got = run_python(code, child_env())
+    assert got["source"] == "cache" and got["path"] == built.path
+    assert got["out"] == [3.0, 3.0, 3.0, 3.0]
+    with open(built.path, "rb") as f:
+        assert f.read() == payload  # rewritten from the store entry, then imported
+    # a symlink planted in its place (to a file of the attacker's choosing) is replaced
+    decoy = os.path.join(os.path.dirname(ext.kernels), "decoy.so")
+    with open(decoy, "wb") as f:
+        f.write(payload[:1024])
+    os.unlink(built.path)
+    os.symlink(decoy, built.path)
+    got = run_python(code, child_env())
+    assert got["out"] == [3.0, 3.0, 3.0, 3.0]
+    assert not os.path.islink(built.path)
+    with open(built.path, "rb") as f:
+        assert f.read() == payload
+    with open(decoy, "rb") as f:
+        assert f.read() == payload[:1024]  # never written through the link
+    # group/other-writable: rewritten with a safe mode
+    os.chmod(built.path, 0o777)
+    got = run_python(code, child_env())
+    assert got["out"] == [3.0, 3.0, 3.0, 3.0]
+    assert os.stat(built.path).st_mode & 0o022 == 0
+    assert torch_env.compiles() == 0 and torch_env.links() == 0  # the store entry was intact
+
+
+@pytest.mark.slow
+def test_modules_load_from_a_private_dir_when_the_modules_dir_is_writable_by_others(ext, torch_env):
+    built = _build(ext.spec())
+    modules = os.path.dirname(os.path.dirname(built.path))
+    assert os.path.basename(modules) == "modules"
+    code = _child(_CHECKED_CHILD, NAME=EXT_NAME, SOURCES=ext.sources, BUILD=ext.build_dir)
+    mode = os.stat(modules).st_mode & 0o777
+    torch_env.reset()
+    os.chmod(modules, 0o777)
+    try:
+        got = run_python(code, child_env())
+    finally:
+        os.chmod(modules, mode)
+    assert got["out"] == [3.0, 3.0, 3.0, 3.0]
+    assert got["source"] == "cache"
+    assert not got["path"].startswith(modules)  # never imported from the untrusted dir
+    assert torch_env.compiles() == 0 and torch_env.links() == 0

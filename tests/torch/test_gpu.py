@@ -9,7 +9,7 @@ import pytest
 from tests.conftest import run_python
 from tests.torch.conftest import EXT_NAME
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.slow]  # builds real extensions
 
 
 def test_sample_ops_match_torch_on_the_gpu(ext):

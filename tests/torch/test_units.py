@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from cuforge.samples import torch_ext
 
 
@@ -103,18 +105,20 @@ def test_nvcc_split_plans_two_lanes_from_a_dry_run():
 def test_bench_build_parser_rows_and_table():
     import argparse
 
-    import pytest
-
     from cuforge.cli import bench_build
+    from cuforge.torch.bench import format_table, pick_rows
 
     parser = argparse.ArgumentParser()
     bench_build.add_parser(parser.add_subparsers())
     args = parser.parse_args(["bench-build", "--rows", "quick,torch_default", "--json"])
     assert args.func is bench_build.run
-    rows = bench_build._pick_rows(args.rows)
+    rows = args.rows
+    assert rows == pick_rows("quick,torch_default")
     assert rows[0] == "torch_jobs" and rows[-1] == "torch_default"
+    with pytest.raises(ValueError, match="no_such_row"):
+        pick_rows("no_such_row")
     with pytest.raises(SystemExit):
-        bench_build._pick_rows("no_such_row")
+        parser.parse_args(["bench-build", "--rows", "no_such_row"])
     doc = {
         "sources": ["ops.cu", "binding.cpp"],
         "layout": "classic",
@@ -139,6 +143,98 @@ def test_bench_build_parser_rows_and_table():
             {"row": "torch_ccache", "note": "ccache is not installed", "runs": []},
         ],
     }
-    table = bench_build.format_table(doc)
+    table = format_table(doc)
     assert "0.020x" in table and "compiled: ops.cu" in table
     assert "ccache is not installed" in table
+
+
+def test_ninja_build_lines_keep_paths_with_dollar_space_and_colon(tmp_path):
+    import subprocess
+
+    from cuforge.torch.ninja_build import _path, _q, ninja_path
+
+    names = ["plain.o", "a b.o", "c:d.o", "$e.o", "f$ g.o", "h$$i.o"]
+    text = ["rule touch", f"  command = {_q(['touch', '--'])} $out", ""]
+    text += [f"build {_path(str(tmp_path / n))}: touch" for n in names]
+    (tmp_path / "build.ninja").write_text("\n".join(text) + "\n")
+    done = subprocess.run(
+        [ninja_path(), "-C", str(tmp_path), "-t", "targets", "all"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    targets = {line.rsplit(": ", 1)[0] for line in done.stdout.splitlines()}
+    assert targets == {str(tmp_path / n) for n in names}
+    subprocess.run([ninja_path(), "-C", str(tmp_path)], capture_output=True, check=True)
+    assert all((tmp_path / n).is_file() for n in names)
+
+
+def test_parse_launchers_ignores_comments_and_preprocessor_lines():
+    from cuforge.torch.binding import parse_launchers
+
+    header = """
+    #pragma once
+    #define NOT_A_DECL(x) \\
+        void launch_fake(int x);
+    // void launch_commented(int x);
+    /* void launch_blocked(float y); */
+    void launch_add(const float* a /* input */, const float* b, // second input
+                    float* out, int64_t n, cudaStream_t stream);
+    """
+    found = parse_launchers(header)
+    assert list(found) == ["launch_add"]
+    assert found["launch_add"] == [
+        ("const float*", "a"),
+        ("const float*", "b"),
+        ("float*", "out"),
+        ("int64_t", "n"),
+        ("cudaStream_t", "stream"),
+    ]
+
+
+def test_launcher_comes_from_the_argument_or_the_setting(tmp_path, monkeypatch):
+    from cuforge.torch.flags import launcher
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "ccache"
+    fake.write_text('#!/bin/sh\nexec "$@"\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    monkeypatch.delenv("CUFORGE_TORCH_LAUNCHER", raising=False)
+    assert launcher() is None
+    assert launcher("ccache") == str(fake)
+    monkeypatch.setenv("CUFORGE_TORCH_LAUNCHER", "Auto")
+    assert launcher() == str(fake)  # sccache is not installed, ccache is
+    monkeypatch.setenv("CUFORGE_TORCH_LAUNCHER", "off")
+    assert launcher() is None
+    monkeypatch.setenv("CUFORGE_TORCH_LAUNCHER", "sccache")
+    assert launcher() is None  # asked for, not installed
+
+
+def test_an_untrusted_cache_dir_is_not_used_for_builds_modules_or_memos(tmp_path, monkeypatch):
+    import json
+
+    from cuforge.torch import build, flags
+
+    key = "ab" * 32
+    cache = tmp_path / "cache"
+    (cache / "torch").mkdir(parents=True)
+    cache.chmod(0o700)
+    monkeypatch.setenv("CUFORGE_CACHE_DIR", str(cache))
+    assert build.module_dir(key) == str(cache / "torch" / "modules" / key)
+    assert build.default_build_directory("ext") == str(cache / "torch" / "build" / "ext")
+    planted = {"nvidia": {"x": {"include": [str(tmp_path)], "lib": []}}}
+    (cache / "torch" / "paths.json").write_text(json.dumps(planted))
+    assert flags._load_memo() == planted
+    for loose in (cache, cache / "torch"):
+        loose.chmod(0o777)  # writable by anyone: whoever writes it could plant a module
+        try:
+            assert not build.module_dir(key).startswith(str(cache))
+            assert build.module_dir(key).endswith(os.path.join("torch", "modules", key))
+            assert not build.default_build_directory("ext").startswith(str(cache))
+            assert flags._load_memo() == {}  # a planted memo could name the include dirs
+        finally:
+            loose.chmod(0o700)
+    with pytest.raises(ValueError, match="not a cuforge key"):
+        build.module_dir("../../etc")

@@ -16,6 +16,8 @@ a cached link and a warm load that runs no subprocess.
   ``.cu`` without torch headers (the fast-edit layout)
 * :func:`build_extension` -- the build alone (no import): a :class:`BuildSpec` in, a
   :class:`BuildResult` out
+* :func:`bench_build` -- how long builds take here, torch's ``load()`` against cuforge's
+  (``cuforge bench-build`` on the command line)
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ __all__ = [
     "CppExtension",
     "generate_binding",
     "Op",
+    "bench_build",
 ]
 
 _LAZY = {
@@ -44,6 +47,7 @@ _LAZY = {
     "CppExtension": ("cuforge.torch.aot", "CppExtension"),
     "generate_binding": ("cuforge.torch.binding", "generate_binding"),
     "Op": ("cuforge.torch.binding", "Op"),
+    "bench_build": ("cuforge.torch.bench", "bench_build"),
 }
 
 

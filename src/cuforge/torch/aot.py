@@ -20,7 +20,6 @@ GPU's, else ``CUFORGE_ARCH`` / ``TORCH_CUDA_ARCH_LIST`` (several archs are built
 from __future__ import annotations
 
 import os
-import shutil
 
 from setuptools import Extension
 from setuptools.command.build_ext import build_ext
@@ -96,9 +95,8 @@ class BuildExtension(build_ext):
             preset=self.cuforge_preset,
         )
         result = build(spec)
+        from cuforge._fs import atomic_write, read_bytes
+
         target = self.get_ext_fullpath(ext.name)
         os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
-        tmp = f"{target}.{os.getpid()}.tmp"
-        shutil.copyfile(result.path, tmp)
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, target)
+        atomic_write(target, read_bytes(result.path), mode=0o755)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import os
 
-from cuforge.torch.build import BuildSpec, build
+from cuforge._fs import write_if_changed
+from cuforge.torch.build import BuildSpec, build, default_build_directory
 
 __all__ = ["load", "load_inline", "import_module"]
 
@@ -100,17 +101,9 @@ def load(
 
 
 def _write_source(path: str, text: str) -> None:
-    """Write only when the content differs (keeps the stat memo warm), atomically."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            if f.read() == text:
-                return
-    except OSError:
-        pass
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    """Write only when the content differs (keeps the stat memo and ninja's view of the
+    file unchanged), atomically."""
+    write_if_changed(path, text, mode=0o644)
 
 
 def load_inline(
@@ -147,11 +140,7 @@ def load_inline(
     a precompiled header did not pay for itself on 2 cores (see docs/benchmarks.md)."""
     if sycl_sources or extra_sycl_cflags or with_sycl:
         raise NotImplementedError("cuforge.torch builds CUDA and C++ extensions, not SYCL")
-    from cuforge.config import settings
-
-    build_directory = os.path.abspath(
-        build_directory or os.path.join(settings().cache_dir, "torch", "build", name)
-    )
+    build_directory = os.path.abspath(build_directory or default_build_directory(name))
     os.makedirs(build_directory, exist_ok=True)
     cpp_sources = [cpp_sources] if isinstance(cpp_sources, str) else list(cpp_sources)
     cuda_sources = cuda_sources or []

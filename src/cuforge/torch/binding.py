@@ -67,24 +67,11 @@ class Op:
         self.doc = doc or name
 
 
-def _strip_comments(text: str) -> str:
-    out, i = [], 0
-    while i < len(text):
-        if text.startswith("//", i):
-            j = text.find("\n", i)
-            i = len(text) if j < 0 else j
-        elif text.startswith("/*", i):
-            j = text.find("*/", i + 2)
-            i = len(text) if j < 0 else j + 2
-        else:
-            out.append(text[i])
-            i += 1
-    return "".join(out)
-
-
 def parse_launchers(header_text: str) -> dict[str, list[tuple[str, str]]]:
     """``{launcher name: [(type, parameter name), ...]}`` for each ``void f(...);``."""
-    code = _strip_comments(header_text).splitlines()
+    from cuforge.runtime.signature import strip_comments
+
+    code = strip_comments(header_text).splitlines()
     text = " ".join(" ".join(ln for ln in code if not ln.lstrip().startswith("#")).split())
     found: dict[str, list[tuple[str, str]]] = {}
     for stmt in text.split(";"):
@@ -227,14 +214,7 @@ def generate_binding(
     text = "\n".join(parts) + "\n"
     if output is None:
         return text
-    try:
-        with open(output, encoding="utf-8") as f:
-            if f.read() == text:
-                return output
-    except OSError:
-        pass
-    tmp = f"{output}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, output)
+    from cuforge._fs import write_if_changed
+
+    write_if_changed(output, text, mode=0o644)
     return output

@@ -5,7 +5,8 @@ helper share)::
 
     plan    sources, flags, archs, toolchain -> the *load key* (no compiler, no subprocess)
     direct  load-key manifest -> re-check its user headers (stat memo) -> module key
-            -> the module, materialized at <cache_dir>/torch/modules/<key>/<name>.so
+            -> the module, materialized at <cache_dir>/torch/modules/<key>/<name>.so and
+            checked against its store entry before it is imported (see "modules on disk")
     build   (under the load key's single-flight lock, then the build dir's lock)
             every TU: its own manifest -> object key -> object from the store, or compile
             objects' keys + ldflags -> link key -> module from the store, or link
@@ -21,7 +22,9 @@ Keys (all :class:`cuforge.key.KeyBuilder`):
   /usr/include) are covered by those identities instead of being hashed one by one.
 * link key = the objects' keys in order + the link flags + the host compiler.
 * load key = everything the build depends on except header contents; its manifest maps
-  header contents to the link key (a direct-mode manifest, like ccache's).
+  header contents to the link key (a direct-mode manifest, like ccache's: the format of
+  :mod:`cuforge.manifest`, shared with the kernel pipeline; a TU key's manifest maps them
+  to the object key the same way).
 
 Paths under the sources' root and the build dir are written as placeholders in every
 key, so another checkout or build dir hits the same entries.
@@ -33,15 +36,24 @@ import os
 import sys
 import time
 
+from cuforge import manifest
+from cuforge._fs import atomic_write, locked, read_bytes, trust_problem, write_if_changed
 from cuforge.config import settings
 from cuforge.deps import file_digest
 from cuforge.key import KeyBuilder
 from cuforge.torch import flags as _flags
 
-__all__ = ["BuildSpec", "Plan", "BuildResult", "plan", "build", "counters", "last_build"]
-
-#: how many header variants a manifest remembers (A -> B -> A needs 2)
-MAX_VARIANTS = 8
+__all__ = [
+    "BuildSpec",
+    "Plan",
+    "BuildResult",
+    "plan",
+    "build",
+    "counters",
+    "last_build",
+    "module_dir",
+    "default_build_directory",
+]
 
 #: process-wide counters (tests and bench-build read them)
 counters = {"compiles": 0, "links": 0, "object_hits": 0, "module_hits": 0, "warm": 0}
@@ -101,9 +113,7 @@ class BuildSpec:
         self.extra_cuda_cflags = list(extra_cuda_cflags or ())
         self.extra_ldflags = list(extra_ldflags or ())
         self.extra_include_paths = list(extra_include_paths or ())
-        self.build_directory = os.path.abspath(
-            build_directory or os.path.join(settings().cache_dir, "torch", "build", name)
-        )
+        self.build_directory = os.path.abspath(build_directory or default_build_directory(name))
         self.verbose = verbose
         self.with_cuda = (
             any(map(_flags.is_cuda_file, sources)) if with_cuda is None else bool(with_cuda)
@@ -160,6 +170,7 @@ class Plan:
         "jobs",
         "jobs_why",
         "target",
+        "launcher",
     )
 
 
@@ -254,6 +265,7 @@ def plan(spec: BuildSpec) -> Plan:
     p.spec = spec
     p.env = env = _flags.build_env()
     p.archs = _archs(spec)
+    p.launcher = _flags.launcher(spec.launcher)
     from cuforge.torch.jobs import job_count
 
     p.jobs, p.jobs_why = job_count()
@@ -307,7 +319,7 @@ def plan(spec: BuildSpec) -> Plan:
     load.text(
         "mode",
         f"cuda={spec.with_cuda} python_module={spec.is_python_module} "
-        f"standalone={spec.is_standalone} launcher={bool(_launcher(spec))}",
+        f"standalone={spec.is_standalone} launcher={bool(p.launcher)}",
     )
     p.load_fields = load.fields
     p.load_key = load.hexdigest()
@@ -324,36 +336,9 @@ def _store():
     return default_store()
 
 
-def _read_manifest(store, key: str) -> list[dict]:
-    if store is None:
-        return []
-    entry = store.get(key)
-    if entry is None:
-        return []
-    import json
-
-    try:
-        data = json.loads(entry.payload)
-        variants = data["variants"]
-    except (ValueError, KeyError, TypeError):
-        return []
-    return [v for v in variants if isinstance(v, dict) and isinstance(v.get("headers"), dict)]
-
-
-def _write_manifest(store, key: str, name: str, variant: dict) -> None:
-    if store is None:
-        return
-    import json
-
-    from cuforge.store.base import Entry
-
-    variants = [v for v in _read_manifest(store, key) if v != variant]
-    variants.insert(0, variant)
-    payload = json.dumps({"variants": variants[:MAX_VARIANTS]}, sort_keys=True).encode()
-    store.put(Entry(key, "manifest", payload, {"name": name}))
-
-
 def _resolve(p: Plan, path: str) -> str:
+    """A recorded header path (placeholders for the sources' root and the build dir) on
+    this machine."""
     if path.startswith(_SRC):
         return p.root + path[len(_SRC) :]
     if path.startswith(_BUILD):
@@ -361,62 +346,170 @@ def _resolve(p: Plan, path: str) -> str:
     return path
 
 
-def _match(p: Plan, variants: list[dict]) -> dict | None:
-    """The first variant whose headers all still have the recorded contents."""
-    for variant in variants:
-        for path, digest in variant["headers"].items():
-            if file_digest(_resolve(p, path)) != digest:
-                break
-        else:
-            return variant
-    return None
+def _match(p: Plan, store, base_digest: str) -> manifest.Variant | None:
+    """The newest variant of ``base_digest``'s manifest whose headers all still have the
+    recorded contents, when its target is a well-formed key."""
+    variants = manifest.read_variants(store, manifest.manifest_key(base_digest))
+    found = manifest.match(variants, lambda path: _resolve(p, path))
+    if found is None or not _is_key(found[0].target):
+        return None
+    return found[0]
 
 
 # ------------------------------------------------------------------ modules on disk
+#
+# Whoever can write the cache dir can make this process run their code (a module file is
+# imported, i.e. executed). So a module file is imported from the cache dir only when:
+#   * the cache dir and the directories cuforge made in it pass cuforge._fs.trust_problem
+#     (owned by this user, not writable by group or others); otherwise modules are
+#     written to and imported from a private temp dir of this process;
+#   * its path is derived again from the link key (never read from an entry or a memo),
+#     and the key is checked to be a key (64 hex digits: no path can hide in it);
+#   * it is a regular file (not a symlink), owned by this user, not group/other-writable,
+#     and its bytes are those of the store entry it was written from: its SHA-256 is the
+#     one the load manifest recorded for that entry's payload (no entry read on a warm
+#     load), or else its bytes equal the entry's payload; otherwise it is written again
+#     from the entry before it is imported.
+# Within a trusted dir only this user can change a file between the check and the import.
+# Module files are not fsynced: a torn one fails the check and is written again.
+
+_HEX = frozenset("0123456789abcdef")
+
+_private: list[str] = []  # this process's private temp dir, made on first use
+_warned: set[str] = set()
+
+
+def _is_key(text: str) -> bool:
+    return len(text) == 64 and _HEX.issuperset(text)
+
+
+def _private_dir() -> str:
+    """A directory only this process writes (mode 0700, removed at exit)."""
+    if not _private:
+        import atexit
+        import shutil
+        import tempfile
+
+        path = tempfile.mkdtemp(prefix="cuforge-torch-")
+        atexit.register(shutil.rmtree, path, True)
+        _private.append(path)
+    return _private[0]
+
+
+def _trusted_path(*parts: str) -> str:
+    """``<cache_dir>/<parts...>`` when the cache dir and each directory below it on the
+    way pass :func:`cuforge._fs.trust_problem`; else the same path under this process's
+    private temp dir (and a warning, once per cache dir)."""
+    cache = settings().cache_dir
+    path = cache
+    problem = trust_problem(path)
+    for part in parts[:-1]:
+        if problem is not None:
+            break
+        path = os.path.join(path, part)
+        problem = trust_problem(path)
+    if problem is None:
+        return os.path.join(cache, *parts)
+    if cache not in _warned:
+        _warned.add(cache)
+        import logging
+
+        logging.getLogger("cuforge").warning(
+            "cuforge.torch: not using %s for extension builds and modules: %s. Building "
+            "and loading from a private temp dir instead (nothing is reused across "
+            "processes until this is fixed).",
+            cache,
+            problem,
+        )
+    return os.path.join(_private_dir(), *parts)
+
+
+def default_build_directory(name: str) -> str:
+    """Where an extension builds when no ``build_directory`` is given:
+    ``<cache_dir>/torch/build/<name>``, or a private temp dir when the cache dir cannot
+    be trusted."""
+    return _trusted_path("torch", "build", name)
 
 
 def module_dir(key: str) -> str:
-    return os.path.join(settings().cache_dir, "torch", "modules", key)
+    """The directory of the module built for link key ``key``:
+    ``<cache_dir>/torch/modules/<key>``, or under a private temp dir when the cache dir
+    cannot be trusted. Raises ValueError when ``key`` is not a key."""
+    if not _is_key(key):
+        raise ValueError(f"{key!r} is not a cuforge key (64 lowercase hex digits)")
+    return _trusted_path("torch", "modules", key)
 
 
-def _atomic_write(path: str, data: bytes, mode: int = 0o755) -> None:
-    directory = os.path.dirname(path)
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
+def _safe_module_bytes(path: str) -> bytes | None:
+    """The bytes of ``path`` when it is a regular file (not a symlink) owned by this user
+    and not writable by group or others; else None."""
+    import stat
+
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        return None
+    try:
+        return read_bytes(path)
+    except OSError:
+        return None
 
 
-def _materialized(p: Plan, link_key: str, store) -> str | None:
-    """The module file for ``link_key``: already on disk, or written from the store."""
-    path = os.path.join(module_dir(link_key), p.target)
-    if os.path.isfile(path):
+def _write_module(path: str, payload: bytes) -> str:
+    """Write the module file ``path`` (mode 0755, a planted file or link is replaced);
+    where that fails (a read-only or full cache dir), write it in the private temp dir.
+    Returns where it was written."""
+    try:
+        atomic_write(path, payload, mode=0o755)
         return path
+    except OSError as exc:
+        fallback = os.path.join(_private_dir(), "modules", *path.split(os.sep)[-2:])
+        import logging
+
+        logging.getLogger("cuforge").warning(
+            "cuforge.torch: cannot write %s (%s); loading the module from %s",
+            path,
+            exc.strerror or exc,
+            fallback,
+        )
+        atomic_write(fallback, payload, mode=0o755)
+        return fallback
+
+
+def _materialized(p: Plan, link_key: str, store, digest: str = "") -> str | None:
+    """The module file for ``link_key``, checked before it is imported: its SHA-256 must be
+    ``digest`` (the digest of the module entry's payload, recorded in the load manifest),
+    else its bytes must be the entry's; otherwise it is written again from the entry.
+    None when the store has no such entry."""
+    from cuforge.key import bytes_digest
+
+    path = os.path.join(module_dir(link_key), p.target)
+    if digest:
+        data = _safe_module_bytes(path)
+        if data is not None and bytes_digest(data) == digest:
+            return path  # the copy of the entry it was written from: no entry read
     if store is None:
         return None
     entry = store.get(link_key)
-    if entry is None:
+    if entry is None or entry.kind != "module":
         return None
-    _atomic_write(path, entry.payload)
-    return path
+    if _safe_module_bytes(path) == entry.payload:
+        return path
+    return _write_module(path, entry.payload)
 
 
 def direct_lookup(p: Plan, store=None) -> tuple[str, str] | None:
     """(module path, link key) when the load key's manifest matches, else None. No
-    subprocess, no compiler: stat (and, for changed files, hash) the recorded headers."""
+    subprocess, no compiler: stat (and, for changed files, hash) the recorded headers,
+    then check the module file (see "modules on disk")."""
     store = _store() if store is None else store
-    variant = _match(p, _read_manifest(store, p.load_key))
+    variant = _match(p, store, p.load_key)
     if variant is None:
         return None
-    link_key = variant.get("module")
-    if not isinstance(link_key, str):
-        return None
-    path = _materialized(p, link_key, store)
-    return None if path is None else (path, link_key)
+    path = _materialized(p, variant.target, store, variant.digest)
+    return None if path is None else (path, variant.target)
 
 
 # ------------------------------------------------------------------ building
@@ -460,23 +553,23 @@ def _record(result: BuildResult) -> None:
 
 
 def _build_locked(p: Plan, store) -> BuildResult:
-    from filelock import FileLock
-
     spec = p.spec
     os.makedirs(spec.build_directory, exist_ok=True)
-    with FileLock(os.path.join(spec.build_directory, "lock")):
+    with locked(os.path.join(spec.build_directory, "lock")):
         return _build_in_dir(p, store)
 
 
 def _object_lookup(p: Plan, tu: TU, store) -> bytes | None:
-    variant = _match(p, _read_manifest(store, tu.key.hexdigest()))
-    if variant is None or not isinstance(variant.get("object"), str):
+    if store is None:
         return None
-    entry = store.get(variant["object"]) if store is not None else None
-    if entry is None:
+    variant = _match(p, store, tu.key.hexdigest())
+    if variant is None:
         return None
-    tu.okey = variant["object"]
-    tu.headers = variant["headers"]
+    entry = store.get(variant.target)
+    if entry is None or entry.kind != "object":
+        return None
+    tu.okey = variant.target
+    tu.headers = dict(variant.headers)
     return entry.payload
 
 
@@ -505,7 +598,7 @@ def _build_in_dir(p: Plan, store) -> BuildResult:
             continue
         counters["object_hits"] += 1
         reused.append(tu.rel)
-        _write_if_changed(obj_path, data)
+        write_if_changed(obj_path, data, mode=0o644)
     _say(spec, p.jobs_why)
     link_key = None
     if not todo:
@@ -513,7 +606,7 @@ def _build_in_dir(p: Plan, store) -> BuildResult:
         path = _materialized(p, link_key, store)
         if path is not None:
             counters["module_hits"] += 1
-            _remember_load(p, store, link_key)
+            _remember_load(p, store, link_key, _module_digest(path))
             return BuildResult(path, link_key, "objects", reused=reused)
     from cuforge.torch import ninja_build
 
@@ -527,10 +620,8 @@ def _build_in_dir(p: Plan, store) -> BuildResult:
     for tu in todo:
         _record_object(p, tu, store, seconds / max(1, len(todo)))
     link_key = _link_key(p)
-    with open(os.path.join(bdir, p.target), "rb") as f:
-        payload = f.read()
-    path = os.path.join(module_dir(link_key), p.target)
-    _atomic_write(path, payload)
+    payload = read_bytes(os.path.join(bdir, p.target))
+    path = _write_module(os.path.join(module_dir(link_key), p.target), payload)
     if store is not None:
         from cuforge.store.base import Entry
 
@@ -542,21 +633,12 @@ def _build_in_dir(p: Plan, store) -> BuildResult:
                 {"name": spec.name, "compile_seconds": seconds, "arch": ",".join(p.archs)},
             )
         )
-    _remember_load(p, store, link_key)
+    from cuforge.key import bytes_digest
+
+    _remember_load(p, store, link_key, bytes_digest(payload))
     return BuildResult(
         path, link_key, "built", compiled=[t.rel for t in todo], reused=reused, linked=True
     )
-
-
-def _write_if_changed(path: str, data: bytes) -> None:
-    try:
-        if os.path.getsize(path) == len(data):
-            with open(path, "rb") as f:
-                if f.read() == data:
-                    return
-    except OSError:
-        pass
-    _atomic_write(path, data, 0o644)
 
 
 def _user_headers(p: Plan, tu: TU, depfile: str) -> dict[str, str]:
@@ -589,8 +671,7 @@ def _record_object(p: Plan, tu: TU, store, seconds: float) -> None:
         return
     from cuforge.store.base import Entry
 
-    with open(obj_path, "rb") as f:
-        payload = f.read()
+    payload = read_bytes(obj_path)
     store.put(
         Entry(
             tu.okey,
@@ -604,14 +685,32 @@ def _record_object(p: Plan, tu: TU, store, seconds: float) -> None:
             },
         )
     )
-    _write_manifest(store, tu.key.hexdigest(), tu.rel, {"headers": tu.headers, "object": tu.okey})
+    manifest.write_variant(
+        store,
+        manifest.manifest_key(tu.key.hexdigest()),
+        tu.rel,
+        manifest.Variant(tu.headers, (), tu.okey),
+    )
 
 
-def _remember_load(p: Plan, store, link_key: str) -> None:
+def _module_digest(path: str) -> str:
+    """SHA-256 of the module file just checked against (or written from) its entry."""
+    from cuforge.key import bytes_digest
+
+    return bytes_digest(read_bytes(path))
+
+
+def _remember_load(p: Plan, store, link_key: str, digest: str) -> None:
+    """Record in the load key's manifest: these headers -> this module (and its digest)."""
     headers: dict[str, str] = {}
     for tu in p.tus:
         headers.update(tu.headers)
-    _write_manifest(store, p.load_key, p.spec.name, {"headers": headers, "module": link_key})
+    manifest.write_variant(
+        store,
+        manifest.manifest_key(p.load_key),
+        p.spec.name,
+        manifest.Variant(headers, (), link_key, digest),
+    )
 
 
 _TORCH_INCLUDES = ("<torch/", "<ATen/", "<c10/", "<pybind11/", '"torch/', '"ATen/')
@@ -623,9 +722,7 @@ def _split_wanted(spec: BuildSpec, p: Plan, tu: TU) -> bool:
     ``split=`` or ``CUFORGE_TORCH_SPLIT`` (0/1) overrides."""
     choice = spec.split
     if choice is None:
-        env = (os.environ.get("CUFORGE_TORCH_SPLIT") or "").strip().lower()
-        if env:
-            choice = env not in ("0", "off", "no", "false")
+        choice = settings().torch_split
     if choice is not None:
         return bool(choice)
     if p.jobs < 2:
@@ -636,18 +733,3 @@ def _split_wanted(spec: BuildSpec, p: Plan, tu: TU) -> bool:
     except OSError:
         return False
     return any(inc in text for inc in _TORCH_INCLUDES)
-
-
-def _launcher(spec: BuildSpec) -> str | None:
-    """The compiler launcher to use: ``launcher=`` or ``CUFORGE_TORCH_LAUNCHER``
-    (``ccache``, ``sccache`` or ``auto``), when that program is installed."""
-    choice = spec.launcher or os.environ.get("CUFORGE_TORCH_LAUNCHER") or ""
-    choice = choice.strip()
-    if not choice or choice.lower() in ("0", "off", "none", "no"):
-        return None
-    candidates = ("sccache", "ccache") if choice.lower() == "auto" else (choice,)
-    for c in candidates:
-        found = _flags._which(c)
-        if found:
-            return found
-    return None

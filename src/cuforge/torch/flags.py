@@ -19,10 +19,12 @@ and :func:`link_flags` those of the link, with the presets of :data:`PRESETS` ap
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 
+from cuforge.arch import gencode_flags
 from cuforge.config import settings
-from cuforge.toolchain import file_stat_key, write_json_atomic
+from cuforge.deps import stat_signature
 
 __all__ = [
     "PRESETS",
@@ -31,9 +33,10 @@ __all__ = [
     "build_env",
     "compile_flags",
     "link_flags",
-    "arch_flags",
     "is_cuda_file",
     "tool_identity",
+    "launcher",
+    "trusted_memo_dir",
 ]
 
 #: torch's own nvcc flags (cpp_extension.COMMON_NVCC_FLAGS), kept identical so that code
@@ -72,33 +75,67 @@ def is_cuda_file(path: str) -> bool:
 # ------------------------------------------------------------------ small JSON memo
 
 
-def _memo_path() -> str:
-    return os.path.join(settings().cache_dir, "torch", "paths.json")
+def trusted_memo_dir() -> str | None:
+    """``<cache_dir>/torch`` when the cache dir (and that subdirectory) passes
+    :func:`cuforge._fs.trust_problem`, else None: an untrusted memo could name the include
+    dirs a build uses, so it is neither read nor written then."""
+    from cuforge._fs import trust_problem
+
+    cache = settings().cache_dir
+    directory = os.path.join(cache, "torch")
+    if trust_problem(cache) is not None or trust_problem(directory) is not None:
+        return None
+    return directory
+
+
+def _memo_path() -> str | None:
+    directory = trusted_memo_dir()
+    return None if directory is None else os.path.join(directory, "paths.json")
 
 
 def _load_memo() -> dict:
+    path = _memo_path()
+    if path is None:
+        return {}
     import json
 
+    from cuforge._fs import read_bytes
+
     try:
-        with open(_memo_path(), "rb") as f:
-            data = json.loads(f.read())
+        data = json.loads(read_bytes(path, max_bytes=1 << 20))
     except (OSError, ValueError):
-        return {}
+        return {}  # missing, too big, not a regular file or not JSON: probe again
     return data if isinstance(data, dict) else {}
 
 
 def _save_memo(memo: dict) -> None:
-    write_json_atomic(_memo_path(), memo)
+    """Best effort: the memo only saves probes, so a write that fails is skipped."""
+    path = _memo_path()
+    if path is None:
+        return
+    import json
+
+    from cuforge._fs import atomic_write
+
+    try:
+        atomic_write(path, json.dumps(memo, indent=1, sort_keys=True))
+    except OSError:
+        pass  # read-only or full cache dir: the next process probes again
 
 
-def _which(program: str) -> str | None:
-    if os.sep in program:
-        return os.path.abspath(program) if os.access(program, os.X_OK) else None
-    for directory in (os.environ.get("PATH") or "").split(os.pathsep):
-        if directory:
-            candidate = os.path.join(directory, program)
-            if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-                return candidate
+def launcher(choice: str | None = None) -> str | None:
+    """The compiler launcher a build uses: ``choice`` (``load(launcher=...)``), else
+    ``CUFORGE_TORCH_LAUNCHER``: ``ccache``, ``sccache``, a path, or ``auto`` (sccache, then
+    ccache). None when none is asked for (``""``, ``0``, ``off``, ``none``, ``no``) or the
+    program is not installed."""
+    choice = (choice or settings().torch_launcher or "").strip()
+    if not choice or choice.lower() in ("0", "off", "none", "no"):
+        return None
+    candidates = ("sccache", "ccache") if choice.lower() == "auto" else (choice,)
+    for candidate in candidates:
+        found = shutil.which(candidate)
+        if found:
+            return found
     return None
 
 
@@ -109,7 +146,7 @@ def tool_identity(program: str) -> str:
     """``<program> --version`` of a host tool (the C++ compiler), remembered by the
     executable's (real path, size, mtime) in this process and in ``paths.json``: a warm
     process runs no subprocess to learn it."""
-    path = _which(program)
+    path = shutil.which(program)
     if path is None:
         from cuforge.errors import ToolchainError
 
@@ -118,7 +155,8 @@ def tool_identity(program: str) -> str:
             "`apt-get install g++`) or set CXX to a C++ compiler."
         )
     real = os.path.realpath(path)
-    sig = file_stat_key(real)
+    stat = stat_signature(real)
+    sig = list(stat) if stat is not None else None
     memo_key = (real, tuple(sig or ()))
     found = _tool_memo.get(memo_key)
     if found is not None:
@@ -295,19 +333,6 @@ def _nvidia_dirs() -> tuple[tuple[str, ...], tuple[str, ...]]:
 # ------------------------------------------------------------------ flags
 
 
-def arch_flags(archs: tuple[str, ...], ptx: bool = False) -> list[str]:
-    """``-gencode`` flags for ``sm_XY`` archs (torch's spelling), plus PTX of the last one
-    when ``ptx``."""
-    flags = []
-    for arch in archs:
-        num = arch.split("_", 1)[1]
-        flags.append(f"-gencode=arch=compute_{num},code=sm_{num}")
-    if ptx and archs:
-        num = archs[-1].split("_", 1)[1]
-        flags.append(f"-gencode=arch=compute_{num},code=compute_{num}")
-    return flags
-
-
 def has_arch_flag(flags) -> bool:
     return any(
         f.startswith(("-arch", "--gpu-architecture", "-gencode", "--generate-code", "-code"))
@@ -350,7 +375,7 @@ def compile_flags(
         return cflags, []
     cuda = common + list(COMMON_NVCC_FLAGS)
     if not has_arch_flag(extra_cuda_cflags):
-        cuda += arch_flags(archs)
+        cuda += gencode_flags(archs)
     cuda += ["--compiler-options", "-fPIC", *cuda_preset]
     if fast_math:
         cuda.append("--use_fast_math")

@@ -51,21 +51,30 @@ def ninja_path() -> str:
 
 
 def _q(args) -> str:
-    return " ".join(shlex.quote(a).replace("$", "$$") for a in args)
+    """A shell-quoted command line as the value of a ninja variable."""
+    from ninja.ninja_syntax import escape
+
+    for a in args:
+        if "\n" in a:
+            raise ValueError(f"a build flag holds a newline, which ninja cannot express: {a!r}")
+    return " ".join(escape(shlex.quote(a)) for a in args)
 
 
 def _path(p: str) -> str:
+    """A path in a ``build`` line. Not ``ninja.ninja_syntax.escape_path``: it leaves a
+    ``$`` that no space follows as it is, so ninja would expand ``$name`` inside a path;
+    here every ``$`` is escaped first, then spaces and colons."""
     return p.replace("$", "$$").replace(" ", "$ ").replace(":", "$:")
 
 
 def write(p, todo) -> str:
-    """Write ``<build_dir>/build.ninja`` for the TUs in ``todo`` and the link. Returns its path."""
+    """Write ``<build_dir>/build.ninja`` for the TUs in ``todo`` and the link (only when its
+    text changed). Returns its path."""
+    from cuforge._fs import write_if_changed
     from cuforge.toolchain import nvcc_path
-    from cuforge.torch.build import _launcher
 
     spec = p.spec
-    launcher = _launcher(spec)
-    pre = [launcher] if launcher else []
+    pre = [p.launcher] if p.launcher else []
     lines = ["ninja_required_version = 1.3", f"cxx = {_q(pre + [p.env.cxx])}"]
     if spec.with_cuda:
         lines.append(f"nvcc = {_q(pre + [nvcc_path()])}")
@@ -97,11 +106,7 @@ def write(p, todo) -> str:
     lines.append(f"build {_path(p.target)}: link {objects}")
     lines.append(f"default {_path(p.target)}")
     path = os.path.join(spec.build_directory, "build.ninja")
-    text = "\n".join(lines) + "\n"
-    tmp = path + f".{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    write_if_changed(path, "\n".join(lines) + "\n", mode=0o644)
     return path
 
 
@@ -123,8 +128,11 @@ def run(p, todo) -> None:
         cmd.append("-v")
     env = dict(os.environ)
     env["NINJA_STATUS"] = _STATUS + "[%f/%t] "
+    from cuforge._fs import open_regular
+
     log_path = os.path.join(bdir, "build.log")
-    with open(log_path, "wb") as log:
+    fd = open_regular(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    with os.fdopen(fd, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
         assert proc.stdout is not None
         chunks: list[bytes] = []
