@@ -82,10 +82,18 @@ def compile_file(
     when compiled in place. Same arguments as :func:`compile`; the name is the file's name."""
     path = os.fspath(path)
     try:
-        with open(path, encoding="utf-8") as f:
-            source = f.read()
+        with open(path, "rb") as f:
+            raw = f.read()
     except OSError as exc:
         raise FileNotFoundError(f"cannot read CUDA source {path!r}: {exc.strerror}") from None
+    try:
+        source = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ValueError(
+            f"{path}: not UTF-8 text: byte 0x{raw[exc.start]:02x} at offset {exc.start} "
+            f"(line {line}) cannot be decoded. Save the file as UTF-8."
+        ) from None
     return compile_cached(
         source,
         name=os.path.basename(path),

@@ -7,9 +7,10 @@ How a call is answered, fastest first:
    snapshot find the earlier result; its headers are re-checked with one ``stat`` each
    (and include paths that did not exist must still not exist). ~1 microsecond.
 2. **Direct mode** (as ccache): a *base key* of source + options + arch + toolchain +
-   allow-listed env finds the *manifest* of the last compile: the user headers it read,
-   by path. Their content digests (memoized by stat) complete the *final key*, which
-   finds the entry in the store (memory tier, then disk). No preprocessor, no compiler,
+   allow-listed env finds the *manifest* (:mod:`cuforge.manifest`) of the last compiles:
+   the user headers each read, by path. The first whose headers still have the recorded
+   content digests (memoized by stat) completes the *final key*, which finds the entry in
+   the store (memory tier, then disk); so reverting an edit is a hit. No preprocessor, no compiler,
    no CUDA bindings imported.
 3. **Compile** under a single-flight lock on the base key (threads and processes), so a
    key is compiled once while the others wait and then read the result. NVRTC reports no
@@ -26,29 +27,45 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections import namedtuple
 from collections.abc import Mapping, Sequence
 
 # The tiers default_store() builds, loaded with this module so the first lookup pays no import.
 import cuforge.store.disk  # noqa: F401
 import cuforge.store.memory  # noqa: F401
 import cuforge.store.tiered  # noqa: F401
-from cuforge.compiler.nvcc import compile_nvcc, nvcc_command
-from cuforge.compiler.nvrtc import compile_nvrtc, nvrtc_options
-from cuforge.compiler.outputs import BACKENDS, OUTPUT_KINDS, Artifact, CompileOutput
+from cuforge.compiler.base import Backend, CompileJob
+from cuforge.compiler.nvcc import NvccBackend
+from cuforge.compiler.nvrtc import NvrtcBackend
+from cuforge.compiler.outputs import OUTPUT_KINDS, Artifact, CompileOutput
 from cuforge.config import Settings, result_environment, settings
 from cuforge.deps import file_digest, scan_includes, settled, stat_signature
 from cuforge.key import KeyBuilder, text_digest
-from cuforge.store import default_store, lock_dir
+from cuforge.manifest import Variant, manifest_key, match, read_variants, write_variant
+from cuforge.store import default_store, is_untrusted, lock_dir
 from cuforge.store.base import Entry
 from cuforge.store.single_flight import single_flight
-from cuforge.toolchain import compiler_identity, resolve_archs, toolkit_include_dirs, toolkit_root
+from cuforge.toolchain import resolve_archs, toolkit_include_dirs, toolkit_root
 
 TYPE_CHECKING = False  # typing costs ~15 ms to import; annotations are strings here
 if TYPE_CHECKING:
     from typing import Any
 
 
-__all__ = ["compile_cached", "counters", "reset_memo", "CompileRequest"]
+__all__ = ["compile_cached", "counters", "reset_memo", "CompileCall", "CompileRequest", "BACKENDS"]
+
+#: The compiler backends, by their ``backend=`` name. A new backend is a
+#: :class:`~cuforge.compiler.base.Backend` subclass registered here.
+BACKENDS: dict[str, Backend] = {b.name: b for b in (NvrtcBackend(), NvccBackend())}
+
+#: One ``compile_cached`` call exactly as the caller made it (sequences as tuples), plus the
+#: environment that can change its answer. It is the call memo's key; :func:`_normalize`
+#: turns it into a :class:`CompileRequest`.
+CompileCall = namedtuple(
+    "CompileCall",
+    "source name options include_dirs defines arch backend output name_expressions "
+    "source_dir headers result_type environment",
+)
 
 #: What this process did, for tests and ``CUFORGE_VERBOSE``: compiles run, hits per tier.
 counters: dict[str, int] = {"compiles": 0, "memory_hits": 0, "disk_hits": 0, "call_memo_hits": 0}
@@ -84,6 +101,7 @@ class CompileRequest:
         "include_dirs",
         "source_dir",
         "headers",
+        "compiler",
     )
 
     def __init__(
@@ -110,12 +128,8 @@ class CompileRequest:
         self.include_dirs = include_dirs
         self.source_dir = source_dir
         self.headers = dict(headers) if headers else None
-        self.compiler_options = self._compiler_options()
-
-    def _compiler_options(self) -> tuple[str, ...]:
-        if self.backend == "nvrtc":
-            return tuple(nvrtc_options(self.options, self.archs[0], self.output))
-        return tuple(nvcc_command(self.options, self.archs, self.output))
+        self.compiler: Backend = BACKENDS[backend]
+        self.compiler_options = tuple(self.compiler.compiler_options(options, archs, output))
 
     def base_key(self) -> KeyBuilder:
         """Every input but the headers' contents."""
@@ -129,7 +143,7 @@ class CompileRequest:
         kb.items("name_expressions", self.name_expressions)
         if self.headers:
             kb.mapping("inline_headers", {k: text_digest(v) for k, v in self.headers.items()})
-        kb.mapping("compiler", compiler_identity(self.backend))
+        kb.mapping("compiler", self.compiler.identity())
         kb.cuforge_version()
         kb.environment()
         return kb
@@ -148,24 +162,16 @@ class CompileRequest:
         )
 
     def compile(self) -> CompileOutput:
-        if self.backend == "nvrtc":
-            return compile_nvrtc(
-                self.source,
-                name=self.name,
-                options=self.options,
-                arch=self.archs[0],
-                output=self.output,
-                name_expressions=self.name_expressions,
-                headers=self.headers,
-            )
-        return compile_nvcc(
+        job = CompileJob(
             self.source,
-            name=self.name,
-            options=self.options,
-            archs=self.archs,
-            output=self.output,
-            name_expressions=self.name_expressions,
+            self.name,
+            self.options,
+            self.archs,
+            self.output,
+            self.name_expressions,
+            self.headers,
         )
+        return self.compiler.compile(job, source_dir=self.source_dir)
 
 
 def compile_cached(
@@ -190,7 +196,7 @@ def compile_cached(
     """
     # The hot path: an identical call answered from the call memo. Everything here is
     # cheap on purpose (no settings object, no key hashing): ~1 us plus a stat per header.
-    memo_key = (
+    memo_key = CompileCall(
         source,
         name,
         tuple(options),
@@ -211,20 +217,7 @@ def compile_cached(
         return memo[0]
     cfg = settings()
     started = time.perf_counter()
-    request = _normalize(
-        source,
-        name,
-        options,
-        include_dirs,
-        defines,
-        arch,
-        backend,
-        output,
-        name_expressions,
-        source_dir,
-        headers,
-        cfg,
-    )
+    request = _normalize(memo_key, cfg)
     result, header_sigs, probes = _lookup_or_compile(request, cfg, result_type, started)
     if (
         not cfg.disable_cache
@@ -260,47 +253,36 @@ def _remember_call(memo_key: tuple, result: Artifact, header_sigs, probes, cfg: 
     _memo_bytes += size
 
 
-def _normalize(
-    source,
-    name,
-    options,
-    include_dirs,
-    defines,
-    arch,
-    backend,
-    output,
-    name_expressions,
-    source_dir,
-    headers,
-    cfg,
-) -> CompileRequest:
+def _normalize(call: CompileCall, cfg: Settings) -> CompileRequest:
+    """Check a call's arguments (each error names the argument) and turn it into what the
+    compiler will receive."""
+    source, name, backend, output = call.source, call.name, call.backend, call.output
     if not isinstance(source, str):
         raise TypeError(f"source must be str (CUDA C++ text), not {type(source).__name__}")
     if not source.strip():
         raise ValueError(f"{name}: the source is empty; pass CUDA C++ text (or use compile_file)")
-    if backend not in BACKENDS:
+    _check_text(source, name)
+    compiler = BACKENDS.get(backend)
+    if compiler is None:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
     if output not in OUTPUT_KINDS:
         raise ValueError(f"output must be one of {', '.join(OUTPUT_KINDS)}, not {output!r}")
-    if isinstance(options, str):
+    if isinstance(call.options, str):
         raise TypeError(
             "options must be a sequence of strings, e.g. ('-std=c++17',), not one string"
         )
-    archs = resolve_archs(arch, allow_many=(output == "fatbin"))
-    if output == "fatbin" and backend != "nvcc":
-        raise ValueError("output='fatbin' needs backend='nvcc' (NVRTC builds one arch at a time)")
-    if len(archs) > 1 and output != "fatbin":
+    archs = resolve_archs(call.arch, allow_many=(output == "fatbin"))
+    compiler.check(archs=archs, output=output, headers=call.headers)
+    if len(archs) > 1 and not (compiler.many_archs and output == "fatbin"):
         raise ValueError(
             f"{len(archs)} archs given ({', '.join(archs)}): use output='fatbin' with backend='nvcc'"
         )
-    if headers and backend != "nvrtc":
-        raise ValueError("in-memory headers= are supported by backend='nvrtc' only")
     dirs = []
-    if source_dir is not None:
-        dirs.append(os.path.abspath(source_dir))
-    dirs.extend(os.path.abspath(os.fspath(d)) for d in include_dirs)
-    expanded = list(options) + list(cfg.extra_options)
-    for key, value in (defines or {}).items():
+    if call.source_dir is not None:
+        dirs.append(os.path.abspath(call.source_dir))
+    dirs.extend(os.path.abspath(os.fspath(d)) for d in call.include_dirs)
+    expanded = list(call.options) + list(cfg.extra_options)
+    for key, value in call.defines:
         expanded.append(f"-D{key}" if value is None else f"-D{key}={_define_value(value)}")
     expanded.extend(f"-I{d}" for d in dirs)
     return CompileRequest(
@@ -310,21 +292,40 @@ def _normalize(
         output=output,
         archs=archs,
         options=tuple(expanded),
-        name_expressions=tuple(name_expressions),
+        name_expressions=call.name_expressions,
         include_dirs=tuple(dirs),
-        source_dir=os.path.abspath(source_dir) if source_dir else None,
-        headers=headers,
+        source_dir=os.path.abspath(call.source_dir) if call.source_dir else None,
+        headers=dict(call.headers) if call.headers else None,
     )
+
+
+def _check_text(source: str, name: str) -> None:
+    """A NUL byte (the compiler would stop reading there, silently dropping the rest) or a
+    lone surrogate (not encodable as UTF-8) is an error naming where it is."""
+    nul = source.find("\0")
+    if nul >= 0:
+        line = source.count("\n", 0, nul) + 1
+        raise ValueError(
+            f"{name}: the source contains a NUL byte at offset {nul} (line {line}); the "
+            "compiler would silently stop reading there. Remove it (binary data does not "
+            "belong in CUDA source)."
+        )
+    try:
+        source.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        line = source.count("\n", 0, exc.start) + 1
+        raise ValueError(
+            f"{name}: the source is not valid Unicode text: a lone surrogate "
+            f"{source[exc.start]!r} at offset {exc.start} (line {line}), usually from text "
+            "decoded with errors='surrogateescape'. Decode the file as UTF-8 and fix the "
+            "bytes it rejects."
+        ) from None
 
 
 def _define_value(value: Any) -> str:
     if isinstance(value, bool):
         return "1" if value else "0"
     return str(value)
-
-
-def _manifest_key(base_digest: str) -> str:
-    return KeyBuilder("manifest").text("base", base_digest).hexdigest()
 
 
 def _final_key(base: KeyBuilder, headers: dict[str, str]) -> KeyBuilder:
@@ -341,7 +342,7 @@ def _lookup_or_compile(request: CompileRequest, cfg: Settings, result_type, star
         hit = _lookup(store, base, base_digest, result_type, started, request)
         if hit is not None:
             return hit
-        with single_flight(lock_dir(), base_digest, cfg.lock_timeout):
+        with single_flight(lock_dir(), base_digest, cfg.lock_timeout, what=request.name):
             # another thread or process may have compiled it while we waited
             hit = _lookup(store, base, base_digest, result_type, started, request)
             if hit is not None:
@@ -350,30 +351,17 @@ def _lookup_or_compile(request: CompileRequest, cfg: Settings, result_type, star
     return _compile_and_store(request, cfg, None, base, base_digest, result_type, started)
 
 
-def _get(store, key: str) -> tuple[Entry | None, str | None]:
-    getter = getattr(store, "get_with_tier", None)
-    if getter is not None:
-        return getter(key)
-    entry = store.get(key)
-    return entry, (store.tier if entry is not None else None)
-
-
 def _lookup(
     store, base: KeyBuilder, base_digest: str, result_type, started: float, request: CompileRequest
 ):
-    manifest, _ = _get(store, _manifest_key(base_digest))
-    if manifest is None:
-        return None
-    recorded: dict[str, str] = manifest.meta.get("headers", {})
-    probes: list[str] = manifest.meta.get("probes", [])
-    if any(os.path.exists(p) for p in probes):
-        return None  # a header would now resolve to a different file
-    current, sigs = _digests(recorded)
-    if len(current) != len(recorded):
-        return None  # a header the last compile read is gone
+    found = match(read_variants(store, manifest_key(base_digest)))
+    if found is None:
+        return None  # no manifest, or every header set it remembers has changed since
+    variant, current, sigs = found
+    probes = variant.probes
     final = _final_key(base, current)
     key = final.hexdigest()
-    entry, tier = _get(store, key)
+    entry, tier = store.get_with_tier(key)
     if entry is None:
         return None
     source_of_result = "memory" if tier == "memory" else "disk"
@@ -395,33 +383,67 @@ def _lookup(
     return result, sigs, probes
 
 
-def _scan_headers(request: CompileRequest) -> tuple[list[str], list[str]]:
-    """Headers the NVRTC compile will read (over-approximated), and paths whose later
-    appearance would change what an include resolves to."""
+def _scan_headers(request: CompileRequest) -> tuple[list[str], list[str], str | None]:
+    """The headers the compile will read (over-approximated), the paths whose later
+    appearance would change what an include resolves to, and why the compile cannot be
+    cached (None when it can).
+
+    The include dirs and pre-included files are read from the final options exactly as
+    the backend's compiler reads them, so ``-I`` in ``options``, ``--include-path=``,
+    ``CUFORGE_EXTRA_OPTIONS`` and ``--pre-include`` all count."""
+    includes = request.compiler.includes(request.options)
+    # NVRTC looks for a string source's quoted includes next to its name, from the cwd
+    here = request.source_dir or os.path.dirname(os.path.abspath(request.name))
+    user_dirs = includes.dirs + includes.system_dirs
     scan = scan_includes(
         request.source,
-        source_dir=request.source_dir,
-        include_dirs=request.include_dirs,
+        source_dir=here,
+        include_dirs=user_dirs,
         system_dirs=toolkit_include_dirs(),
+        pre_includes=includes.pre_includes,
     )
-    headers = list(scan.headers)
+    headers, probes = list(scan.headers), list(scan.probes)
     if scan.computed:
-        headers.extend(_all_files_under(request.include_dirs, request.name))
-    return headers, list(scan.probes)
+        # an #include MACRO the scan could not follow may name any file in the search
+        # path: key every file there, and the absence of each one's would-be shadows
+        listed = _all_files_under((here, *user_dirs), skip=settings().cache_dir)
+        if listed is None:
+            return (
+                headers,
+                probes,
+                (
+                    f"{request.name} has a computed #include (#include MACRO) and its include "
+                    f"directories hold over {MAX_FILES_FOR_COMPUTED_INCLUDES} files, so cuforge "
+                    "cannot key every file it might read; it is compiled but not cached "
+                    "(use literal #include names or narrower include dirs)"
+                ),
+            )
+        files, shadows = listed
+        headers.extend(h for h in files if h not in headers)
+        probes.extend(p for p in shadows if p not in probes)
+    return headers, probes, None
 
 
-def _all_files_under(dirs: Sequence[str], name: str) -> list[str]:
+def _all_files_under(dirs: Sequence[str], skip: str) -> tuple[list[str], list[str]] | None:
+    """Every file under ``dirs`` (searched in that order) but those under ``skip`` (the
+    cache dir), and every path in an earlier dir that would shadow one of them if it
+    appeared; None past :data:`MAX_FILES_FOR_COMPUTED_INCLUDES` files."""
     files: list[str] = []
-    for root in dirs:
-        for dirpath, _, filenames in os.walk(root):
-            files.extend(os.path.join(dirpath, f) for f in filenames)
-            if len(files) > MAX_FILES_FOR_COMPUTED_INCLUDES:
-                raise ValueError(
-                    f"{name} has a computed #include (#include MACRO) and its include directories hold over "
-                    f"{MAX_FILES_FOR_COMPUTED_INCLUDES} files; cuforge cannot key it safely. Use literal "
-                    "#include names, narrower include_dirs, or CUFORGE_DISABLE_CACHE=1."
+    shadows: list[str] = []
+    roots = list(dict.fromkeys(dirs))
+    for i, root in enumerate(roots):
+        for dirpath, subdirs, filenames in os.walk(root):
+            subdirs[:] = [d for d in subdirs if os.path.join(dirpath, d) != skip]
+            for f in filenames:
+                path = os.path.join(dirpath, f)
+                files.append(path)
+                rel = os.path.relpath(path, root)
+                shadows.extend(
+                    p for p in (os.path.join(r, rel) for r in roots[:i]) if not os.path.lexists(p)
                 )
-    return files
+            if len(files) > MAX_FILES_FOR_COMPUTED_INCLUDES:
+                return None
+    return files, shadows
 
 
 def _digests(paths: Sequence[str]) -> tuple[dict[str, str], list[tuple[str, Any]]]:
@@ -459,11 +481,14 @@ def _user_dependencies(deps: Sequence[str]) -> list[str]:
 def _compile_and_store(
     request, cfg: Settings, store, base: KeyBuilder, base_digest, result_type, started
 ):
-    cache_dir = None if (store is None or cfg.disable_file_cache) else cfg.cache_dir
+    cache_dir = cfg.cache_dir
+    if store is None or cfg.disable_file_cache or is_untrusted(cache_dir):
+        cache_dir = None  # the miss history is not written where entries are not
     probes: list[str] = []
     before: dict[str, str] = {}
-    if request.backend == "nvrtc":
-        paths, probes = _scan_headers(request)
+    uncacheable = None
+    if not request.compiler.reports_dependencies:
+        paths, probes, uncacheable = _scan_headers(request)
         before, _ = _digests(paths)
     counters["compiles"] += 1
     out = request.compile()
@@ -487,7 +512,11 @@ def _compile_and_store(
         lookup_seconds=time.perf_counter() - started - out.seconds,
         headers=tuple(headers),
     )
-    if store is not None:
+    if uncacheable is not None:
+        stable = False  # nothing is remembered: not in the store, not in the call memo
+        if store is not None:
+            _warn(uncacheable)
+    elif store is not None:
         from cuforge import explain as _explain  # json + re: only on the compile path
 
         reasons = _explain.explain(cache_dir, request.name, final.fields)
@@ -508,13 +537,8 @@ def _compile_and_store(
                 "header_paths": list(headers),
             }
             store.put(Entry(key, "kernel", out.binary, meta))
-            store.put(
-                Entry(
-                    _manifest_key(base_digest),
-                    "manifest",
-                    b"",
-                    {"name": request.name, "headers": headers, "probes": probes, "for": key},
-                )
+            write_variant(
+                store, manifest_key(base_digest), request.name, Variant(headers, probes, key)
             )
             _explain.remember(cache_dir, request.name, key, final.fields)
         else:

@@ -19,16 +19,17 @@ from __future__ import annotations
 import os
 import time
 
-from cuforge.arch import normalize_arch
+from cuforge.arch import nvcc_arch_flags
+from cuforge.compiler.base import Backend, CompileJob
 from cuforge.compiler.outputs import CompileOutput
 from cuforge.errors import ArchError, CompileError, ToolchainError
-from cuforge.toolchain import nvcc_path
+from cuforge.toolchain import compiler_identity, nvcc_path
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-__all__ = ["nvcc_command", "compile_nvcc", "name_expression_code"]
+__all__ = ["nvcc_command", "compile_nvcc", "name_expression_code", "NvccBackend"]
 
 _OUTPUT_FLAGS = {"cubin": "-cubin", "ptx": "-ptx", "fatbin": "-fatbin"}
 _RESERVED = (
@@ -52,53 +53,14 @@ _RESERVED = (
 _NE_MARKER = "<cuforge name expressions>"
 
 
-def _split_arch(arch: str) -> tuple[str, str]:
-    norm = normalize_arch(arch)
-    prefix, digits = norm.split("_", 1)
-    return prefix, digits
-
-
 def nvcc_command(options: Sequence[str], archs: Sequence[str], output: str) -> tuple[str, ...]:
     """The exact nvcc flags, without file names: the output kind, the arch flags
-    (``-arch=sm_XY`` for one cubin, ``-arch=compute_XY`` for PTX, one ``-gencode`` per
-    arch plus ``--threads 0`` for a fatbin of several), then the user's options.
-
-    In ``archs``, ``sm_XY`` means SASS for that GPU and ``compute_XY`` means PTX (only
-    meaningful in a fatbin)."""
+    (:func:`cuforge.arch.nvcc_arch_flags`: ``-arch=sm_XY`` for one cubin,
+    ``-arch=compute_XY`` for PTX, one ``-gencode`` per arch plus ``--threads 0`` for a
+    fatbin of several), then the user's options."""
     if output not in _OUTPUT_FLAGS:
         raise ValueError(f"nvcc output must be one of {sorted(_OUTPUT_FLAGS)}, not {output!r}")
-    if isinstance(archs, (str, int)):
-        archs = (archs,)
-    parsed = [_split_arch(a) for a in archs]
-    if not parsed:
-        raise ArchError("no arch given: pass at least one, e.g. arch='sm_90'")
-    flags: list[str] = [_OUTPUT_FLAGS[output]]
-    if output in ("cubin", "ptx"):
-        if len(parsed) != 1:
-            names = ", ".join(f"{p}_{d}" for p, d in parsed)
-            raise ArchError(
-                f"output={output!r} is for one arch, but {len(parsed)} were given ({names}); "
-                "use output='fatbin' to build for several"
-            )
-        prefix, digits = parsed[0]
-        if output == "cubin":
-            if prefix == "compute":
-                raise ArchError(
-                    f"a cubin needs a real arch such as 'sm_{digits}', not 'compute_{digits}'"
-                )
-            flags.append(f"-arch=sm_{digits}")
-        else:
-            flags.append(f"-arch=compute_{digits}")
-    else:
-        seen: list[str] = []
-        for prefix, digits in parsed:
-            flag = f"-gencode=arch=compute_{digits},code={prefix}_{digits}"
-            if flag not in seen:
-                seen.append(flag)
-        flags.extend(seen)
-        if len(seen) > 1:
-            # 0 = as many threads as CPUs; a fixed spelling keeps the key machine-independent
-            flags.extend(("--threads", "0"))
+    flags: list[str] = [_OUTPUT_FLAGS[output], *nvcc_arch_flags(archs, output)]
     for opt in options:
         opt = str(opt)
         head = opt.split("=", 1)[0]
@@ -109,6 +71,41 @@ def nvcc_command(options: Sequence[str], archs: Sequence[str], output: str) -> t
             )
         flags.append(opt)
     return tuple(flags)
+
+
+class NvccBackend(Backend):
+    """nvcc as a subprocess: cubin, PTX or a fatbin of several archs; ``-MD`` reports the
+    files it read."""
+
+    name = "nvcc"
+    outputs = ("cubin", "ptx", "fatbin")
+    many_archs = True
+    reports_dependencies = True
+    _VALUE_FLAGS = {
+        "-I": "include",
+        "--include-path": "include",
+        "-isystem": "system",
+        "--system-include": "system",
+        "-include": "pre_include",
+        "--pre-include": "pre_include",
+    }
+    _COMMA_LISTS = True
+
+    def compiler_options(self, options, archs, output):
+        return nvcc_command(options, archs, output)
+
+    def identity(self) -> dict[str, str]:
+        return compiler_identity("nvcc")
+
+    def compile(self, job: CompileJob, *, source_dir: str | None) -> CompileOutput:
+        return compile_nvcc(
+            job.source,
+            name=job.name,
+            options=job.options,
+            archs=job.archs,
+            output=job.output,
+            name_expressions=job.name_expressions,
+        )
 
 
 def name_expression_code(name_expressions: Sequence[str]) -> str:

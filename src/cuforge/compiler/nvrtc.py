@@ -18,15 +18,16 @@ import _thread
 import time
 
 from cuforge.arch import normalize_arch
+from cuforge.compiler.base import Backend, CompileJob
 from cuforge.compiler.outputs import CompileOutput
 from cuforge.errors import ArchError, CompileError, ToolchainError
-from cuforge.toolchain import nvrtc_library_path, toolkit_include_dirs
+from cuforge.toolchain import compiler_identity, nvrtc_library_path, toolkit_include_dirs
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
-__all__ = ["nvrtc_options", "compile_nvrtc"]
+__all__ = ["nvrtc_options", "compile_nvrtc", "NvrtcBackend"]
 
 _ARCH_FLAGS = ("-arch", "--gpu-architecture")
 
@@ -85,6 +86,40 @@ def nvrtc_options(options: Sequence[str], arch: str, output: str) -> tuple[str, 
     opts.append(arch_flag)
     opts.extend(f"-I{d}" for d in toolkit_include_dirs())
     return tuple(opts)
+
+
+class NvrtcBackend(Backend):
+    """NVRTC in-process: one arch, cubin or PTX, in-memory headers. It reports no
+    dependencies, so the pipeline's include scanner lists them."""
+
+    name = "nvrtc"
+    outputs = ("cubin", "ptx")
+    inline_headers = True
+    # NVRTC takes -Idir, -I dir, -I=dir, --include-path=dir and --include-path dir, and
+    # -include / --pre-include in the same forms; no comma lists (checked with NVRTC 13.0)
+    _VALUE_FLAGS = {
+        "-I": "include",
+        "--include-path": "include",
+        "-include": "pre_include",
+        "--pre-include": "pre_include",
+    }
+
+    def compiler_options(self, options, archs, output):
+        return nvrtc_options(options, archs[0], output)
+
+    def identity(self) -> dict[str, str]:
+        return compiler_identity("nvrtc")
+
+    def compile(self, job: CompileJob, *, source_dir: str | None) -> CompileOutput:
+        return compile_nvrtc(
+            job.source,
+            name=job.name,
+            options=job.options,
+            arch=job.archs[0],
+            output=job.output,
+            name_expressions=job.name_expressions,
+            headers=job.headers,
+        )
 
 
 def _text(raw: bytes | bytearray) -> str:

@@ -1,0 +1,161 @@
+"""What every compiler backend declares: the one place NVRTC and nvcc differ.
+
+A :class:`Backend` knows how its compiler reads options (which spellings name include
+dirs and pre-included files), the exact option list its compiler receives (what the key
+records), the compiler identity that goes into the key, whether the compiler reports the
+files it read, and how to run a compile. The cached-compile pipeline asks the backend and
+has no ``if backend == ...`` of its own.
+
+Guaranteed: :meth:`Backend.includes` finds every include dir and pre-included file the
+compiler itself would use, in every spelling the compiler accepts (``-Idir``, ``-I dir``,
+``-I=dir``, ``--include-path=dir``, ``--include-path dir``; ``-include``,
+``--pre-include``; nvcc's ``-isystem`` / ``--system-include`` and comma lists). Not
+guaranteed: options passed through to the host compiler (``-Xcompiler``) are not read.
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+    from cuforge.compiler.outputs import CompileOutput
+
+__all__ = ["Backend", "Includes", "CompileJob"]
+
+
+class Includes:
+    """The include search a compile's options set up, with paths made absolute.
+
+    ``dirs``: ``-I`` dirs in order; ``system_dirs``: ``-isystem`` dirs (nvcc);
+    ``pre_includes``: files read before the source (``--pre-include``), as given."""
+
+    __slots__ = ("dirs", "system_dirs", "pre_includes")
+
+    def __init__(
+        self,
+        dirs: tuple[str, ...] = (),
+        system_dirs: tuple[str, ...] = (),
+        pre_includes: tuple[str, ...] = (),
+    ) -> None:
+        self.dirs, self.system_dirs, self.pre_includes = dirs, system_dirs, pre_includes
+
+    def __repr__(self) -> str:
+        return f"Includes(dirs={self.dirs!r}, system_dirs={self.system_dirs!r}, pre_includes={self.pre_includes!r})"
+
+
+class CompileJob:
+    """One compile, as a backend runs it: everything normalized and validated."""
+
+    __slots__ = ("source", "name", "options", "archs", "output", "name_expressions", "headers")
+
+    def __init__(
+        self,
+        source: str,
+        name: str,
+        options: tuple[str, ...],
+        archs: tuple[str, ...],
+        output: str,
+        name_expressions: tuple[str, ...],
+        headers: Mapping[str, str] | None,
+    ) -> None:
+        self.source, self.name, self.options = source, name, options
+        self.archs, self.output = archs, output
+        self.name_expressions, self.headers = name_expressions, headers
+
+
+class Backend(ABC):
+    """A compiler as the pipeline sees it. Subclasses set the class attributes and
+    implement the abstract methods; one instance per compiler is enough (stateless)."""
+
+    #: the ``backend=`` value that selects it
+    name: str = ""
+    #: the outputs it can produce
+    outputs: tuple[str, ...] = ()
+    #: True when one compile may target several archs (a fatbin)
+    many_archs: bool = False
+    #: True when it takes in-memory ``headers=``
+    inline_headers: bool = False
+    #: True when the compile reports the files it read (nvcc ``-MD``); otherwise the
+    #: pipeline lists them with cuforge's include scanner before compiling
+    reports_dependencies: bool = False
+
+    #: option spellings that take a value: flag -> what it names ("include", "system",
+    #: "pre_include"); written ``-Ix``, ``-I x``, ``-I=x``, ``--include-path=x`` and so on
+    _VALUE_FLAGS: dict[str, str] = {}
+    #: True when one option may carry a comma-separated list of values (nvcc)
+    _COMMA_LISTS: bool = False
+
+    @abstractmethod
+    def compiler_options(
+        self, options: Sequence[str], archs: tuple[str, ...], output: str
+    ) -> tuple[str, ...]:
+        """The exact options the compiler receives (arch and output flags included): the
+        key records exactly these. Raises ValueError / ArchError for what it rejects."""
+
+    @abstractmethod
+    def identity(self) -> dict[str, str]:
+        """What the key records about the compiler (version, library or executable)."""
+
+    @abstractmethod
+    def compile(self, job: CompileJob, *, source_dir: str | None) -> CompileOutput:
+        """Run the compiler. Raises CompileError with the log."""
+
+    def check(self, *, archs: tuple[str, ...], output: str, headers: object) -> None:
+        """Reject a request this compiler cannot serve, saying what to use instead."""
+        if output not in self.outputs:
+            raise ValueError(
+                f"output={output!r} needs backend='nvcc'"
+                if output == "fatbin"
+                else f"backend={self.name!r} produces {', '.join(self.outputs)}, not {output!r}"
+            )
+        if headers and not self.inline_headers:
+            raise ValueError(
+                f"in-memory headers= are supported by backend='nvrtc' only, not {self.name!r}"
+            )
+
+    def includes(self, options: Sequence[str], cwd: str | None = None) -> Includes:
+        """Every include dir and pre-included file ``options`` name, as this compiler reads
+        them. Relative paths are relative to ``cwd`` (default: the current directory),
+        as they are for the compiler, which runs in it."""
+        base = cwd or os.getcwd()
+        found: dict[str, list[str]] = {"include": [], "system": [], "pre_include": []}
+        flags = self._VALUE_FLAGS
+        items = [str(o) for o in options]
+        i = 0
+        while i < len(items):
+            opt = items[i]
+            i += 1
+            kind = value = None
+            if opt in flags:  # "-I", "dir"
+                kind = flags[opt]
+                if i < len(items):
+                    value = items[i]
+                    i += 1
+            else:
+                head, eq, rest = opt.partition("=")
+                if eq and head in flags:  # --include-path=dir, -I=dir
+                    kind, value = flags[head], rest
+                else:
+                    for flag, what in flags.items():  # -Idir (short flags only)
+                        if not flag.startswith("--") and len(flag) == 2 and opt.startswith(flag):
+                            kind, value = what, opt[len(flag) :]
+                            break
+            if kind is None or value is None:
+                continue
+            values = value.split(",") if self._COMMA_LISTS else [value]
+            for v in values:
+                if not v:
+                    continue
+                if kind == "pre_include":
+                    found[kind].append(v)
+                else:
+                    found[kind].append(os.path.normpath(os.path.join(base, os.path.expanduser(v))))
+        return Includes(
+            tuple(dict.fromkeys(found["include"])),
+            tuple(dict.fromkeys(found["system"])),
+            tuple(found["pre_include"]),
+        )
