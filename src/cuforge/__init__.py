@@ -49,14 +49,15 @@ _SUBPACKAGES = ("torch", "runtime", "store", "cli")
 
 
 def __getattr__(name: str):
+    # unknown names fail before importlib is imported: `from cuforge import _fs` asks here
+    # first, and importlib (with warnings) would add ~1 ms to `import cuforge`
+    if name not in _SUBPACKAGES and name not in _LAZY:
+        raise AttributeError(f"module 'cuforge' has no attribute {name!r}")
     import importlib
 
     if name in _SUBPACKAGES:
         return importlib.import_module(f"cuforge.{name}")
-    try:
-        module_name, attr = _LAZY[name]
-    except KeyError:
-        raise AttributeError(f"module 'cuforge' has no attribute {name!r}") from None
+    module_name, attr = _LAZY[name]
     value = getattr(importlib.import_module(module_name), attr)
     globals()[name] = value
     return value

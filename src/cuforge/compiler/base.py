@@ -101,6 +101,10 @@ class Backend(ABC):
         """What the key records about the compiler (version, library or executable)."""
 
     @abstractmethod
+    def supported_archs(self) -> list[str]:
+        """The real archs (``sm_XY``) this compiler can build for; [] when unavailable."""
+
+    @abstractmethod
     def compile(self, job: CompileJob, *, source_dir: str | None) -> CompileOutput:
         """Run the compiler. Raises CompileError with the log."""
 

@@ -23,7 +23,7 @@ from cuforge.arch import nvcc_arch_flags
 from cuforge.compiler.base import Backend, CompileJob
 from cuforge.compiler.outputs import CompileOutput
 from cuforge.errors import ArchError, CompileError, ToolchainError
-from cuforge.toolchain import compiler_identity, nvcc_path
+from cuforge.toolchain import compiler_identity, nvcc_path, nvcc_supported_archs
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -96,6 +96,9 @@ class NvccBackend(Backend):
 
     def identity(self) -> dict[str, str]:
         return compiler_identity("nvcc")
+
+    def supported_archs(self) -> list[str]:
+        return nvcc_supported_archs()
 
     def compile(self, job: CompileJob, *, source_dir: str | None) -> CompileOutput:
         return compile_nvcc(
@@ -227,9 +230,7 @@ def _raise(log: str, name: str, flags, source: str, archs) -> None:
     text = log.strip()
     lowered = text.lower()
     if "unsupported gpu architecture" in lowered or "is not defined for option 'gpu-" in lowered:
-        from cuforge.toolchain import supported_archs
-
-        known = ", ".join(supported_archs("nvcc")) or "unknown"
+        known = ", ".join(nvcc_supported_archs()) or "unknown"
         raise ArchError(
             f"{name}: nvcc cannot compile for {list(archs)!r} ({text.splitlines()[0]}). "
             f"This nvcc supports: {known}."

@@ -21,7 +21,12 @@ from cuforge.arch import normalize_arch
 from cuforge.compiler.base import Backend, CompileJob
 from cuforge.compiler.outputs import CompileOutput
 from cuforge.errors import ArchError, CompileError, ToolchainError
-from cuforge.toolchain import compiler_identity, nvrtc_library_path, toolkit_include_dirs
+from cuforge.toolchain import (
+    compiler_identity,
+    nvrtc_library_path,
+    nvrtc_supported_archs,
+    toolkit_include_dirs,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -109,6 +114,9 @@ class NvrtcBackend(Backend):
 
     def identity(self) -> dict[str, str]:
         return compiler_identity("nvrtc")
+
+    def supported_archs(self) -> list[str]:
+        return nvrtc_supported_archs()
 
     def compile(self, job: CompileJob, *, source_dir: str | None) -> CompileOutput:
         return compile_nvrtc(
@@ -222,9 +230,7 @@ def _raise_compile_error(nvrtc, result, log, name, opts, source, arch) -> None:
     if result == nvrtc.nvrtcResult.NVRTC_ERROR_INVALID_OPTION:
         text = log.strip()
         if "gpu-architecture" in text or "-arch" in text:
-            from cuforge.toolchain import supported_archs
-
-            known = ", ".join(supported_archs("nvrtc")) or "unknown"
+            known = ", ".join(nvrtc_supported_archs()) or "unknown"
             raise ArchError(
                 f"{name}: NVRTC cannot compile for arch {arch!r} ({text or 'invalid arch'}). "
                 f"This NVRTC supports: {known} (an 'a' or 'f' suffix, e.g. sm_90a, selects "

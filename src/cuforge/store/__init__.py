@@ -174,13 +174,16 @@ def reset_default_store() -> None:
 
 
 def __getattr__(name: str) -> Any:
+    # unknown names fail before importlib is imported: `from cuforge.store import telemetry`
+    # asks here first, and importlib (with warnings) would add ~1 ms to `import cuforge`
+    submodule = name in ("single_flight", "archive", "schema")  # submodules, named as such
+    module_name = _LAZY.get(name)
+    if not submodule and module_name is None:
+        raise AttributeError(f"module 'cuforge.store' has no attribute {name!r}")
     import importlib
 
-    if name in ("single_flight", "archive", "schema"):  # submodules, named as such
+    if submodule:
         return importlib.import_module(f"cuforge.store.{name}")
-    module_name = _LAZY.get(name)
-    if module_name is None:
-        raise AttributeError(f"module 'cuforge.store' has no attribute {name!r}")
     value = getattr(importlib.import_module(module_name), name)
     globals()[name] = value
     return value

@@ -155,7 +155,9 @@ def encode_entry(entry: Entry, created: float | None = None) -> bytes:
             "key": entry.key,
             "kind": entry.kind,
             "meta": entry.meta,
-            "created": time() if created is None else created,
+            # whole seconds: two processes putting the same key then write files of the
+            # same size, so the index's size is right whichever rename lands last
+            "created": int(time() if created is None else created),
         }
     )
     payload = entry.payload

@@ -23,7 +23,9 @@ from __future__ import annotations
 from cuforge.toolchain.gpu import driver_version, libcuda, visible_gpu_archs
 from cuforge.toolchain.identity import (
     compiler_identity,
+    nvcc_supported_archs,
     nvcc_version,
+    nvrtc_supported_archs,
     nvrtc_version,
     supported_archs,
 )
@@ -51,6 +53,8 @@ __all__ = [
     "nvcc_version",
     "nvrtc_version",
     "supported_archs",
+    "nvrtc_supported_archs",
+    "nvcc_supported_archs",
     "libcuda",
     "driver_version",
     "visible_gpu_archs",

@@ -157,12 +157,10 @@ def compiler_identity(backend: str) -> dict[str, str]:
                 break
         else:
             return dict(identity)
-    if backend == "nvrtc":
-        checks, identity = _nvrtc_identity()
-    elif backend == "nvcc":
-        checks, identity = _nvcc_identity()
-    else:
-        raise ValueError(f"unknown backend {backend!r}: use 'nvrtc' or 'nvcc'")
+    probe = _IDENTIFY.get(backend)
+    if probe is None:
+        raise ValueError(f"unknown backend {backend!r}: use {' or '.join(map(repr, _IDENTIFY))}")
+    checks, identity = probe()
     _identity_memo[env] = (checks, identity)
     return dict(identity)
 
@@ -265,42 +263,57 @@ def nvrtc_version() -> str | None:
         return None
 
 
+def nvrtc_supported_archs() -> list[str]:
+    """The real archs (``sm_XY``) NVRTC can build for; [] when it is unavailable. Loads
+    NVRTC (found in this process): for doctor-style checks, not for the compile path."""
+    import ctypes
+
+    try:
+        lib = _nvrtc_dll(locate.find_nvrtc_library())
+        count = ctypes.c_int()
+        if lib.nvrtcGetNumSupportedArchs(ctypes.byref(count)) != 0:
+            return []
+        archs = (ctypes.c_int * count.value)()
+        if lib.nvrtcGetSupportedArchs(archs) != 0:
+            return []
+    except (ToolchainError, OSError, AttributeError):
+        return []
+    return [f"sm_{a}" for a in archs]
+
+
+def nvcc_supported_archs() -> list[str]:
+    """The real archs (``sm_XY``) nvcc can build for (``nvcc --list-gpu-arch``); [] when
+    it is unavailable."""
+    import subprocess
+
+    try:
+        proc = subprocess.run(
+            [locate.nvcc_path(), "--list-gpu-arch"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    except (ToolchainError, OSError, subprocess.SubprocessError):
+        return []
+    found: list[str] = []
+    for line in proc.stdout.split():
+        if line.startswith("compute_"):
+            arch = "sm_" + line[len("compute_") :]
+            if arch not in found:
+                found.append(arch)
+    return found
+
+
+#: Per compiler: its identity probe and its supported-arch query.
+_IDENTIFY = {"nvrtc": _nvrtc_identity, "nvcc": _nvcc_identity}
+_SUPPORTED = {"nvrtc": nvrtc_supported_archs, "nvcc": nvcc_supported_archs}
+
+
 def supported_archs(backend: str) -> list[str]:
-    """The real archs (``sm_XY``) the compiler can build for; [] when it is unavailable.
-    Loads NVRTC (found in this process) or runs ``nvcc --list-gpu-arch``: for doctor-style
-    checks, not for the compile path."""
-    if backend == "nvrtc":
-        import ctypes
-
-        try:
-            lib = _nvrtc_dll(locate.find_nvrtc_library())
-            count = ctypes.c_int()
-            if lib.nvrtcGetNumSupportedArchs(ctypes.byref(count)) != 0:
-                return []
-            archs = (ctypes.c_int * count.value)()
-            if lib.nvrtcGetSupportedArchs(archs) != 0:
-                return []
-        except (ToolchainError, OSError, AttributeError):
-            return []
-        return [f"sm_{a}" for a in archs]
-    if backend == "nvcc":
-        import subprocess
-
-        try:
-            proc = subprocess.run(
-                [locate.nvcc_path(), "--list-gpu-arch"],
-                capture_output=True,
-                text=True,
-                timeout=120,
-                check=False,
-            )
-        except (ToolchainError, OSError, subprocess.SubprocessError):
-            return []
-        found: list[str] = []
-        for line in proc.stdout.split():
-            if line.startswith("compute_"):
-                arch = "sm_" + line[len("compute_") :]
-                if arch not in found:
-                    found.append(arch)
-        return found
-    raise ValueError(f"unknown backend {backend!r}: use 'nvrtc' or 'nvcc'")
+    """The real archs (``sm_XY``) the ``backend`` compiler can build for; [] when it is
+    unavailable. Raises ``ValueError`` for an unknown backend."""
+    query = _SUPPORTED.get(backend)
+    if query is None:
+        raise ValueError(f"unknown backend {backend!r}: use {' or '.join(map(repr, _SUPPORTED))}")
+    return query()
