@@ -29,6 +29,19 @@ CUFORGE_TORCH_LAUNCHER     ``ccache`` / ``sccache`` / ``auto`` (or a launcher pr
                            compiler launcher for torch builds; ``0``/``off``/``none``: none
 CUFORGE_TORCH_SPLIT        ``0`` / ``1``: force nvcc's parallel host/device pipelines off / on
 CUFORGE_DEBUG              ``1``: the CLI shows tracebacks
+CUFORGE_BASE_DIR           paths under it enter keys relative to it (default: the working
+                           directory), so checkouts at different paths share entries
+CUFORGE_REMOTE             remote cache tiers, comma-separated, tried in order:
+                           ``redis://[:pw@]host:port/db``, ``rediss://``, ``http(s)://host/prefix``,
+                           ``file:///shared/dir``
+CUFORGE_REMOTE_BACKEND     ``module:Class``: a plug-in backend for other URL schemes
+CUFORGE_REMOTE_KEY         HMAC-SHA256 key: sign remote entries, refuse unsigned ones
+CUFORGE_REMOTE_KEY_FILE    a file holding that key (instead of the variable)
+CUFORGE_REMOTE_READONLY    ``1``: read remote tiers, never write them
+CUFORGE_REMOTE_CONNECT_TIMEOUT  seconds to connect to a remote (default 0.1)
+CUFORGE_REMOTE_TIMEOUT     seconds for one remote transfer (default 1)
+CUFORGE_REMOTE_TTL         seconds a remote entry lives where the backend supports expiry
+                           (default 0: no expiry)
 ========================== ============================================================
 
 Accepted values, and what an out-of-range one does (always a :class:`ConfigError`, a
@@ -70,6 +83,8 @@ __all__ = [
 DEFAULT_CACHE_MAX_BYTES = 5 * 1024**3
 DEFAULT_MEMORY_MAX_BYTES = 256 * 1024**2
 DEFAULT_LOCK_TIMEOUT = 600.0
+DEFAULT_REMOTE_CONNECT_TIMEOUT = 0.1
+DEFAULT_REMOTE_TIMEOUT = 1.0
 
 #: Environment variables that change generated code. They are part of every cache key;
 #: any other variable may change freely and still hit.
@@ -98,6 +113,15 @@ _SETTING_VARS: tuple[str, ...] = (
     "CUFORGE_TORCH_LAUNCHER",
     "CUFORGE_TORCH_SPLIT",
     "CUFORGE_DEBUG",
+    "CUFORGE_BASE_DIR",
+    "CUFORGE_REMOTE",
+    "CUFORGE_REMOTE_BACKEND",
+    "CUFORGE_REMOTE_KEY",
+    "CUFORGE_REMOTE_KEY_FILE",
+    "CUFORGE_REMOTE_READONLY",
+    "CUFORGE_REMOTE_CONNECT_TIMEOUT",
+    "CUFORGE_REMOTE_TIMEOUT",
+    "CUFORGE_REMOTE_TTL",
     "TORCH_CUDA_ARCH_LIST",
     "XDG_CACHE_HOME",
     "HOME",
@@ -153,6 +177,15 @@ class Settings:
         "torch_launcher",
         "torch_split",
         "debug",
+        "base_dir",
+        "remote",
+        "remote_backend",
+        "remote_key",
+        "remote_key_file",
+        "remote_readonly",
+        "remote_connect_timeout",
+        "remote_timeout",
+        "remote_ttl",
     )
 
     def __init__(self, env: dict[str, str]) -> None:
@@ -193,6 +226,28 @@ class Settings:
         #: True / False forces nvcc's split host/device pipelines; None: decide per file.
         self.torch_split: bool | None = _switch(get, "CUFORGE_TORCH_SPLIT", None)
         self.debug: bool = _switch(get, "CUFORGE_DEBUG", False)
+        #: paths under this dir enter cache keys relative to it ("": the working directory
+        #: of each call), so two checkouts of a project at different paths share entries
+        base = (get("CUFORGE_BASE_DIR") or "").strip()
+        self.base_dir: str = os.path.abspath(os.path.expanduser(base)) if base else ""
+        #: remote cache tiers, tried in order: redis://, rediss://, http(s)://, file://
+        self.remote: tuple[str, ...] = tuple(
+            u.strip() for u in (get("CUFORGE_REMOTE") or "").split(",") if u.strip()
+        )
+        #: "module:Class": a plug-in remote backend, used for every CUFORGE_REMOTE URL
+        #: whose scheme cuforge does not know
+        self.remote_backend: str = (get("CUFORGE_REMOTE_BACKEND") or "").strip()
+        #: the HMAC-SHA256 signing key (entries are signed when written and refused unsigned
+        #: or badly signed when read); CUFORGE_REMOTE_KEY_FILE names a file holding it
+        self.remote_key: str = get("CUFORGE_REMOTE_KEY") or ""
+        self.remote_key_file: str = (get("CUFORGE_REMOTE_KEY_FILE") or "").strip()
+        self.remote_readonly: bool = _switch(get, "CUFORGE_REMOTE_READONLY", False)
+        self.remote_connect_timeout: float = _seconds(
+            get, "CUFORGE_REMOTE_CONNECT_TIMEOUT", DEFAULT_REMOTE_CONNECT_TIMEOUT
+        )
+        self.remote_timeout: float = _seconds(get, "CUFORGE_REMOTE_TIMEOUT", DEFAULT_REMOTE_TIMEOUT)
+        #: seconds an entry lives in a remote that supports expiry (0: no expiry)
+        self.remote_ttl: float = _seconds(get, "CUFORGE_REMOTE_TTL", 0.0)
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)

@@ -1,0 +1,1 @@
+"""Remote cache tiers: shared between machines. See :mod:`cuforge.store.remote.base`."""

@@ -1,0 +1,95 @@
+"""The one small interface every remote cache backend implements.
+
+Modeled on Triton's ``RemoteCacheBackend`` / ``CacheManager`` and cuda.core's program-cache
+ABC: a backend moves opaque bytes by ``(kind, key)`` and knows nothing of entries, keys,
+signing or retries. Everything that makes a remote safe and fast to use sits above it, in
+one place (:mod:`cuforge.store.remote.tier`): the envelope (integrity digest, schema
+namespace, optional HMAC signature), timeouts that fail open, the circuit breaker, read-only
+mode and statistics. A new backend (S3, GCS, memcached...) is one subclass of
+:class:`RemoteBackend`; ``CUFORGE_REMOTE_BACKEND=module:Class`` plugs one in without changing
+cuforge.
+
+Guaranteed by every backend:
+
+* ``get`` returns exactly the bytes a ``put`` of the same ``(kind, key)`` stored, or None;
+  a torn or partial value is never returned as a whole one (the envelope's digest would
+  catch it anyway).
+* No call blocks longer than ``connect_timeout`` + ``timeout`` (per call).
+* Failures raise :class:`RemoteError` (or any exception; the tier counts it and fails open).
+
+Not guaranteed: that a ``put`` is visible to other machines at once (eventual), that an
+entry survives (a remote may evict or expire it), ordering between writers of one key (last
+write wins; both are valid entries).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+__all__ = ["RemoteBackend", "RemoteError", "redact"]
+
+
+class RemoteError(OSError):
+    """A remote cache could not be reached, timed out, refused a request or answered garbage."""
+
+
+def redact(url: str) -> str:
+    """``url`` without its password (``redis://:secret@host`` -> ``redis://:***@host``),
+    for messages and ``cuforge cache stats``."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or "@" not in rest.split("/", 1)[0]:
+        return url
+    creds, _, host = rest.partition("@")
+    user = creds.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{host}"
+
+
+class RemoteBackend(ABC):
+    """One remote cache, addressed by a URL. Subclasses set :attr:`schemes` and implement
+    :meth:`get` and :meth:`put` (and :meth:`contains` when the server can answer it more
+    cheaply than a ``get``).
+
+    ``namespace`` separates incompatible writers (cuforge's version and key schema): a
+    backend must keep different namespaces apart (e.g. as a path or key prefix).
+    ``ttl`` is seconds an entry should live (0: no expiry), honoured where the server can.
+    """
+
+    #: URL schemes this backend serves (``("redis", "rediss")``)
+    schemes: tuple[str, ...] = ()
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        namespace: str,
+        connect_timeout: float,
+        timeout: float,
+        ttl: float = 0.0,
+    ) -> None:
+        self.url = url
+        self.namespace = namespace
+        self.connect_timeout = connect_timeout
+        self.timeout = timeout
+        self.ttl = ttl
+
+    @abstractmethod
+    def get(self, kind: str, key: str) -> bytes | None:
+        """The bytes stored under ``(kind, key)``, or None when there are none."""
+
+    @abstractmethod
+    def put(self, kind: str, key: str, data: bytes) -> None:
+        """Store ``data`` under ``(kind, key)`` (replacing what was there)."""
+
+    def contains(self, kind: str, key: str) -> bool:
+        """Whether ``(kind, key)`` is stored (default: a ``get``)."""
+        return self.get(kind, key) is not None
+
+    def close(self) -> None:  # noqa: B027 - optional hook: most backends hold nothing
+        """Release connections (default: nothing to release)."""
+
+    def describe(self) -> str:
+        """The URL without its password."""
+        return redact(self.url)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.describe()!r})"
