@@ -12,6 +12,9 @@ import textwrap
 
 import pytest
 
+# real redis-server / nginx / misbehaving servers for the remote-cache tests
+pytest_plugins = ("tests.remote_servers",)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SRC = os.path.join(ROOT, "src")
 

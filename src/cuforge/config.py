@@ -29,12 +29,15 @@ CUFORGE_TORCH_LAUNCHER     ``ccache`` / ``sccache`` / ``auto`` (or a launcher pr
                            compiler launcher for torch builds; ``0``/``off``/``none``: none
 CUFORGE_TORCH_SPLIT        ``0`` / ``1``: force nvcc's parallel host/device pipelines off / on
 CUFORGE_DEBUG              ``1``: the CLI shows tracebacks
+CUFORGE_PROGRESS           ``1`` / ``0``: force progress output on / off (default: on a
+                           terminal, off under ``CI=true`` or when stderr is not a terminal)
 CUFORGE_BASE_DIR           paths under it enter keys relative to it (default: the working
                            directory), so checkouts at different paths share entries
 CUFORGE_REMOTE             remote cache tiers, comma-separated, tried in order:
                            ``redis://[:pw@]host:port/db``, ``rediss://``, ``http(s)://host/prefix``,
                            ``file:///shared/dir``
-CUFORGE_REMOTE_BACKEND     ``module:Class``: a plug-in backend for other URL schemes
+CUFORGE_REMOTE_BACKEND     ``module:Class``: a plug-in backend, used for the CUFORGE_REMOTE URLs
+                           whose scheme it lists in ``schemes``
 CUFORGE_REMOTE_KEY         HMAC-SHA256 key: sign remote entries, refuse unsigned ones
 CUFORGE_REMOTE_KEY_FILE    a file holding that key (instead of the variable)
 CUFORGE_REMOTE_READONLY    ``1``: read remote tiers, never write them
@@ -48,7 +51,8 @@ Accepted values, and what an out-of-range one does (always a :class:`ConfigError
 ``ValueError``, that names the variable and what it accepts; nothing is silently ignored):
 
 * switches (``CUFORGE_DISABLE_CACHE``, ``CUFORGE_DISABLE_FILE_CACHE``, ``CUFORGE_VERBOSE``,
-  ``CUFORGE_EXPLAIN``, ``CUFORGE_TELEMETRY``, ``CUFORGE_TORCH_SPLIT``, ``CUFORGE_DEBUG``):
+  ``CUFORGE_EXPLAIN``, ``CUFORGE_TELEMETRY``, ``CUFORGE_TORCH_SPLIT``, ``CUFORGE_DEBUG``,
+  ``CUFORGE_PROGRESS``, ``CUFORGE_REMOTE_READONLY``):
   ``1``/``true``/``yes``/``on`` or ``0``/``false``/``no``/``off`` (any case); empty means
   the default;
 * sizes: bytes or a number with a unit (``512M``, ``5G``, ``5GiB``, ``1.5T``), from 0 to
@@ -113,6 +117,8 @@ _SETTING_VARS: tuple[str, ...] = (
     "CUFORGE_TORCH_LAUNCHER",
     "CUFORGE_TORCH_SPLIT",
     "CUFORGE_DEBUG",
+    "CUFORGE_PROGRESS",
+    "CI",
     "CUFORGE_BASE_DIR",
     "CUFORGE_REMOTE",
     "CUFORGE_REMOTE_BACKEND",
@@ -177,6 +183,7 @@ class Settings:
         "torch_launcher",
         "torch_split",
         "debug",
+        "progress",
         "base_dir",
         "remote",
         "remote_backend",
@@ -226,6 +233,11 @@ class Settings:
         #: True / False forces nvcc's split host/device pipelines; None: decide per file.
         self.torch_split: bool | None = _switch(get, "CUFORGE_TORCH_SPLIT", None)
         self.debug: bool = _switch(get, "CUFORGE_DEBUG", False)
+        #: show progress (a spinner for a compile over a second, torch build progress):
+        #: True / False forced by CUFORGE_PROGRESS, else only on a terminal outside CI
+        self.progress: bool | None = _switch(get, "CUFORGE_PROGRESS", None)
+        if self.progress is None and (get("CI") or "").strip().lower() in _TRUE:
+            self.progress = False
         #: paths under this dir enter cache keys relative to it ("": the working directory
         #: of each call), so two checkouts of a project at different paths share entries
         base = (get("CUFORGE_BASE_DIR") or "").strip()
@@ -234,8 +246,8 @@ class Settings:
         self.remote: tuple[str, ...] = tuple(
             u.strip() for u in (get("CUFORGE_REMOTE") or "").split(",") if u.strip()
         )
-        #: "module:Class": a plug-in remote backend, used for every CUFORGE_REMOTE URL
-        #: whose scheme cuforge does not know
+        #: "module:Class": a plug-in remote backend, used for the CUFORGE_REMOTE URLs whose
+        #: scheme it lists in its ``schemes``
         self.remote_backend: str = (get("CUFORGE_REMOTE_BACKEND") or "").strip()
         #: the HMAC-SHA256 signing key (entries are signed when written and refused unsigned
         #: or badly signed when read); CUFORGE_REMOTE_KEY_FILE names a file holding it

@@ -27,6 +27,7 @@ import time
 
 from cuforge import _fs
 from cuforge.key import diff_fields, text_digest
+from cuforge.paths import BASE
 
 TYPE_CHECKING = False  # typing costs ~15 ms to import; annotations are strings here
 if TYPE_CHECKING:
@@ -110,13 +111,21 @@ def explain(cache_dir: str | None, name: str, fields: dict[str, Any]) -> list[st
 
 def _relative(reason: str, fields: dict[str, Any]) -> str:
     """Show a header path relative to the include directory it was found in (the first
-    ``-I`` holding it; for compile_file that is the source's directory), else to the
-    working directory: "header include/common.cuh changed"."""
-    if not reason.startswith("header /"):
+    include dir holding it; for compile_file that is the source's directory), else to the
+    base dir or the working directory: "header include/common.cuh changed". Keys record
+    paths under the base dir as ``${BASE}/...`` (:mod:`cuforge.paths`), and include dirs
+    as ``<include>DIR``."""
+    if not reason.startswith(("header /", "header " + BASE + "/")):
         return reason
     path, _, tail = reason[len("header ") :].rpartition(" ")
-    roots = [o[2:] for o in fields.get("options", []) if isinstance(o, str) and o.startswith("-I")]
-    for root in [*roots, os.getcwd()]:
+    roots = []
+    for o in fields.get("options", []):
+        if isinstance(o, str):
+            if o.startswith("<include>"):
+                roots.append(o[len("<include>") :])
+            elif o.startswith("-I"):
+                roots.append(o[2:])
+    for root in [*roots, BASE, os.getcwd()]:
         prefix = root.rstrip(os.sep) + os.sep
         if path.startswith(prefix):
             return f"header {path[len(prefix) :]} {tail}"

@@ -156,7 +156,7 @@ def read_variants(store: Store | None, key: str) -> list[Variant]:
     is no store, no entry, or a malformed one (never raises on bad data)."""
     if store is None:
         return []
-    return variants_of(store.get(key))
+    return variants_of(store.get(key, kind=KIND))
 
 
 def write_variant(store: Store | None, key: str, name: str, variant: Variant) -> None:

@@ -34,6 +34,7 @@ from collections.abc import Mapping, Sequence
 import cuforge.store.disk  # noqa: F401
 import cuforge.store.memory  # noqa: F401
 import cuforge.store.tiered  # noqa: F401
+from cuforge._progress import spinner_after
 from cuforge.compiler.base import Backend, CompileJob
 from cuforge.compiler.nvcc import NvccBackend
 from cuforge.compiler.nvrtc import NvrtcBackend
@@ -42,6 +43,7 @@ from cuforge.config import Settings, result_environment, settings
 from cuforge.deps import file_digest, scan_includes, settled, stat_signature
 from cuforge.key import KeyBuilder, text_digest
 from cuforge.manifest import Variant, manifest_key, match, read_variants, write_variant
+from cuforge.paths import base_dir, keyed_path, real_path
 from cuforge.store import default_store, is_untrusted, lock_dir
 from cuforge.store.base import Entry
 from cuforge.store.single_flight import single_flight
@@ -68,7 +70,13 @@ CompileCall = namedtuple(
 )
 
 #: What this process did, for tests and ``CUFORGE_VERBOSE``: compiles run, hits per tier.
-counters: dict[str, int] = {"compiles": 0, "memory_hits": 0, "disk_hits": 0, "call_memo_hits": 0}
+counters: dict[str, int] = {
+    "compiles": 0,
+    "memory_hits": 0,
+    "disk_hits": 0,
+    "remote_hits": 0,
+    "call_memo_hits": 0,
+}
 
 # call memo: request tuple -> (artifact answering "memory", [(path, stat sig)], [absent paths])
 _memo: dict[tuple, tuple[Artifact, list[tuple[str, Any]], list[str]]] = {}
@@ -102,6 +110,7 @@ class CompileRequest:
         "source_dir",
         "headers",
         "compiler",
+        "base_dir",
     )
 
     def __init__(
@@ -117,6 +126,7 @@ class CompileRequest:
         include_dirs: tuple[str, ...],
         source_dir: str | None,
         headers: Mapping[str, str] | None,
+        base_dir: str,
     ) -> None:
         self.source = source
         self.name = name
@@ -128,6 +138,8 @@ class CompileRequest:
         self.include_dirs = include_dirs
         self.source_dir = source_dir
         self.headers = dict(headers) if headers else None
+        #: paths under it enter the key relative to it (:mod:`cuforge.paths`)
+        self.base_dir = base_dir
         self.compiler: Backend = BACKENDS[backend]
         self.compiler_options = tuple(self.compiler.compiler_options(options, archs, output))
 
@@ -139,7 +151,7 @@ class CompileRequest:
         kb.text("backend", self.backend)
         kb.text("output", self.output)
         kb.text("arch", " ".join(self.archs))
-        kb.items("options", self.compiler_options)
+        kb.items("options", self.compiler.keyed_options(self.compiler_options, self.base_dir))
         kb.items("name_expressions", self.name_expressions)
         if self.headers:
             kb.mapping("inline_headers", {k: text_digest(v) for k, v in self.headers.items()})
@@ -298,6 +310,7 @@ def _normalize(call: CompileCall, cfg: Settings) -> CompileRequest:
         include_dirs=tuple(dirs),
         source_dir=os.path.abspath(call.source_dir) if call.source_dir else None,
         headers=dict(call.headers) if call.headers else None,
+        base_dir=base_dir(cfg.base_dir),
     )
 
 
@@ -331,9 +344,15 @@ def _define_value(value: Any) -> str:
 
 
 def _final_key(base: KeyBuilder, headers: dict[str, str]) -> KeyBuilder:
+    """The base key plus the headers' contents; ``headers`` maps keyed paths
+    (:func:`cuforge.paths.keyed_path`) to content digests."""
     final = base.copy()
     final.mapping("headers", headers)
     return final
+
+
+def _keyed(paths, base: str) -> list[str]:
+    return [keyed_path(p, base) for p in paths]
 
 
 def _lookup_or_compile(request: CompileRequest, cfg: Settings, result_type, started: float):
@@ -356,18 +375,21 @@ def _lookup_or_compile(request: CompileRequest, cfg: Settings, result_type, star
 def _lookup(
     store, base: KeyBuilder, base_digest: str, result_type, started: float, request: CompileRequest
 ):
-    found = match(read_variants(store, manifest_key(base_digest)))
+    root = request.base_dir
+    found = match(read_variants(store, manifest_key(base_digest)), lambda p: real_path(p, root))
     if found is None:
         return None  # no manifest, or every header set it remembers has changed since
     variant, current, sigs = found
-    probes = variant.probes
+    probes = [real_path(p, root) for p in variant.probes]
     final = _final_key(base, current)
     key = final.hexdigest()
-    entry, tier = store.get_with_tier(key)
+    entry, tier = store.get_with_tier(key, kind="kernel")
     if entry is None:
         return None
-    source_of_result = "memory" if tier == "memory" else "disk"
-    counters["memory_hits" if source_of_result == "memory" else "disk_hits"] += 1
+    # "memory", "disk" or "remote" (a shared tier; the entry is now in the local tiers too)
+    source_of_result = "remote" if tier and tier.startswith("remote") else tier or "disk"
+    hits = source_of_result + "_hits"
+    counters[hits] = counters.get(hits, 0) + 1
     meta = entry.meta
     result = request.result(
         result_type,
@@ -379,7 +401,7 @@ def _lookup(
         source_of_result=source_of_result,
         compile_seconds=float(meta.get("compile_seconds", 0.0)),
         lookup_seconds=time.perf_counter() - started,
-        headers=tuple(meta.get("header_paths", ())),
+        headers=tuple(real for real, _ in sigs),
     )
     _verbose_line(result, f"{source_of_result} hit")
     return result, sigs, probes
@@ -493,14 +515,17 @@ def _compile_and_store(
         paths, probes, uncacheable = _scan_headers(request)
         before, _ = _digests(paths)
     counters["compiles"] += 1
-    out = request.compile()
+    arch = ",".join(request.archs)
+    with spinner_after(f"cuforge: compiling {request.name} ({request.backend}, {arch})"):
+        out = request.compile()
     if out.dependencies is not None:
         paths = _user_dependencies(out.dependencies)
     else:
         paths = list(before)
     headers, sigs = _digests(paths)
     stable = all(before.get(p, headers.get(p)) == headers.get(p) for p in headers)
-    final = _final_key(base, headers)
+    keyed = {keyed_path(p, request.base_dir): d for p, d in headers.items()}
+    final = _final_key(base, keyed)
     key = final.hexdigest()
     result = request.result(
         result_type,
@@ -540,7 +565,10 @@ def _compile_and_store(
             }
             store.put(Entry(key, "kernel", out.binary, meta))
             write_variant(
-                store, manifest_key(base_digest), request.name, Variant(headers, probes, key)
+                store,
+                manifest_key(base_digest),
+                request.name,
+                Variant(keyed, _keyed(probes, request.base_dir), key),
             )
             _explain.remember(cache_dir, request.name, key, final.fields)
         else:

@@ -23,7 +23,7 @@ class Program(Artifact):
 
     Attributes: ``binary`` (cubin / PTX / fatbin bytes), ``output``, ``arch``, ``backend``,
     ``lowered_names`` (name expression -> mangled name), ``log`` (compiler log), ``key``
-    (the content key), ``source_of_result`` ("memory", "disk" or "compiled"),
+    (the content key), ``source_of_result`` ("memory", "disk", "remote" or "compiled"),
     ``compile_seconds`` (what the original compile cost), ``name`` and ``source``.
     """
 

@@ -142,3 +142,34 @@ def test_lazy_reexports():
     with single_flight(None, key_of(1), 1.0) as acquired:
         assert acquired
     assert store_pkg.DISK_FORMAT_VERSION == 1
+
+
+def test_remote_hit_backfills_local_tiers_only(tmp_path):
+    """A hit in the second remote lands in memory and on disk, not in the first remote."""
+    from cuforge.store.remote.envelope import namespace
+    from cuforge.store.remote.file import FileBackend
+    from cuforge.store.remote.tier import RemoteStore
+
+    remotes = []
+    for name in ("r1", "r2"):
+        (tmp_path / name).mkdir()
+        backend = FileBackend(
+            f"file://{tmp_path / name}", namespace=namespace(), connect_timeout=0.1, timeout=1
+        )
+        remotes.append(RemoteStore(backend))
+    mem, disk = MemoryStore(1 << 20), DiskStore(str(tmp_path / "c"), 1 << 30)
+    store = TieredStore([mem, disk, *remotes])
+    e = _entry(1)
+    assert remotes[1].put(e)
+    assert store.get_with_tier(e.key) == (None, None)  # no kind hint: remotes answer None
+    got, tier = store.get_with_tier(e.key, kind="kernel")
+    assert tier == "remote" and got.payload == e.payload
+    assert e.key in mem and disk.get(e.key).payload == e.payload
+    assert remotes[0].get(e.key, kind="kernel") is None  # no remote write on a read
+    assert store.get(e.key, kind="kernel") is got  # now a memory hit
+    st = store.stats()
+    assert list(st.extra["tiers"]) == ["memory", "disk", "remote", "remote#2"]
+    assert st.extra["tiers"]["remote#2"]["hits"] == 1
+    assert st.entries == 1 and st.bytes == disk.total_bytes()  # the local tiers' size
+    assert store.put(_entry(2))
+    assert remotes[0].get(key_of(2), kind="kernel") is not None  # puts write through

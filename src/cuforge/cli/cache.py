@@ -10,11 +10,14 @@
 ``verify [--repair]``       re-check every entry and the index; ``--repair`` fixes them
 ``export FILE``             a portable, versioned archive of entries (.tar.gz, .tar.zst)
 ``import FILE``             add an archive's entries, each verified first
+``push [--remote URL]``     copy local entries to the remote caches (CUFORGE_REMOTE)
+``pull [--remote URL]``     copy the entries a push listed from a remote into this cache
 =========================== ===========================================================
 
 A thin layer: the work is done by :class:`cuforge.store.disk.DiskStore` (index, verify,
-prune, clear, key lookup, entry filters) and :mod:`cuforge.store.archive` (the archive
-format, export and import); this module parses arguments and formats results.
+prune, clear, key lookup, entry filters), :mod:`cuforge.store.archive` (the archive
+format, export and import) and :mod:`cuforge.store.remote.sync` (push, pull and the push
+index); this module parses arguments and formats results.
 
 Everything reads the index the disk tier keeps (no stat of every entry for ``stats``),
 opens entries with ``peek`` (no "last used" refresh, no hit counted) and never counts its
@@ -116,6 +119,7 @@ def run_stats(args: argparse.Namespace) -> int:
             "file": summ.get("file"),
             "file_bytes": summ.get("file_bytes", 0),
         },
+        "remotes": _configured_remotes(),
     }
     if args.json:
         output.emit_json(doc)
@@ -129,40 +133,47 @@ def run_stats(args: argparse.Namespace) -> int:
     print(f"entries     {stats.entries}" + (f" ({by_kind})" if by_kind else ""))
     print(f"size        {output.human_bytes(stats.bytes)}{share}")
     print(f"time saved  {output.human_seconds(doc['seconds_saved'])} of compiling")
+    for r in doc["remotes"]:
+        flags = ", ".join(
+            f for f in ("read-only" if r["readonly"] else "", "signed" if r["signed"] else "") if f
+        )
+        print(f"remote      {r['url']}" + (f" ({flags})" if flags else ""))
     if not doc["telemetry"]["enabled"]:
         print("telemetry   off (CUFORGE_TELEMETRY=0): no hit/miss counts are recorded")
     elif doc["telemetry"]["since"]:
         print(f"counting    since {output.human_time(doc['telemetry']['since'])}")
     tiers = doc["tiers"]
     if tiers:
+        # the remote tiers count errors (timeouts, damaged values) and rejected entries
+        # (unsigned, badly signed, another namespace): shown where a remote is in play
+        with_errors = (
+            bool(doc["remotes"])
+            or any(t.startswith("remote") for t in tiers)
+            or any(t.get("errors") or t.get("rejected") for t in tiers.values())
+        )
         rows = []
-        for tier in sorted(
-            tiers,
-            key=lambda t: (
-                ("memory", "disk", "remote").index(t) if t in ("memory", "disk", "remote") else 9
-            ),
-        ):
+        for tier in sorted(tiers, key=_tier_order):
             t = tiers[tier]
             lookups = t.get("hits", 0) + t.get("misses", 0)
             rate = f"{100 * t.get('hits', 0) / lookups:.0f}%" if lookups else "-"
-            rows.append(
-                (
-                    tier,
-                    t.get("hits", 0),
-                    t.get("misses", 0),
-                    rate,
-                    t.get("puts", 0),
-                    t.get("evictions", 0),
-                    t.get("corrupt", 0),
-                    output.human_seconds(t.get("seconds_saved", 0.0)),
-                )
-            )
+            row = [
+                tier,
+                t.get("hits", 0),
+                t.get("misses", 0),
+                rate,
+                t.get("puts", 0),
+                t.get("evictions", 0),
+                t.get("corrupt", 0),
+                output.human_seconds(t.get("seconds_saved", 0.0)),
+            ]
+            if with_errors:
+                row[7:7] = [t.get("errors", 0), t.get("rejected", 0)]
+            rows.append(tuple(row))
+        headers = ["tier", "hits", "misses", "hit rate", "puts", "evicted", "corrupt", "saved"]
+        if with_errors:
+            headers[7:7] = ["errors", "rejected"]
         print()
-        output.table(
-            ("tier", "hits", "misses", "hit rate", "puts", "evicted", "corrupt", "saved"),
-            rows,
-            right=(1, 2, 3, 4, 5, 6, 7),
-        )
+        output.table(headers, rows, right=tuple(range(1, len(headers))))
     if doc["top"]:
         print()
         output.table(
@@ -180,6 +191,24 @@ def run_stats(args: argparse.Namespace) -> int:
             right=(2, 3, 4),
         )
     return 0
+
+
+def _tier_order(tier: str) -> tuple[int, str]:
+    """memory, disk, remote, remote#2, ... (telemetry names a second remote ``remote#2``)."""
+    base = tier.partition("#")[0]
+    rank = ("memory", "disk", "remote").index(base) if base in ("memory", "disk", "remote") else 9
+    return rank, tier.rjust(12)
+
+
+def _configured_remotes() -> list[dict[str, Any]]:
+    """The remote tiers CUFORGE_REMOTE names (redacted), read-only and signing flags. Reads
+    settings only: ``cache stats`` never contacts a remote."""
+    from cuforge.config import settings
+    from cuforge.store.remote.base import redact
+
+    st = settings()
+    signed = bool(st.remote_key or st.remote_key_file)
+    return [{"url": redact(u), "readonly": st.remote_readonly, "signed": signed} for u in st.remote]
 
 
 # -- ls -------------------------------------------------------------------------------
@@ -560,13 +589,107 @@ def run_import(args: argparse.Namespace) -> int:
     return 0 if result.ok else 1
 
 
+# -- push / pull ----------------------------------------------------------------------
+
+
+def _sync_doc(command: str, results: list[Any]) -> dict[str, Any]:
+    return {
+        "command": command,
+        "ok": all(r.ok for r in results),
+        "remotes": [r.as_dict() for r in results],
+    }
+
+
+def _print_sync(results: list[Any], verb: str) -> None:
+    for r in results:
+        for f in r.failed[:50]:
+            what = f"{f['kind']} {f['key'][:16]}" + (f" ({f['name']})" if f.get("name") else "")
+            output.error(f"{r.remote}: {what}: {f['reason']}")
+        if len(r.failed) > 50:
+            output.error(f"{r.remote}: ... {len(r.failed) - 50} more failed")
+        parts = [
+            f"{verb} {r.copied} of {r.selected} entries ({output.human_bytes(r.bytes)})",
+        ]
+        if r.present:
+            parts.append(f"{r.present} already here")
+        if r.missing:
+            parts.append(f"{r.missing} gone from the remote (evicted or expired)")
+        if r.failed:
+            parts.append(f"{len(r.failed)} failed")
+        where = "to" if verb == "pushed" else "from"
+        print(
+            f"{'; '.join(parts)} {where} {r.remote} [index {r.index}, "
+            f"{output.human_seconds(r.seconds)}]"
+        )
+        if r.index_written is False:
+            output.error(f"{r.remote}: the push index {r.index!r} could not be written")
+
+
+def run_push(args: argparse.Namespace) -> int:
+    from cuforge.store.remote import sync
+
+    remotes = sync.open_targets(args.remote)
+    readonly = sync.remote_settings(args.remote).remote_readonly
+    if readonly:
+        output.error(
+            "the remote caches are read-only here (CUFORGE_REMOTE_READONLY=1): nothing to "
+            "push; unset it on the machine that should write (e.g. CI)"
+        )
+        return 1
+    store = _store()
+    select = _matcher(args)
+    results = []
+    for remote in remotes:
+        with output.progress(f"pushing to {sync.describe(remote)}", enabled=not args.json) as bar:
+            results.append(sync.push(store, remote, select=select, index=args.index, progress=bar))
+    if args.json:
+        output.emit_json(_sync_doc("cache push", results))
+    else:
+        _print_sync(results, "pushed")
+    return 0 if all(r.ok for r in results) else 1
+
+
+def run_pull(args: argparse.Namespace) -> int:
+    from cuforge.store.remote import sync
+
+    remotes = sync.open_targets(args.remote)
+    store = _store()
+    results = []
+    for remote in remotes:
+        with output.progress(f"pulling from {sync.describe(remote)}", enabled=not args.json) as bar:
+            results.append(
+                sync.pull(store, remote, index=args.index, overwrite=args.overwrite, progress=bar)
+            )
+    if args.json:
+        output.emit_json(_sync_doc("cache pull", results))
+    else:
+        _print_sync(results, "pulled")
+    return 0 if all(r.ok for r in results) else 1
+
+
+def _add_remote_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--remote",
+        action="append",
+        metavar="URL",
+        help="a remote cache URL (redis://, http(s)://, file://); repeatable "
+        "(default: every URL in CUFORGE_REMOTE)",
+    )
+    p.add_argument(
+        "--index",
+        default="default",
+        metavar="NAME",
+        help="the push index to write or read (default: 'default'; e.g. one per CI branch)",
+    )
+
+
 # -- the parser -----------------------------------------------------------------------
 
 
 def add_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:
     cache = subparsers.add_parser(
         "cache",
-        help="inspect, trim, verify, export and import the compile cache",
+        help="inspect, trim, verify, export, import, push and pull the compile cache",
         description="The disk cache at CUFORGE_CACHE_DIR "
         "(default ~/.cache/cuforge). Every subcommand takes --json.",
     )
@@ -663,3 +786,34 @@ def add_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:
         help="reject entries whose payload is larger (default 1G)",
     )
     p.set_defaults(func=run_import)
+
+    p = sub.add_parser(
+        "push",
+        parents=[common],
+        help="copy local entries to the remote caches",
+        description="Copy entries of the local disk cache to each remote cache (--remote, "
+        "else every URL in CUFORGE_REMOTE), through the remote tier: with the integrity "
+        "digest and schema namespace, signed when CUFORGE_REMOTE_KEY is set. Filters select "
+        "a subset (default: everything, manifests included). A push also merges the keys it "
+        "wrote into a small index entry on the remote (--index NAME), which `cuforge cache "
+        "pull` reads: a remote has no listing. Exit code 1 when any entry failed.",
+    )
+    _add_remote_options(p)
+    _add_filters(p, hide_manifests=False)
+    p.set_defaults(func=run_push)
+
+    p = sub.add_parser(
+        "pull",
+        parents=[common],
+        help="copy the entries a push listed from the remote caches into this cache",
+        description="Read the push index (--index NAME, written by `cuforge cache push`) "
+        "from each remote cache (--remote, else every URL in CUFORGE_REMOTE) and copy the "
+        "entries it lists into the local disk cache. Every entry is verified before it is "
+        "stored (digest, schema namespace, entry schema, and the signature when "
+        "CUFORGE_REMOTE_KEY is set). Entries already here are skipped; entries the remote "
+        "has evicted are counted, not failed. Exit code 1 when any entry failed or the "
+        "index is missing.",
+    )
+    _add_remote_options(p)
+    p.add_argument("--overwrite", action="store_true", help="replace entries already present")
+    p.set_defaults(func=run_pull)

@@ -12,8 +12,17 @@ not run here (no GPU, no torch) and says why. The exit code is 1 when any check 
 
 Check ids: ninja, gpu, gpu.arch, gpu.driver, arch_list (arch_list.TORCH_CUDA_ARCH_LIST,
 arch_list.CUFORGE_ARCH when set), build_jobs, ccache, sccache, nvrtc, nvcc, cuda_home,
-cuda_headers, torch, cache.dir, cache.size, cache.hits, cache.integrity. The doctor never
-raises: a check that breaks becomes a WARN saying so.
+cuda_headers, torch, cache.dir, cache.size, cache.hits, cache.integrity, remote (one per
+URL in CUFORGE_REMOTE). The doctor never raises: a check that breaks becomes a WARN saying
+so.
+
+``remote`` (:func:`cuforge.store.remote.sync.probe`): reachable (a get of a key that does
+not exist answers a miss, not an error), latency (the median of a few such round trips,
+``data.latency_ms``), writable (a put and a get of a small probe entry; not tried in
+read-only mode), signing (whether CUFORGE_REMOTE_KEY / _KEY_FILE is set, and when it is,
+that the probe entry came back through the signature check). FAIL when unreachable or a
+write is refused; WARN when slower than the transfer timeout's tenth; SKIP when no remote
+is configured.
 
 ``cache.dir`` FAILs when the cache dir, or a directory directly under it (``v1``,
 ``locks``, ...), fails :func:`cuforge._fs.trust_problem` (not owned by you, or writable by
@@ -847,8 +856,78 @@ def check_cache(p: _Probe) -> list[Check]:
     return rows
 
 
+def check_remote(p: _Probe) -> list[Check]:
+    """One row per URL in CUFORGE_REMOTE (see the module docstring)."""
+    from cuforge.config import settings
+
+    row = _rows("remote", "remote cache")
+    st = settings()
+    if not st.remote:
+        return [row("SKIP", "no remote cache configured (CUFORGE_REMOTE is unset)")]
+    from cuforge.store.remote import open_remotes, sync
+
+    try:
+        remotes = list(open_remotes(st))
+    except Exception as exc:  # noqa: BLE001 - a bad URL or plug-in is this check's answer
+        return [
+            row(
+                "FAIL",
+                f"CUFORGE_REMOTE cannot be used: {exc}",
+                "fix CUFORGE_REMOTE (redis://host:port/db, http(s)://host/prefix, "
+                "file:///dir) or CUFORGE_REMOTE_BACKEND",
+            )
+        ]
+    return [_remote_row(row, sync.probe(remote, st), st) for remote in remotes]
+
+
+def _remote_row(row: Callable[..., Check], r: Any, st: Any) -> Check:
+    data = r.as_dict()
+    if not r.reachable:
+        return row(
+            "FAIL",
+            f"{r.remote} is unreachable ({_reason(r.error, r.remote)}); compiles go on without it",
+            "start the server or fix the URL in CUFORGE_REMOTE (on a slow network, raise "
+            "CUFORGE_REMOTE_CONNECT_TIMEOUT)",
+            **data,
+        )
+    status, fix = "PASS", None
+    parts = [f"{r.latency_ms:.1f} ms"]
+    if r.readonly:
+        parts.append("read-only")
+    elif r.writable:
+        parts.append("writable")
+    else:
+        status = "FAIL"
+        parts.append(f"not writable ({_reason(r.error, r.remote)})")
+        fix = (
+            "let this user write the remote (permissions, maxmemory, disk space), or "
+            "export CUFORGE_REMOTE_READONLY=1"
+        )
+    if not r.signed:
+        parts.append("unsigned (CUFORGE_REMOTE_KEY signs entries)")
+    elif r.verified is False:
+        status = "FAIL"
+        parts.append("signed, but the probe entry did not verify")
+        fix = "give every machine the same CUFORGE_REMOTE_KEY (or CUFORGE_REMOTE_KEY_FILE)"
+    else:
+        parts.append("signed, verified" if r.verified else "signed")
+    if status == "PASS" and r.latency_ms > st.remote_timeout * 100:  # a tenth, in ms
+        status = "WARN"
+        fix = "use a closer server, or raise CUFORGE_REMOTE_TIMEOUT"
+    return row(status, f"{r.remote}: " + ", ".join(parts), fix, **data)
+
+
+def _reason(error: str | None, url: str) -> str:
+    """A remote's error without the class name and URL the row already shows."""
+    text = error or "no reason given"
+    for prefix in ("get: ", "put: ", "RemoteError: ", f"remote cache {url}: "):
+        if text.startswith(prefix):
+            text = text[len(prefix) :]
+    return text
+
+
 #: In the order of the issue's checklist: build tools, GPUs, archs, parallelism, compiler
-#: caches, the toolkit, torch, the cache.
+#: caches, the toolkit, torch, the cache, the remote cache.
 CHECKS: tuple[tuple[str, Callable[[_Probe], list[Check]]], ...] = (
     ("ninja", check_ninja),
     ("gpu", check_gpus),
@@ -861,6 +940,7 @@ CHECKS: tuple[tuple[str, Callable[[_Probe], list[Check]]], ...] = (
     ("cuda_headers", check_cuda_headers),
     ("torch", check_torch),
     ("cache", check_cache),
+    ("remote", check_remote),
 )
 
 
@@ -886,6 +966,29 @@ def collect() -> tuple[list[Check], _Probe]:
 
 _COLORS = {"PASS": "green", "WARN": "yellow", "FAIL": "bold red", "SKIP": "dim"}
 
+#: checks whose lines wrap at :data:`_COLUMNS` with a hanging indent (their details hold
+#: URLs and server errors); the other rows stay one line each, as scripts grep them
+_WRAPPED = frozenset({"remote"})
+_COLUMNS = 80
+
+
+def _say_wrapped(say: Callable[[str | None, str], None], r: Check, width: int) -> None:
+    """``r``'s detail and fix within :data:`_COLUMNS`: continuation lines start under the
+    detail, a fix's continuation lines under the text after ``fix:``."""
+    import textwrap
+
+    column = len("PASS  ") + width + 2  # where the detail starts
+    room = max(20, _COLUMNS - column)
+    lines = textwrap.wrap(r.detail, room, break_on_hyphens=False) or [""]
+    say(r.status, f"{r.title.ljust(width)}  {lines[0]}")
+    for line in lines[1:]:
+        say(None, f"  {' ' * width}{line}")
+    if r.fix and r.status in ("WARN", "FAIL"):
+        fix = textwrap.wrap(r.fix, room - len("fix: "), break_on_hyphens=False) or [""]
+        say(None, f"  {' ' * width}fix: {fix[0]}")
+        for line in fix[1:]:
+            say(None, f"  {' ' * width}     {line}")
+
 
 def render(rows: list[Check], summary: dict[str, int], skipped: list[str]) -> None:
     """One line per check (status, title, detail), a ``fix:`` line under each problem,
@@ -906,6 +1009,9 @@ def render(rows: list[Check], summary: dict[str, int], skipped: list[str]) -> No
 
     width = max(len(r.title) for r in rows)
     for r in rows:
+        if r.id in _WRAPPED:
+            _say_wrapped(say, r, width)
+            continue
         say(r.status, f"{r.title.ljust(width)}  {r.detail}")
         if r.fix and r.status in ("WARN", "FAIL"):
             say(None, f"  {' ' * width}fix: {r.fix}")
@@ -924,7 +1030,8 @@ def add_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:
         parents=[common],
         help="check this machine's CUDA/torch build setup (PASS/WARN/FAIL with fixes)",
         description="Check ninja, the GPUs, the CUDA toolkit, NVRTC, torch, the arch "
-        "settings, build parallelism and the cuforge cache. Exit code 1 when any check "
+        "settings, build parallelism, the cuforge cache and the remote caches. Exit code 1 "
+        "when any check "
         "FAILs. Works without a GPU (GPU checks are SKIPped).",
     )
     p.set_defaults(func=run)

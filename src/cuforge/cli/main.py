@@ -4,7 +4,7 @@
 
     cuforge doctor                      check this machine; PASS / WARN / FAIL with fixes
     cuforge env [--shell fish]          tuned build settings: eval "$(cuforge env)"
-    cuforge cache stats|ls|show|explain|clear|prune|verify|export|import
+    cuforge cache stats|ls|show|explain|clear|prune|verify|export|import|push|pull
     cuforge compile FILE...             compile kernels through the cache; says where each came from
     cuforge bench-build ...             time extension builds (see its --help)
 

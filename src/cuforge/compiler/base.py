@@ -18,6 +18,8 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 
+from cuforge.paths import keyed_path
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -121,17 +123,15 @@ class Backend(ABC):
                 f"in-memory headers= are supported by backend='nvrtc' only, not {self.name!r}"
             )
 
-    def includes(self, options: Sequence[str], cwd: str | None = None) -> Includes:
-        """Every include dir and pre-included file ``options`` name, as this compiler reads
-        them. Relative paths are relative to ``cwd`` (default: the current directory),
-        as they are for the compiler, which runs in it."""
-        base = cwd or os.getcwd()
-        found: dict[str, list[str]] = {"include": [], "system": [], "pre_include": []}
+    def _path_options(self, options: Sequence[str]):
+        """``(first, last, kind, value)`` for each option that names a path (``first`` and
+        ``last`` are indices into ``options``: one option, or a flag and its value)."""
         flags = self._VALUE_FLAGS
         items = [str(o) for o in options]
         i = 0
         while i < len(items):
             opt = items[i]
+            first = i
             i += 1
             kind = value = None
             if opt in flags:  # "-I", "dir"
@@ -148,18 +148,49 @@ class Backend(ABC):
                         if not flag.startswith("--") and len(flag) == 2 and opt.startswith(flag):
                             kind, value = what, opt[len(flag) :]
                             break
-            if kind is None or value is None:
-                continue
-            values = value.split(",") if self._COMMA_LISTS else [value]
-            for v in values:
-                if not v:
-                    continue
+            if kind is not None and value is not None:
+                yield first, i - 1, kind, value
+
+    def _values(self, value: str) -> list[str]:
+        return [v for v in (value.split(",") if self._COMMA_LISTS else [value]) if v]
+
+    def includes(self, options: Sequence[str], cwd: str | None = None) -> Includes:
+        """Every include dir and pre-included file ``options`` name, as this compiler reads
+        them. Relative paths are relative to ``cwd`` (default: the current directory),
+        as they are for the compiler, which runs in it."""
+        base = cwd or os.getcwd()
+        found: dict[str, list[str]] = {"include": [], "system": [], "pre_include": []}
+        for _, _, kind, value in self._path_options(options):
+            for v in self._values(value):
                 if kind == "pre_include":
                     found[kind].append(v)
                 else:
-                    found[kind].append(os.path.normpath(os.path.join(base, os.path.expanduser(v))))
+                    found[kind].append(_absolute(v, base))
         return Includes(
             tuple(dict.fromkeys(found["include"])),
             tuple(dict.fromkeys(found["system"])),
             tuple(found["pre_include"]),
         )
+
+    def keyed_options(
+        self, options: Sequence[str], base: str, cwd: str | None = None
+    ) -> tuple[str, ...]:
+        """``options`` as the cache key records them: every path the compiler reads as a
+        path (include dirs, pre-included files) made absolute and, under ``base``, relative
+        to it (:func:`cuforge.paths.keyed_path`), in one spelling per kind
+        (``<include>${BASE}/inc``); every other option as it is."""
+        here = cwd or os.getcwd()
+        items = [str(o) for o in options]
+        keyed: list[str] = []
+        last = -1
+        for first, end, kind, value in self._path_options(items):
+            keyed.extend(items[last + 1 : first])
+            for v in self._values(value):
+                keyed.append(f"<{kind}>{keyed_path(_absolute(v, here), base)}")
+            last = end
+        keyed.extend(items[last + 1 :])
+        return tuple(keyed)
+
+
+def _absolute(path: str, cwd: str) -> str:
+    return os.path.normpath(os.path.join(cwd, os.path.expanduser(path)))

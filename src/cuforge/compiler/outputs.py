@@ -39,7 +39,7 @@ class CompileOutput:
 class Artifact:
     """The cached-compile pipeline's result: one compiled program and where it came from.
 
-    ``source_of_result`` is "memory", "disk" or "compiled". ``key`` is the content key of
+    ``source_of_result`` is "memory", "disk", "remote" (a shared tier) or "compiled". ``key`` is the content key of
     the entry; ``key_fields`` is the labeled inputs of that key (used to explain misses).
     """
 

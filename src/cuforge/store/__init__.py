@@ -105,7 +105,11 @@ def default_store() -> Store | None:
     * but only the :class:`MemoryStore` when the cache dir fails :func:`trust_problem` (it
       or a directory cuforge made in it is owned by another user, or writable by group or
       others): nothing is read from that dir, and a warning says so once per process,
-      with the fix.
+      with the fix;
+    * with ``CUFORGE_REMOTE`` set, one remote tier per URL after those
+      (:func:`cuforge.store.remote.open_remotes`), in a :class:`TieredStore` (memory +
+      remotes when the disk tier is off or untrusted). Remote events are recorded in the
+      disk tier's telemetry when there is one.
 
     Memoized: while the settings object is unchanged this is one identity check. When
     the environment changes, the store is rebuilt only if a field that shapes it changed
@@ -122,6 +126,14 @@ def default_store() -> Store | None:
         current.cache_dir,
         current.memory_max_bytes,
         current.cache_max_bytes,
+        current.remote,
+        current.remote_backend,
+        current.remote_key,
+        current.remote_key_file,
+        current.remote_readonly,
+        current.remote_connect_timeout,
+        current.remote_timeout,
+        current.remote_ttl,
     )
     if memo[1] == shape:
         _memo = (current, shape, memo[2])
@@ -145,13 +157,23 @@ def default_store() -> Store | None:
             _report_untrusted(problem)
         else:
             _untrusted.discard(current.cache_dir)
-        if current.disable_file_cache or problem is not None:
+        local: list = [memory]
+        if not current.disable_file_cache and problem is None:
+            from cuforge.store.disk import DiskStore
+
+            local.append(DiskStore(current.cache_dir, current.cache_max_bytes))
+        remotes: list = []
+        if current.remote:
+            from cuforge.store.remote import open_remotes
+
+            root = local[1].root if len(local) > 1 else None  # the disk tier's own root
+            remotes = open_remotes(current, telemetry_root=root)
+        if len(local) + len(remotes) == 1:
             store = memory
         else:
-            from cuforge.store.disk import DiskStore
             from cuforge.store.tiered import TieredStore
 
-            store = TieredStore([memory, DiskStore(current.cache_dir, current.cache_max_bytes)])
+            store = TieredStore([*local, *remotes])
     _memo = (current, shape, store)
     return store
 

@@ -80,7 +80,9 @@ class EntryInfo:
 class StoreStats:
     """Counters of one tier. ``hits``/``misses``/``puts`` count this process unless the
     tier keeps shared telemetry (the disk tier does), ``entries``/``bytes`` describe the
-    tier's current contents, and ``extra`` holds tier-specific numbers."""
+    tier's current contents, and ``extra`` holds tier-specific numbers. ``errors``: calls
+    that failed (a remote down, timed out or answering garbage); ``rejected``: entries
+    refused by a trust check (a remote's unsigned or badly signed entries)."""
 
     __slots__ = (
         "tier",
@@ -91,6 +93,8 @@ class StoreStats:
         "puts",
         "evictions",
         "corrupt",
+        "errors",
+        "rejected",
         "extra",
     )
 
@@ -105,10 +109,13 @@ class StoreStats:
         evictions: int = 0,
         corrupt: int = 0,
         extra: dict[str, Any] | None = None,
+        errors: int = 0,
+        rejected: int = 0,
     ) -> None:
         self.tier, self.entries, self.bytes = tier, entries, bytes
         self.hits, self.misses, self.puts = hits, misses, puts
         self.evictions, self.corrupt = evictions, corrupt
+        self.errors, self.rejected = errors, rejected
         self.extra = extra or {}
 
     def as_dict(self) -> dict[str, Any]:
@@ -119,18 +126,28 @@ class StoreStats:
 
 
 class Store(ABC):
-    """A cache tier. Implementations: MemoryStore, DiskStore (and a remote tier later)."""
+    """A cache tier. Implementations: MemoryStore, DiskStore, TieredStore and the remote
+    tier (:class:`cuforge.store.remote.tier.RemoteStore`)."""
 
     #: short tier name used in stats and logs: "memory", "disk", "remote"
     tier: str = "?"
 
     @abstractmethod
-    def get(self, key: str) -> Entry | None:
-        """The entry for ``key``, or None. Never returns a damaged entry."""
+    def get(self, key: str, *, kind: str | None = None) -> Entry | None:
+        """The entry for ``key``, or None. Never returns a damaged entry.
+
+        ``kind`` (one of :data:`ENTRY_KINDS`) is a hint for tiers that address entries
+        by ``(kind, key)``: the local tiers ignore it, a remote tier asked without one
+        answers None (it cannot know where to look) and one asked with the wrong kind
+        answers None too (the entry it finds names another kind)."""
 
     @abstractmethod
-    def put(self, entry: Entry) -> bool:
-        """Store ``entry`` atomically. False when the tier could not (it has warned)."""
+    def put(self, entry: Entry, *, durable: bool = True) -> bool:
+        """Store ``entry`` atomically. False when the tier could not (it has warned).
+
+        ``durable=False``: the entry is a copy of one held elsewhere (a remote hit copied
+        into the local tiers), so a tier may skip the cost of making it survive a power
+        loss (the disk tier's fsync): losing it costs one fetch, never a wrong result."""
 
     @abstractmethod
     def delete(self, key: str) -> bool:
@@ -144,11 +161,14 @@ class Store(ABC):
     def stats(self) -> StoreStats:
         """Counters and sizes of this tier."""
 
-    def get_with_tier(self, key: str) -> tuple[Entry | None, str | None]:
+    def get_with_tier(
+        self, key: str, *, kind: str | None = None
+    ) -> tuple[Entry | None, str | None]:
         """``(entry, name of the tier that had it)``, or ``(None, None)`` on a miss. A
         single tier answers with its own :attr:`tier`; :class:`TieredStore` names the
-        tier that held the entry (and promotes it)."""
-        entry = self.get(key)
+        tier that held the entry (``"memory"``, ``"disk"``, ``"remote"``) and copies it
+        into every faster tier. ``kind``: as for :meth:`get`."""
+        entry = self.get(key, kind=kind)
         return entry, (self.tier if entry is not None else None)
 
     def contains(self, key: str) -> bool:

@@ -422,7 +422,8 @@ class DiskStore(Store):
             )
 
     # ------------------------------------------------------------------ get
-    def get(self, key: str) -> Entry | None:
+    def get(self, key: str, *, kind: str | None = None) -> Entry | None:
+        """The entry for ``key`` (``kind`` is ignored: keys are unique across kinds)."""
         path = self.path_for(key)
         try:
             fd = _fs.open_regular(path)
@@ -497,7 +498,7 @@ class DiskStore(Store):
         self._record("miss", "", None)
 
     # ------------------------------------------------------------------ put
-    def put(self, entry: Entry) -> bool:
+    def put(self, entry: Entry, *, durable: bool = True) -> bool:
         if self.disabled:
             retry_at = self._retry_at
             if retry_at is None or monotonic() < retry_at:
@@ -506,7 +507,7 @@ class DiskStore(Store):
         data = encode_entry(entry)
         # An entry without a payload (a direct-mode manifest) is a hint: losing it to a
         # crash costs one compile and the checksum catches a torn one, so it skips fsync.
-        durable = bool(entry.payload)
+        durable = durable and bool(entry.payload)
         for attempt in (0, 1):
             try:
                 _fs.atomic_write(path, data, durable=durable)

@@ -56,7 +56,8 @@ class MemoryStore(Store):
         self._lock = allocate_lock()
         self.hits = self.misses = self.puts = self.evictions = 0
 
-    def get(self, key: str) -> Entry | None:
+    def get(self, key: str, *, kind: str | None = None) -> Entry | None:
+        """The entry for ``key`` (``kind`` is ignored: keys are unique across kinds)."""
         with self._lock:
             slot = self._data.pop(key, None)
             if slot is None:
@@ -72,7 +73,7 @@ class MemoryStore(Store):
         slot = self._data.get(key)
         return None if slot is None else slot[0]
 
-    def put(self, entry: Entry) -> bool:
+    def put(self, entry: Entry, *, durable: bool = True) -> bool:
         cost = entry_cost(entry)
         if cost > self.max_bytes:
             return False

@@ -48,7 +48,9 @@ FLUSH_SECONDS = 10.0
 MAX_FILE_BYTES = 1 << 20
 MAX_NAMES = 1000
 TOP = 20
-EVENTS = ("hit", "miss", "put", "corrupt", "evict")
+#: ``error``: a remote call failed (down, timed out, garbage); ``rejected``: a remote entry
+#: refused by the trust checks (unsigned or badly signed, wrong namespace)
+EVENTS = ("hit", "miss", "put", "corrupt", "evict", "error", "rejected")
 #: the name under which compaction sums the names it drops (never in ``top``)
 OTHER = "(other)"
 
@@ -109,7 +111,7 @@ def record(
     seconds_saved: float = 0.0,
     count: int = 1,
 ) -> None:
-    """Count ``count`` events (``hit``, ``miss``, ``put``, ``corrupt``, ``evict``) of ``tier``.
+    """Count ``count`` events (one of :data:`EVENTS`) of ``tier``.
 
     Only bumps counters in memory (about a microsecond): whether telemetry is enabled is
     checked when the counts are flushed, and nothing is written when it is not."""
@@ -277,8 +279,8 @@ def _merge(into: dict, key: tuple, values) -> None:
 def summary(root: str, *, top: int = TOP) -> dict:
     """Everything recorded under ``root`` (all processes, plus this one's unflushed counts).
 
-    ``{"tiers": {tier: {"hits", "misses", "puts", "corrupt", "evictions", "bytes_hit",
-    "bytes_put", "seconds_saved"}}, "kinds": {kind: {...same...}}, "seconds_saved": float,
+    ``{"tiers": {tier: {"hits", "misses", "puts", "corrupt", "evictions", "errors",
+    "rejected", "bytes_hit", "bytes_put", "seconds_saved"}}, "kinds": {kind: {...same...}}, "seconds_saved": float,
     "top": [{"name", "kind", "hits", "puts", "seconds_saved"}, ...], "since": unix time or
     None, "enabled": bool, "file": path, "file_bytes": int}``. Misses carry kind ``""``
     (a lookup by key does not know what it looks for).
@@ -298,7 +300,14 @@ def summary(root: str, *, top: int = TOP) -> dict:
     tiers: dict[str, dict] = {}
     kinds: dict[str, dict] = {}
     saved = 0.0
-    field = {"hit": "hits", "miss": "misses", "put": "puts", "corrupt": "corrupt"}
+    field = {
+        "hit": "hits",
+        "miss": "misses",
+        "put": "puts",
+        "corrupt": "corrupt",
+        "error": "errors",
+        "rejected": "rejected",
+    }
     for (tier, event, kind), (count, nbytes, seconds) in counts.items():
         for table, name in ((tiers, tier), (kinds, kind)):
             if table is kinds and not kind:
@@ -311,6 +320,8 @@ def summary(root: str, *, top: int = TOP) -> dict:
                     "puts": 0,
                     "corrupt": 0,
                     "evictions": 0,
+                    "errors": 0,
+                    "rejected": 0,
                     "bytes_hit": 0,
                     "bytes_put": 0,
                     "seconds_saved": 0.0,

@@ -58,15 +58,50 @@ class BuildExtension(build_ext):
         ("cuforge-preset=", None, "cuforge flag preset: release (default), torch, debug"),
     ]
 
+    #: torch's ``BuildExtension`` options this class honours (``with_options`` /
+    #: constructor keywords): ``no_python_abi_suffix`` names the module ``<name>.so``
+    no_python_abi_suffix = False
+
     @classmethod
     def with_options(cls, **options):
-        """torch's ``BuildExtension.with_options(use_ninja=..., ...)``: accepted, ignored
-        (cuforge always uses ninja)."""
-        return cls
+        """torch's ``BuildExtension.with_options(...)``: a subclass with these options.
+
+        ``no_python_abi_suffix=True`` is honoured (``<name>.so``, no ABI tag);
+        ``use_ninja`` is accepted (cuforge always builds with ninja: ``use_ninja=False``
+        is ignored with a warning); any other key is accepted and ignored with a warning
+        (once per process per key), as torch passes it on to setuptools."""
+        from cuforge.torch.build import warn_ignored
+
+        known: dict = {}
+        for key, value in options.items():
+            if key == "no_python_abi_suffix":
+                known[key] = bool(value)
+            elif key == "use_ninja":
+                if not value:
+                    warn_ignored(
+                        "BuildExtension.with_options(use_ninja=False)",
+                        "cuforge always builds with ninja (from the `ninja` package)",
+                    )
+            else:
+                warn_ignored(
+                    f"BuildExtension.with_options({key}=...)",
+                    "cuforge's BuildExtension knows only no_python_abi_suffix and use_ninja",
+                )
+        return type(cls.__name__, (cls,), known)
 
     def initialize_options(self) -> None:
         super().initialize_options()
         self.cuforge_preset = "release"
+
+    def get_ext_filename(self, ext_name: str) -> str:
+        """setuptools' file name, without the Python ABI tag when
+        ``no_python_abi_suffix`` (torch's rule: drop the second-to-last dotted part)."""
+        filename = super().get_ext_filename(ext_name)
+        if self.no_python_abi_suffix:
+            parts = filename.split(".")
+            if len(parts) > 2:
+                filename = ".".join(parts[:-2] + parts[-1:])
+        return filename
 
     def build_extension(self, ext) -> None:
         from cuforge.torch.build import BuildSpec, build

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from cuforge._fs import write_if_changed
-from cuforge.torch.build import BuildSpec, build, default_build_directory
+from cuforge.torch.build import BuildSpec, build, default_build_directory, warn_ignored
 
 __all__ = ["load", "load_inline", "import_module"]
 
@@ -73,7 +73,20 @@ def load(
     ``"sccache"``, ``"auto"``; default ``CUFORGE_TORCH_LAUNCHER``) and ``split`` (run
     nvcc's host and device pipelines in parallel; default: for a ``.cu`` that includes
     torch's headers when 2+ jobs run, or ``CUFORGE_TORCH_SPLIT=0/1``).
+
+    Build directory, highest precedence first (as torch's): ``build_directory``, else
+    ``$TORCH_EXTENSIONS_DIR/<name>`` when that variable is set and not empty, else
+    ``<cache_dir>/torch/build/<name>`` (torch's default would be a per-user dir under
+    ``~/.cache/torch_extensions``). In a build directory the user chose (the first two),
+    the module also appears as torch names it, ``<name>.so`` (a hard link to the checked
+    module file, or a copy), even when it came from the cache.
+
+    ``keep_intermediates=False`` is accepted and ignored (with a warning, once): it only
+    matters for torch's ROCm hipify step, and cuforge keeps its objects in the build dir
+    and its cache.
     """
+    if not keep_intermediates:
+        _warn_keep_intermediates()
     if extra_sycl_cflags or with_sycl:
         raise NotImplementedError("cuforge.torch builds CUDA and C++ extensions, not SYCL")
     spec = BuildSpec(
@@ -98,6 +111,14 @@ def load(
     if is_standalone:
         return result.path
     return import_module(name, result.path, is_python_module)
+
+
+def _warn_keep_intermediates() -> None:
+    warn_ignored(
+        "keep_intermediates=False",
+        "it only affects torch's ROCm hipify step; cuforge keeps its build files in the "
+        "build directory and its objects in the cache",
+    )
 
 
 def _write_source(path: str, text: str) -> None:
@@ -136,8 +157,18 @@ def load_inline(
     """Drop-in for ``torch.utils.cpp_extension.load_inline`` (same sources written the
     same way: ``main.cpp`` with ``#include <torch/extension.h>`` and the generated
     ``PYBIND11_MODULE`` for ``functions``, ``cuda.cu`` with torch's implicit headers).
-    ``use_pch`` is accepted and ignored: the object cache makes a rebuilt binding rare, and
-    a precompiled header did not pay for itself on 2 cores (see docs/benchmarks.md)."""
+    ``use_pch=True`` is accepted and ignored (with a warning, once per process): the object
+    cache makes a rebuilt binding rare, and a precompiled header did not pay for itself on
+    2 cores (see docs/benchmarks.md); ``keep_intermediates=False`` likewise (see
+    :func:`load`). The build directory is chosen as in :func:`load`."""
+    if use_pch:
+        warn_ignored(
+            "use_pch=True",
+            "cuforge serves the binding's object from its cache instead of a precompiled "
+            "header (a PCH did not pay for itself; see docs/benchmarks.md)",
+        )
+    if not keep_intermediates:
+        _warn_keep_intermediates()
     if sycl_sources or extra_sycl_cflags or with_sycl:
         raise NotImplementedError("cuforge.torch builds CUDA and C++ extensions, not SYCL")
     build_directory = os.path.abspath(build_directory or default_build_directory(name))

@@ -11,7 +11,9 @@ with ``library=``, ``TORCH_LIBRARY`` registrations. Launcher parameters are mapp
 their type and name:
 
 * ``const T*`` -> an input tensor of T's dtype (float, double, int, int64_t, at::Half,
-  at::BFloat16), checked to be CUDA and contiguous;
+  at::BFloat16), checked to be CUDA and contiguous, on the same device as ``like`` (the
+  first input unless set) and, when the launcher takes the element count, of the same
+  shape as ``like`` (every input is read for ``<like>.numel()`` elements);
 * ``T*`` named in ``outputs`` -> an output tensor, ``torch::empty_like(<like>)``;
 * the integer parameter named ``numel`` (default ``n``) -> ``<like>.numel()``;
 * ``cudaStream_t`` -> the current stream of the first input's device;
@@ -107,6 +109,12 @@ def _wrapper(op: Op, params: list[tuple[str, str]]) -> tuple[str, str]:
     like = op.like or (inputs[0][1] if inputs else None)
     if like is None:
         raise ValueError(f"op {op.name}: no input tensor to shape the outputs (set like=)")
+    if like not in [n for _, n in inputs]:
+        raise ValueError(
+            f"op {op.name}: like={like!r} is not an input tensor of {op.launcher} "
+            f"(inputs: {', '.join(n for _, n in inputs) or 'none'})"
+        )
+    elementwise = any(n == op.numel and _base(t) in _INTS for t, n in params)
     sig: list[str] = []
     schema: list[str] = []
     body: list[str] = []
@@ -126,6 +134,20 @@ def _wrapper(op: Op, params: list[tuple[str, str]]) -> tuple[str, str]:
                 body.append(
                     f'    TORCH_CHECK({pname}.scalar_type() == {dtype}, "{pname} must be {base}");'
                 )
+            if pname != like:
+                body.append(
+                    f"    TORCH_CHECK({pname}.device() == {like}.device(), "
+                    f'"{op.name}: {pname} is on ", {pname}.device(), '
+                    f'" but {like} is on ", {like}.device(), '
+                    f'"; move both to the same device");'
+                )
+                if elementwise:
+                    body.append(
+                        f"    TORCH_CHECK({pname}.sizes() == {like}.sizes(), "
+                        f'"{op.name}: {pname} has shape ", {pname}.sizes(), '
+                        f'" but {like} has shape ", {like}.sizes(), '
+                        f'"; they must have the same shape");'
+                    )
             cast = f"reinterpret_cast<{ptype}>({pname}.data_ptr())"
             call.append(cast)
         elif base == "cudaStream_t":

@@ -53,6 +53,7 @@ __all__ = [
     "last_build",
     "module_dir",
     "default_build_directory",
+    "warn_ignored",
 ]
 
 #: process-wide counters (tests and bench-build read them)
@@ -259,6 +260,20 @@ def _normalizer(p: Plan):
     return norm
 
 
+_NAME_DEFINE = "-DTORCH_EXTENSION_NAME="
+_NAME = "${NAME}"
+
+
+def _unnamed(flag: str, spec: BuildSpec) -> str:
+    """A TU key's spelling of ``flag``: the extension-name define written with a
+    placeholder, so a TU that does not use the name keys the same in a ``load()`` and a
+    ``setup.py`` build of another name (the object key adds the name back for a TU that
+    uses it: :func:`_object_key`)."""
+    if flag == _NAME_DEFINE + spec.name and not spec.is_standalone:
+        return _NAME_DEFINE + _NAME
+    return flag
+
+
 def plan(spec: BuildSpec) -> Plan:
     """Everything but the compiles: flags, archs, TUs and the load key."""
     p = Plan()
@@ -308,7 +323,7 @@ def plan(spec: BuildSpec) -> Plan:
         kb = base.copy()
         kb.text("source", tu.rel + " " + tu.digest, record=tu.rel + " " + tu.digest[:16])
         kb.text("kind", "nvcc" if tu.cuda else "c++")
-        kb.items("options", [norm(f) for f in tu.flags])
+        kb.items("options", [norm(_unnamed(f, spec)) for f in tu.flags])
         tu.key = kb
     load = base.copy()
     load.text("name", spec.name)
@@ -425,9 +440,23 @@ def _trusted_path(*parts: str) -> str:
 
 
 def default_build_directory(name: str) -> str:
-    """Where an extension builds when no ``build_directory`` is given:
-    ``<cache_dir>/torch/build/<name>``, or a private temp dir when the cache dir cannot
-    be trusted."""
+    """Where an extension builds when no ``build_directory`` is given. Precedence, as
+    torch's ``_get_build_directory``:
+
+    1. ``$TORCH_EXTENSIONS_DIR/<name>`` when ``TORCH_EXTENSIONS_DIR`` is set and not
+       empty (torch also takes it as given, with no per-Python / per-CUDA subfolder);
+    2. else ``<cache_dir>/torch/build/<name>`` (torch's own default is a per-user dir
+       under ``~/.cache/torch_extensions/py<ver>_cu<ver>``; cuforge keeps its builds in
+       its cache dir), or a private temp dir when the cache dir cannot be trusted.
+
+    An explicit ``build_directory=`` argument always wins over both."""
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if root:
+        return os.path.join(os.path.abspath(root), name)
+    return _cache_build_directory(name)
+
+
+def _cache_build_directory(name: str) -> str:
     return _trusted_path("torch", "build", name)
 
 
@@ -492,7 +521,7 @@ def _materialized(p: Plan, link_key: str, store, digest: str = "") -> str | None
             return path  # the copy of the entry it was written from: no entry read
     if store is None:
         return None
-    entry = store.get(link_key)
+    entry = store.get(link_key, kind="module")
     if entry is None or entry.kind != "module":
         return None
     if _safe_module_bytes(path) == entry.payload:
@@ -535,8 +564,83 @@ def build(spec: BuildSpec) -> BuildResult:
         f"(compiled {len(result.compiled)}: {' '.join(result.compiled) or '-'}; "
         f"reused {len(result.reused)}; linked {result.linked})",
     )
+    _publish(p, result.path)
     _record(result)
     return result
+
+
+def _publish(p: Plan, path: str) -> None:
+    """Make the built module also appear in a build directory the user chose (an explicit
+    ``build_directory`` or ``$TORCH_EXTENSIONS_DIR/<name>``) under torch's name for it
+    (``<name>.so``; a standalone executable: ``<name>``): a hard link to the checked
+    module file, or a copy (same mtime) where linking fails. Kept as it is when it is
+    already that file or a copy of it (same size and mtime). A failure is logged, not
+    raised: the module itself was built and is loaded from ``path``."""
+    import stat
+
+    spec = p.spec
+    bdir = spec.build_directory
+    if bdir == os.path.abspath(_cache_build_directory(spec.name)):
+        return  # cuforge's own build dir: nobody looks for the module there
+    dest = os.path.join(bdir, p.target)
+    if dest == path:
+        return
+    try:
+        src = os.stat(path)
+        try:
+            have = os.lstat(dest)
+        except FileNotFoundError:
+            have = None
+        if have is not None and stat.S_ISREG(have.st_mode):
+            if (have.st_ino, have.st_dev) == (src.st_ino, src.st_dev) or (
+                have.st_size == src.st_size and have.st_mtime_ns == src.st_mtime_ns
+            ):
+                return
+        os.makedirs(bdir, exist_ok=True)
+        from cuforge._fs import temp_path, unlink
+
+        tmp = temp_path(dest)
+        try:
+            os.link(path, tmp)
+        except OSError:  # another file system, or links not allowed: copy
+            atomic_write(dest, read_bytes(path), mode=0o755)
+            os.utime(dest, ns=(src.st_atime_ns, src.st_mtime_ns), follow_symlinks=False)
+            return
+        try:
+            os.replace(tmp, dest)  # replaces a planted link itself, never its target
+        except OSError:
+            unlink(tmp)
+            raise
+    except OSError as exc:
+        import logging
+
+        logging.getLogger("cuforge").warning(
+            "cuforge.torch: could not place %s in build_directory %s (%s); the module "
+            "was built and is loaded from %s",
+            p.target,
+            bdir,
+            exc.strerror or exc,
+            path,
+        )
+
+
+#: (argument, where) already warned about in this process
+_ignored_warned: set[str] = set()
+
+
+def warn_ignored(argument: str, why: str) -> None:
+    """Log once per process (per ``argument``) that a torch argument is accepted and
+    ignored, and why. Through the ``cuforge`` logger, like the module's other warnings."""
+    if argument in _ignored_warned:
+        return
+    _ignored_warned.add(argument)
+    import logging
+
+    logging.getLogger("cuforge").warning(
+        "cuforge.torch: %s is accepted for compatibility with torch and ignored: %s",
+        argument,
+        why,
+    )
 
 
 def _cached(p: Plan, store) -> BuildResult | None:
@@ -560,17 +664,79 @@ def _build_locked(p: Plan, store) -> BuildResult:
 
 
 def _object_lookup(p: Plan, tu: TU, store) -> bytes | None:
+    """The cached object of ``tu``: the newest variant of its TU key's manifest whose
+    headers still hold and whose object key is the one this build computes for them
+    (with this extension's name when the TU uses ``TORCH_EXTENSION_NAME``, so another
+    name's object of such a TU is never served)."""
     if store is None:
         return None
-    variant = _match(p, store, tu.key.hexdigest())
-    if variant is None:
-        return None
-    entry = store.get(variant.target)
-    if entry is None or entry.kind != "object":
-        return None
-    tu.okey = variant.target
-    tu.headers = dict(variant.headers)
-    return entry.payload
+    variants = manifest.read_variants(store, manifest.manifest_key(tu.key.hexdigest()))
+    for variant in variants:
+        if not _is_key(variant.target):
+            continue
+        if manifest.match([variant], lambda path: _resolve(p, path)) is None:
+            continue
+        if _object_key(p, tu, variant.headers).hexdigest() != variant.target:
+            continue  # built for another extension name, and this TU uses the name
+        entry = store.get(variant.target, kind="object")
+        if entry is None or entry.kind != "object":
+            return None
+        tu.okey = variant.target
+        tu.headers = dict(variant.headers)
+        return entry.payload
+    return None
+
+
+#: content digest -> whether that text may use TORCH_EXTENSION_NAME
+_name_use: dict[str, bool] = {}
+
+
+def _text_uses_name(path: str, digest: str) -> bool:
+    """Whether the file ``path``, expected to have content ``digest``, may expand
+    ``TORCH_EXTENSION_NAME``: it spells ``EXTENSION_NAME`` or pastes tokens (``##``,
+    which could assemble the name). True when in doubt: the file cannot be read or its
+    content is no longer ``digest``."""
+    if digest in _name_use:
+        if file_digest(path) == digest:
+            return _name_use[digest]
+        return True
+    from cuforge.key import bytes_digest
+
+    try:
+        data = read_bytes(path)
+    except OSError:
+        return True
+    if bytes_digest(data) != digest:
+        return True
+    uses = b"EXTENSION_NAME" in data or b"##" in data
+    _name_use[digest] = uses
+    return uses
+
+
+def _uses_name(p: Plan, tu: TU, headers: dict[str, str]) -> bool:
+    """Whether ``tu`` (its source and the user ``headers`` it read, recorded path ->
+    digest) may use ``TORCH_EXTENSION_NAME``. System headers (torch's, the toolkit's)
+    do not: torch's define is only read by ``PYBIND11_MODULE(TORCH_EXTENSION_NAME, m)``
+    in user code."""
+    if _NAME_DEFINE + _NAME not in tu.key.fields.get("options", ()):
+        return False  # no name define in this build (a standalone executable)
+    if _text_uses_name(tu.source, tu.digest):
+        return True
+    return any(
+        digest == "missing" or _text_uses_name(_resolve(p, path), digest)
+        for path, digest in headers.items()
+    )
+
+
+def _object_key(p: Plan, tu: TU, headers: dict[str, str]) -> KeyBuilder:
+    """The object key of ``tu`` built with these user ``headers``: the TU key, the
+    headers' contents and, only for a TU that uses ``TORCH_EXTENSION_NAME``, the
+    extension's name."""
+    kb = tu.key.copy()
+    kb.mapping("headers", headers)
+    if _uses_name(p, tu, headers):
+        kb.text("extension_name", p.spec.name)
+    return kb
 
 
 def _link_key(p: Plan) -> str:
@@ -664,8 +830,7 @@ def _user_headers(p: Plan, tu: TU, depfile: str) -> dict[str, str]:
 def _record_object(p: Plan, tu: TU, store, seconds: float) -> None:
     obj_path = os.path.join(p.spec.build_directory, tu.obj)
     tu.headers = _user_headers(p, tu, obj_path + ".d")
-    kb = tu.key.copy()
-    kb.mapping("headers", tu.headers)
+    kb = _object_key(p, tu, tu.headers)
     tu.okey = kb.hexdigest()
     if store is None:
         return

@@ -129,10 +129,16 @@ def run(p, todo) -> None:
     env = dict(os.environ)
     env["NINJA_STATUS"] = _STATUS + "[%f/%t] "
     from cuforge._fs import open_regular
+    from cuforge._progress import enabled as progress_enabled
+    from cuforge.torch.progress import BuildProgress, parse_status
 
+    show = not spec.verbose and progress_enabled()
     log_path = os.path.join(bdir, "build.log")
     fd = open_regular(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    with os.fdopen(fd, "wb") as log:
+    with (
+        os.fdopen(fd, "wb") as log,
+        BuildProgress(spec.name, len(p.tus), len(p.tus) - len(todo), show) as progress,
+    ):
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
         assert proc.stdout is not None
         chunks: list[bytes] = []
@@ -141,6 +147,10 @@ def run(p, todo) -> None:
             log.write(line)
             if spec.verbose:
                 sys.stderr.write(line.decode("utf-8", "replace").replace(_STATUS, ""))
+            elif show:
+                status = parse_status(line.decode("utf-8", "replace"), _STATUS)
+                if status is not None:
+                    progress.update(*status)
         rc = proc.wait()
     if rc == 0:
         return

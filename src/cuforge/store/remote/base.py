@@ -15,7 +15,9 @@ Guaranteed by every backend:
   a torn or partial value is never returned as a whole one (the envelope's digest would
   catch it anyway).
 * No call blocks longer than ``connect_timeout`` + ``timeout`` (per call).
-* Failures raise :class:`RemoteError` (or any exception; the tier counts it and fails open).
+* Failures raise :class:`RemoteError` (or any exception; the tier counts it and fails open);
+  a timeout raises :class:`RemoteTimeout` (or any ``TimeoutError``), which opens the
+  tier's circuit breaker at once.
 
 Not guaranteed: that a ``put`` is visible to other machines at once (eventual), that an
 entry survives (a remote may evict or expire it), ordering between writers of one key (last
@@ -26,11 +28,16 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-__all__ = ["RemoteBackend", "RemoteError", "redact"]
+__all__ = ["RemoteBackend", "RemoteError", "RemoteTimeout", "redact"]
 
 
 class RemoteError(OSError):
     """A remote cache could not be reached, timed out, refused a request or answered garbage."""
+
+
+class RemoteTimeout(RemoteError, TimeoutError):
+    """A remote cache did not connect or answer within its timeout. The tier stops asking
+    it at once (one timeout costs the caller the whole budget; a second would double it)."""
 
 
 def redact(url: str) -> str:

@@ -1,0 +1,356 @@
+"""The HTTP backend: ``http(s)://[user:password@]host[:port]/prefix``.
+
+Plain ``GET`` / ``PUT`` / ``HEAD`` of ``<prefix>/<namespace>/<kind>/<key>``: the protocol of
+bazel-remote, nginx's WebDAV module (``dav_methods PUT``), sccache's webdav backend and most
+artifact stores, so any of them serves as a cuforge cache. Standard library only
+(:mod:`http.client`), imported when the first backend is built, never by ``import cuforge``.
+
+Guarantees, on top of :class:`~cuforge.store.remote.base.RemoteBackend`'s:
+
+* a call connects within ``connect_timeout`` (for https, each step of the TLS handshake
+  too), then sends the request and reads the whole answer within ``timeout`` in total: a
+  deadline, not a per-``recv`` timeout, so a server that trickles bytes cannot stretch a
+  call either;
+* one keep-alive connection per thread (and per process: a forked child never shares its
+  parent's socket); a kept-alive connection the server has since closed is retried once on
+  a fresh connection (that failure is immediate, so the bound above still holds);
+* ``200`` is a hit, ``404`` a miss, anything else (redirects included, which are never
+  followed) a :class:`~cuforge.store.remote.base.RemoteError` with the status and an
+  excerpt of the body; a ``PUT`` succeeds on ``200`` / ``201`` / ``204``;
+* a body larger than :attr:`HttpBackend.max_bytes` is refused before it is read (by its
+  ``Content-Length``) or as soon as it grows past the cap; a body shorter than its
+  ``Content-Length`` is an error, never a value;
+* basic auth from the URL's credentials; https verifies the server against the system's
+  certificate authorities (:func:`ssl.create_default_context`).
+
+Not bounded: resolving the host name (the operating system's resolver has its own timeout);
+use an IP address or a local resolver where that matters.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import threading
+import time
+
+from cuforge.store.remote.base import RemoteBackend, RemoteError, RemoteTimeout, redact
+
+__all__ = ["HttpBackend"]
+
+_EXCERPT = 200
+#: error bodies read to keep a connection reusable; a longer one closes the connection
+_DRAIN_LIMIT = 64 * 1024
+_CHUNK = 1024 * 1024
+_PUT_OK = (200, 201, 204)
+
+
+class HttpBackend(RemoteBackend):
+    """A cache served over plain HTTP(S) verbs (bazel-remote, nginx WebDAV, sccache webdav).
+
+    The constructor only parses ``url``; it does not connect, so building a backend for a
+    server that is down is cheap and does not fail. It raises :class:`RemoteError` when
+    ``url`` is not an http(s) URL with a host, or carries a query or fragment.
+    """
+
+    schemes = ("http", "https")
+
+    #: the largest body a ``get`` accepts (bytes)
+    max_bytes: int = 1024**3
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        namespace: str,
+        connect_timeout: float,
+        timeout: float,
+        ttl: float = 0.0,
+    ) -> None:
+        super().__init__(
+            url, namespace=namespace, connect_timeout=connect_timeout, timeout=timeout, ttl=ttl
+        )
+        from urllib.parse import quote, unquote, urlsplit
+
+        try:
+            parts = urlsplit(url)
+            port = parts.port
+        except ValueError as exc:
+            raise RemoteError(f"remote cache {redact(url)}: bad URL: {exc}") from exc
+        if parts.scheme not in self.schemes or not parts.hostname:
+            raise RemoteError(
+                f"remote cache {redact(url)}: expected http(s)://[user:password@]host[:port]/prefix"
+            )
+        if parts.query or parts.fragment:
+            raise RemoteError(
+                f"remote cache {redact(url)}: a cache URL takes no query or fragment "
+                "(?... / #...); entries go under its path"
+            )
+        self._https = parts.scheme == "https"
+        self._host = parts.hostname
+        self._port = port or (443 if self._https else 80)
+        self._prefix = parts.path.rstrip("/")
+        self._quote = quote
+        self._ns = self._component(namespace, "namespace")
+        self._headers = {"User-Agent": "cuforge"}
+        if parts.username is not None or parts.password is not None:
+            import base64
+
+            user = unquote(parts.username or "")
+            password = unquote(parts.password or "")
+            token = base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
+            self._headers["Authorization"] = f"Basic {token}"
+        self._ssl_context = None
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._open: set = set()
+
+    # -- addressing ---------------------------------------------------------------------
+
+    def _component(self, value: str, what: str) -> str:
+        if not value or value in (".", "..") or "/" in value:
+            raise RemoteError(
+                f"remote cache {self.describe()}: the {what} {value!r} cannot be a path "
+                "component (empty, '.', '..' or containing '/')"
+            )
+        return self._quote(value, safe="-_.~+:=")
+
+    def _path(self, kind: str, key: str) -> str:
+        return (
+            f"{self._prefix}/{self._ns}/{self._component(kind, 'kind')}/"
+            f"{self._component(key, 'key')}"
+        )
+
+    # -- connections --------------------------------------------------------------------
+
+    def _new_connection(self):
+        import http.client
+
+        if self._https:
+            import ssl
+
+            if self._ssl_context is None:
+                self._ssl_context = ssl.create_default_context()
+            conn = http.client.HTTPSConnection(
+                self._host, self._port, timeout=self.connect_timeout, context=self._ssl_context
+            )
+        else:
+            conn = http.client.HTTPConnection(self._host, self._port, timeout=self.connect_timeout)
+        conn._cuforge_deadline = 0.0
+        conn.response_class = _deadline_response_class(conn)
+        return conn
+
+    def _connection(self) -> tuple[object, bool]:
+        """This thread's connection (opened if needed) and whether it served a request
+        before (only a reused connection may turn out stale)."""
+        pid = os.getpid()
+        conn = getattr(self._local, "conn", None)
+        if conn is not None and (getattr(self._local, "pid", pid) != pid or conn.sock is None):
+            self._discard(conn)
+            conn = None
+        if conn is not None:
+            return conn, True
+        conn = self._new_connection()
+        try:
+            conn.connect()
+        except OSError as exc:
+            conn.close()
+            if isinstance(exc, TimeoutError):
+                raise RemoteTimeout(
+                    f"remote cache {self.describe()}: no connection within "
+                    f"{self.connect_timeout:g} s (CUFORGE_REMOTE_CONNECT_TIMEOUT)"
+                ) from exc
+            raise RemoteError(f"remote cache {self.describe()}: cannot connect: {exc}") from exc
+        self._local.conn = conn
+        self._local.pid = pid
+        with self._lock:
+            self._open.add(conn)
+        return conn, False
+
+    def _discard(self, conn) -> None:
+        if getattr(self._local, "conn", None) is conn:
+            self._local.conn = None
+        with self._lock:
+            self._open.discard(conn)
+        conn.close()
+
+    # -- one request --------------------------------------------------------------------
+
+    def _request(self, method: str, kind: str, key: str, body: bytes | None = None):
+        """Send one request; return ``(status, reason, body)``, the body read in full
+        (under the cap; HEAD: empty). Raises RemoteError."""
+        import http.client
+
+        path = self._path(kind, key)
+        headers = dict(self._headers)
+        if body is not None:
+            headers["Content-Type"] = "application/octet-stream"
+        for attempt in (0, 1):
+            conn, reused = self._connection()
+            conn._cuforge_deadline = time.monotonic() + self.timeout
+            try:
+                conn.sock.settimeout(self.timeout)
+                conn.request(method, path, body=body, headers=headers)
+                resp = conn.getresponse()
+                data = self._read_body(conn, resp, method)
+            except RemoteError:  # (an OSError too: before the handlers below)
+                self._discard(conn)
+                raise
+            except ConnectionError as exc:
+                self._discard(conn)
+                if reused and attempt == 0:
+                    continue  # the server closed a kept-alive connection: once more, fresh
+                raise self._fail(method, kind, key, exc) from exc
+            except (OSError, http.client.HTTPException) as exc:
+                self._discard(conn)
+                if isinstance(exc, TimeoutError):
+                    raise RemoteTimeout(
+                        f"remote cache {self.describe()}: {method} {kind}/{key[:16]}: no "
+                        f"answer within {self.timeout:g} s (CUFORGE_REMOTE_TIMEOUT)"
+                    ) from exc
+                raise self._fail(method, kind, key, exc) from exc
+            if resp.will_close:
+                self._discard(conn)
+            return resp.status, resp.reason, data
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _read_body(self, conn, resp, method: str) -> bytes:
+        """The whole body of a 2xx answer under :attr:`max_bytes`; of any other answer, up
+        to a short excerpt (the connection is dropped when more is left). A body that ends
+        before its ``Content-Length`` raises :class:`http.client.IncompleteRead`."""
+        import http.client
+
+        success = 200 <= resp.status < 300
+        limit = self.max_bytes if success else _DRAIN_LIMIT
+        if method == "HEAD":
+            resp.read()  # no body: marks the response done so the connection is reusable
+            return b""
+        length = resp.length
+        if length is not None and length > limit:
+            if not success:
+                data = resp.read(_EXCERPT)
+                self._discard(conn)
+                return data
+            raise RemoteError(
+                f"remote cache {self.describe()}: the server announced {length} bytes, more "
+                f"than the {self.max_bytes} a cache entry may have"
+            )
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            chunk = resp.read(min(_CHUNK, limit + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                if not success:
+                    self._discard(conn)
+                    break
+                raise RemoteError(
+                    f"remote cache {self.describe()}: the answer grew past the "
+                    f"{self.max_bytes} bytes a cache entry may have"
+                )
+        if resp.length:  # http.client's read(amt) ends quietly when the server hangs up
+            raise http.client.IncompleteRead(b"", resp.length)
+        return b"".join(chunks)
+
+    def _fail(self, method: str, kind: str, key: str, exc: BaseException) -> RemoteError:
+        return RemoteError(
+            f"remote cache {self.describe()}: {method} {kind}/{key[:16]} failed: "
+            f"{type(exc).__name__}: {exc}"
+        )
+
+    def _status_error(
+        self, method: str, kind: str, key: str, status: int, reason: str, body: bytes
+    ) -> RemoteError:
+        excerpt = body[:_EXCERPT].decode("utf-8", "replace")
+        excerpt = " ".join(excerpt.split())
+        return RemoteError(
+            f"remote cache {self.describe()}: {method} {kind}/{key[:16]} answered "
+            f"{status} {reason}" + (f": {excerpt}" if excerpt else "")
+        )
+
+    # -- the interface ------------------------------------------------------------------
+
+    def get(self, kind: str, key: str) -> bytes | None:
+        """``GET``: 200 -> the body, 404 -> None, anything else -> RemoteError."""
+        status, reason, data = self._request("GET", kind, key)
+        if status == 200:
+            return data
+        if status == 404:
+            return None
+        raise self._status_error("GET", kind, key, status, reason, data)
+
+    def put(self, kind: str, key: str, data: bytes) -> None:
+        """``PUT`` the bytes; 200 / 201 / 204 is success, anything else RemoteError."""
+        status, reason, body = self._request("PUT", kind, key, bytes(data))
+        if status not in _PUT_OK:
+            raise self._status_error("PUT", kind, key, status, reason, body)
+
+    def contains(self, kind: str, key: str) -> bool:
+        """``HEAD``: 200 -> True, 404 -> False, anything else -> RemoteError."""
+        status, reason, _ = self._request("HEAD", kind, key)
+        if status == 200:
+            return True
+        if status == 404:
+            return False
+        raise self._status_error("HEAD", kind, key, status, reason, b"")
+
+    def close(self) -> None:
+        """Close every thread's connection (idempotent; a later call reconnects)."""
+        with self._lock:
+            conns, self._open = self._open, set()
+        for conn in conns:
+            conn.close()
+        self._local = threading.local()
+
+
+def _deadline_response_class(conn):
+    """A ``response_class`` for ``conn`` whose reads all end by ``conn._cuforge_deadline``:
+    each ``recv`` gets only the time left, so the status line, the headers and the body
+    together take at most the transfer timeout."""
+    import http.client
+
+    def response(sock, *args, **kwargs):
+        return http.client.HTTPResponse(_DeadlineSocket(sock, conn), *args, **kwargs)
+
+    return response
+
+
+class _DeadlineSocket:
+    """Just enough of a socket for :class:`http.client.HTTPResponse`: ``makefile``."""
+
+    __slots__ = ("_sock", "_conn")
+
+    def __init__(self, sock, conn) -> None:
+        self._sock = sock
+        self._conn = conn
+
+    def makefile(self, mode: str = "rb", *args, **kwargs) -> io.BufferedReader:
+        # socket.SocketIO keeps the socket open while the response reads, even after the
+        # connection object drops it (http.client relies on that for ``Connection: close``)
+        raw = self._sock.makefile("rb", buffering=0)
+        return io.BufferedReader(_DeadlineReader(raw, self._sock, self._conn))
+
+
+class _DeadlineReader(io.RawIOBase):
+    def __init__(self, raw, sock, conn) -> None:
+        self._raw = raw
+        self._sock = sock
+        self._conn = conn
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        left = self._conn._cuforge_deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("timed out")
+        self._sock.settimeout(left)
+        return self._raw.readinto(buffer)
+
+    def close(self) -> None:
+        if not self.closed:
+            self._raw.close()
+        super().close()

@@ -1,0 +1,254 @@
+"""The remote tier: a :class:`~cuforge.store.base.Store` over one
+:class:`~cuforge.store.remote.base.RemoteBackend`, safe to use and fast to give up on.
+
+What it adds to the backend, in one place:
+
+* **The envelope** (:mod:`cuforge.store.remote.envelope`): every value carries the
+  namespace, kind, key and SHA-256 of the entry (and an HMAC-SHA256 signature when a key
+  is set); all of it, and the entry's own checksum and schema, are checked before use.
+* **Addressing**: entries are found by ``(kind, key)``; :meth:`RemoteStore.get` without a
+  ``kind`` answers None without asking the backend.
+* **Fail open**: any exception of the backend is counted (``errors``) and the call becomes a
+  miss (get) or a dropped write (put); a remote never fails a compile. A value that is not
+  a sound envelope is counted as an error and a miss (a warning, once per remote and
+  process); one that fails a trust check (another namespace, unsigned while a key is set,
+  a bad signature) is counted as ``rejected`` and a miss (a warning naming the reason,
+  once per remote and process).
+* **The circuit breaker** (:mod:`cuforge.store.remote.breaker`): after a few consecutive
+  failures the remote is skipped entirely (no call at all) until a probe after a back-off
+  succeeds.
+* **Writes** are synchronous and bounded by the backend's timeouts (``connect_timeout`` +
+  ``timeout``): when ``put`` returns, the entry is published (so a process that exits
+  right after a compile has shared it). ``readonly``: nothing is ever written.
+* **Stats and telemetry**: hits, misses, puts, errors, rejected in :meth:`stats`; the
+  same events are recorded in the local telemetry (tier ``"remote"``) when a telemetry
+  root is given, so ``cuforge cache stats`` shows them.
+
+``delete`` does nothing (a shared cache is not one process's to delete from) and
+``iterate`` yields nothing (remotes are not listed).
+"""
+
+from __future__ import annotations
+
+from cuforge.store import telemetry as _telemetry
+from cuforge.store.base import ENTRY_KINDS, Entry, Store, StoreStats
+from cuforge.store.remote.breaker import CircuitBreaker
+
+TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs ~10 ms
+if TYPE_CHECKING:  # pragma: no cover
+    from collections.abc import Iterator
+
+    from cuforge.store.base import EntryInfo
+    from cuforge.store.remote.base import RemoteBackend
+
+
+__all__ = ["RemoteStore"]
+
+# (remote, category) pairs already warned about in this process
+_warned: set[tuple[str, str]] = set()
+
+
+def _warn_once(remote: str, category: str, message: str, *args) -> None:
+    if (remote, category) in _warned:
+        return
+    _warned.add((remote, category))
+    import logging
+
+    logging.getLogger("cuforge").warning(message, *args)
+
+
+class RemoteStore(Store):
+    """One remote cache as a tier. ``secret``: the HMAC key (sign writes, refuse unsigned
+    reads); ``readonly``: never write; ``telemetry_root``: the local cache dir whose
+    telemetry records this tier's events (None: none recorded)."""
+
+    tier = "remote"
+    #: not a tier that records shared telemetry under a ``root`` of its own (TieredStore)
+    telemetry = False
+
+    def __init__(
+        self,
+        backend: RemoteBackend,
+        *,
+        secret: bytes | None = None,
+        readonly: bool = False,
+        telemetry_root: str | None = None,
+    ) -> None:
+        self.backend = backend
+        self.url = backend.describe()
+        self.namespace = backend.namespace
+        self.secret = secret or None
+        self.readonly = bool(readonly)
+        self.telemetry_root = telemetry_root
+        self.breaker = CircuitBreaker(self.url)
+        self.hits = self.misses = self.puts = 0
+        self.errors = self.rejected = 0
+        #: calls not made because the breaker was open
+        self.skipped = 0
+        self.last_error: str | None = None
+
+    # ------------------------------------------------------------------ helpers
+    def _record(self, event: str, kind: str = "", name=None, nbytes: int = 0, seconds=0.0):
+        root = self.telemetry_root
+        if root is not None:
+            _telemetry.record(
+                root,
+                event,
+                tier="remote",
+                kind=kind,
+                name=name if isinstance(name, str) else None,
+                nbytes=nbytes,
+                seconds_saved=seconds if isinstance(seconds, (int, float)) else 0.0,
+            )
+
+    def _failed(self, what: str, exc: BaseException) -> None:
+        error = f"{what}: {type(exc).__name__}: {exc}"
+        self.errors += 1
+        self.last_error = error
+        self._record("error")
+        self.breaker.failure(error, timed_out=isinstance(exc, TimeoutError))
+
+    def _miss(self) -> None:
+        self.misses += 1
+        self._record("miss")
+
+    # ------------------------------------------------------------------ Store
+    def get(self, key: str, *, kind: str | None = None) -> Entry | None:
+        """The entry stored under ``(kind, key)``, checked; None on a miss, without a
+        ``kind`` (or with one not in :data:`~cuforge.store.base.ENTRY_KINDS`), while the breaker is open, on any failure and for any value that fails
+        a check. Never raises."""
+        if kind is None or kind not in ENTRY_KINDS:
+            return None  # a remote addresses entries by (kind, key): nothing to ask
+        if not self.breaker.allow():
+            self.skipped += 1
+            self._miss()
+            return None
+        try:
+            data = self.backend.get(kind, key)
+        except Exception as exc:  # noqa: BLE001 - a remote (or plug-in) may raise anything; a remote never fails a compile
+            self._failed("get", exc)
+            self._miss()
+            return None
+        self.breaker.success()
+        if data is None:
+            self._miss()
+            return None
+        from cuforge.store.remote.envelope import Rejected, open_envelope
+
+        try:
+            obj, payload = open_envelope(
+                data, ns=self.namespace, kind=kind, key=key, secret=self.secret
+            )
+            meta = obj["meta"]
+        except Rejected as exc:
+            self._refused(kind, key, exc)
+            self._miss()
+            return None
+        except Exception as exc:  # noqa: BLE001 - garbage from a remote must never fail a compile
+            self._refused(kind, key, Rejected(f"{type(exc).__name__}: {exc}"))
+            self._miss()
+            return None
+        self.hits += 1
+        self._record("hit", kind, meta.get("name"), len(payload), meta.get("compile_seconds", 0.0))
+        return Entry(key, kind, payload, meta)
+
+    def _refused(self, kind: str, key: str, exc) -> None:
+        if exc.trust:
+            self.rejected += 1
+            self._record("rejected")
+            _warn_once(
+                self.url,
+                "rejected",
+                "cuforge: refused an entry of remote cache %s (%s %s...): %s. It counts as a "
+                "miss; set the same CUFORGE_REMOTE_KEY on writers and readers, or unset it to "
+                "accept unsigned entries. Shown once per process.",
+                self.url,
+                kind,
+                key[:16],
+                exc.reason,
+            )
+        else:
+            self.errors += 1
+            self.last_error = f"bad value: {exc.reason}"
+            self._record("error")
+            _warn_once(
+                self.url,
+                "garbage",
+                "cuforge: remote cache %s returned a damaged value for %s %s...: %s. It "
+                "counts as a miss (and an error). Shown once per process.",
+                self.url,
+                kind,
+                key[:16],
+                exc.reason,
+            )
+
+    def put(self, entry: Entry, *, durable: bool = True) -> bool:
+        """Publish ``entry`` (signed when a key is set). False when read-only, while the
+        breaker is open, for a value over the size cap, or when the backend failed (counted
+        as an error). Returns within the backend's timeouts; never raises."""
+        if self.readonly or not self.breaker.allow():
+            if not self.readonly:
+                self.skipped += 1
+            return False
+        from cuforge.store.remote.envelope import MAX_VALUE_BYTES, seal
+
+        try:
+            data = seal(entry, self.namespace, self.secret)
+        except (TypeError, ValueError) as exc:  # meta that is not JSON: the disk tier's bug too
+            self._failed("put", exc)
+            return False
+        if len(data) > MAX_VALUE_BYTES:
+            return False
+        try:
+            self.backend.put(entry.kind, entry.key, data)
+        except Exception as exc:  # noqa: BLE001 - a remote (or plug-in) may raise anything; a remote never fails a compile
+            self._failed("put", exc)
+            return False
+        self.breaker.success()
+        self.puts += 1
+        self._record("put", entry.kind, entry.meta.get("name"), len(entry.payload))
+        return True
+
+    def contains(self, key: str, *, kind: str | None = None) -> bool:
+        return self.get(key, kind=kind) is not None
+
+    def delete(self, key: str) -> bool:
+        """Nothing: a shared cache is not one process's to delete from (False)."""
+        return False
+
+    def iterate(self) -> Iterator[EntryInfo]:
+        """Nothing: remotes are not listed."""
+        return iter(())
+
+    def stats(self) -> StoreStats:
+        """This process's counters; ``extra``: ``url`` (redacted), ``backend`` (class
+        name), ``namespace``, ``signed``, ``readonly``, ``breaker`` ("open"/"closed"),
+        ``skipped`` (calls the open breaker saved), ``last_error``."""
+        return StoreStats(
+            "remote",
+            hits=self.hits,
+            misses=self.misses,
+            puts=self.puts,
+            errors=self.errors,
+            rejected=self.rejected,
+            extra={
+                "url": self.url,
+                "backend": type(self.backend).__name__,
+                "namespace": self.namespace,
+                "signed": self.secret is not None,
+                "readonly": self.readonly,
+                "breaker": self.breaker.state(),
+                "skipped": self.skipped,
+                "last_error": self.last_error,
+            },
+        )
+
+    def close(self) -> None:
+        """Close the backend's connections (never raises)."""
+        try:
+            self.backend.close()
+        except Exception:  # noqa: BLE001 - a remote (or plug-in) may raise anything; closing is best effort
+            pass
+
+    def __repr__(self) -> str:
+        return f"RemoteStore({self.url!r}{', read-only' if self.readonly else ''})"

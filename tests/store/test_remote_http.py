@@ -1,0 +1,291 @@
+"""HttpBackend against a real nginx with WebDAV PUT (started per test on 127.0.0.1), and
+against small scripted servers that misbehave on purpose (never answer, trickle, cut a body
+short, drop kept-alive connections)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+
+from cuforge.store.remote.base import RemoteError
+from cuforge.store.remote.http import HttpBackend
+from tests.store.helpers import key_of
+
+#: a generous sanity bound for "it returned" (speed is measured in bench/, not asserted)
+RETURNS_WITHIN = 5.0
+NS = "cuforge-test-k1"
+
+
+def backend(url: str, timeout: float = 2.0, connect_timeout: float = 0.5) -> HttpBackend:
+    return HttpBackend(url, namespace=NS, connect_timeout=connect_timeout, timeout=timeout)
+
+
+def read_request(conn) -> bytes:
+    from tests.remote_servers import read_request
+
+    return read_request(conn)
+
+
+def test_round_trip_through_nginx(nginx_server):
+    b = backend(nginx_server.url)
+    key = key_of(1)
+    data = bytes(range(256)) * 4096  # every byte value, 1 MiB
+    assert b.get("cubin", key) is None
+    assert b.contains("cubin", key) is False
+    b.put("cubin", key, data)
+    assert b.get("cubin", key) == data
+    assert b.contains("cubin", key) is True
+    # the layout on the server: <prefix>/<namespace>/<kind>/<key>
+    with open(os.path.join(nginx_server.root, NS, "cubin", key), "rb") as f:
+        assert f.read() == data
+    b.put("cubin", key, b"replaced")  # overwrite: nginx answers 204
+    assert b.get("cubin", key) == b"replaced"
+    assert b.get("ptx", key) is None
+    statuses = [row[3] for row in nginx_server.requests()]
+    assert statuses.count(201) == 1 and statuses.count(204) == 1
+
+
+def test_empty_value(nginx_server):
+    b = backend(nginx_server.url)
+    b.put("cubin", key_of(2), b"")
+    assert b.get("cubin", key_of(2)) == b""
+    assert b.contains("cubin", key_of(2)) is True
+
+
+def test_one_keep_alive_connection_per_thread(nginx_server):
+    b = backend(nginx_server.url)
+    for i in range(10):
+        b.put("cubin", key_of(i), b"x%d" % i)
+        assert b.get("cubin", key_of(i)) == b"x%d" % i
+
+    def connections() -> set[int]:  # (not the fixture's readiness probe)
+        return {row[0] for row in nginx_server.requests() if row[2].startswith(f"/cache/{NS}")}
+
+    assert len(connections()) == 1  # 20 requests, one connection
+
+    failures: list[int] = []
+
+    def work(t: int) -> None:
+        for i in range(10):
+            if b.get("cubin", key_of(i)) != b"x%d" % i:
+                failures.append(t)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+    assert len(connections()) <= 1 + 4
+    b.close()
+    assert b.get("cubin", key_of(0)) == b"x0"  # reconnects after close
+
+
+def test_put_refused_is_an_error(nginx_server):
+    b = backend(nginx_server.readonly_url)
+    with pytest.raises(RemoteError, match="405"):
+        b.put("cubin", key_of(3), b"x")
+    assert b.get("cubin", key_of(3)) is None  # a miss there is still a 404 -> None
+    with pytest.raises(RemoteError, match="405"):
+        b.put("cubin", key_of(3), b"y")  # the connection stayed usable
+
+
+def test_basic_auth(nginx_server):
+    good = backend(nginx_server.private_url(nginx_server.user, nginx_server.password))
+    good.put("cubin", key_of(4), b"private")
+    assert good.get("cubin", key_of(4)) == b"private"
+    assert nginx_server.password not in good.describe() and "***" in good.describe()
+
+    anonymous = backend(nginx_server.private_url())
+    with pytest.raises(RemoteError, match="401"):
+        anonymous.get("cubin", key_of(4))
+    wrong = backend(nginx_server.private_url(nginx_server.user, "nope-pw"))
+    with pytest.raises(RemoteError, match="401") as err:
+        wrong.put("cubin", key_of(4), b"x")
+    assert "nope-pw" not in str(err.value)
+
+
+def test_body_over_the_cap_is_refused(nginx_server):
+    b = backend(nginx_server.url)
+    b.put("cubin", key_of(5), b"z" * 1000)
+    b.max_bytes = 999
+    with pytest.raises(RemoteError, match="announced 1000 bytes") as err:
+        b.get("cubin", key_of(5))
+    assert "RemoteError" not in str(err.value)  # one clear message, not a wrapped one
+    b.max_bytes = 1000
+    assert b.get("cubin", key_of(5)) == b"z" * 1000
+
+
+def test_server_killed(nginx_server):
+    b = backend(nginx_server.url)
+    b.put("cubin", key_of(6), b"x")
+    nginx_server.kill()
+    for op in (
+        lambda: b.get("cubin", key_of(6)),
+        lambda: b.put("cubin", key_of(6), b"y"),
+        lambda: b.contains("cubin", key_of(6)),
+    ):
+        start = time.monotonic()
+        with pytest.raises(RemoteError, match="127.0.0.1"):
+            op()
+        assert time.monotonic() - start < RETURNS_WITHIN
+
+
+def test_server_that_never_answers(black_hole):
+    b = backend(black_hole.url("http"), timeout=0.2, connect_timeout=0.2)
+    for op in (
+        lambda: b.get("cubin", key_of(7)),
+        lambda: b.put("cubin", key_of(7), b"x" * 100_000),
+        lambda: b.contains("cubin", key_of(7)),
+    ):
+        start = time.monotonic()
+        with pytest.raises(RemoteError, match="no answer within 0.2 s"):
+            op()
+        assert time.monotonic() - start < RETURNS_WITHIN
+
+
+def test_connect_that_never_completes(tarpit):
+    b = backend(tarpit.url("http"), timeout=0.2, connect_timeout=0.2)
+    start = time.monotonic()
+    with pytest.raises(RemoteError, match="no connection within 0.2 s"):
+        b.get("cubin", key_of(8))
+    assert time.monotonic() - start < RETURNS_WITHIN
+
+
+def test_trickling_server_hits_the_deadline(scripted_server):
+    """One byte every 50 ms never trips a per-recv timeout; the deadline still ends it."""
+
+    def trickle(conn) -> None:
+        read_request(conn)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n")
+        for _ in range(10_000):
+            conn.sendall(b"x")
+            time.sleep(0.05)
+
+    server = scripted_server(trickle)
+    b = backend(server.url(), timeout=0.5)
+    start = time.monotonic()
+    with pytest.raises(RemoteError, match="no answer within 0.5 s"):
+        b.get("cubin", key_of(9))
+    assert time.monotonic() - start < RETURNS_WITHIN
+
+
+def test_short_body_is_an_error_not_a_value(scripted_server):
+    def cut_short(conn) -> None:
+        read_request(conn)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n" + b"x" * 50)
+
+    b = backend(scripted_server(cut_short).url())
+    with pytest.raises(RemoteError, match="IncompleteRead"):
+        b.get("cubin", key_of(10))
+
+
+def test_unannounced_body_over_the_cap(scripted_server):
+    def no_length(conn) -> None:
+        read_request(conn)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + b"y" * 5000)
+
+    b = backend(scripted_server(no_length).url())
+    b.max_bytes = 4096
+    with pytest.raises(RemoteError, match="grew past"):
+        b.get("cubin", key_of(11))
+    b.max_bytes = 5000
+    assert b.get("cubin", key_of(11)) == b"y" * 5000
+
+
+def test_stale_keep_alive_connection_is_retried_once(scripted_server):
+    """A server that closes each connection after one answer without saying so (as after
+    its keep-alive timeout): every call still succeeds, on a fresh connection."""
+
+    def once(conn) -> None:
+        if read_request(conn):
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            time.sleep(0.05)  # then close, keep-alive notwithstanding
+
+    server = scripted_server(once)
+    b = backend(server.url())
+    for _ in range(3):
+        assert b.get("cubin", key_of(12)) == b"ok"
+        time.sleep(0.15)  # let the server close it
+    assert server.connections == 3
+
+
+def test_redirects_are_not_followed(scripted_server):
+    def redirect(conn) -> None:
+        while read_request(conn):
+            conn.sendall(
+                b"HTTP/1.1 301 Moved Permanently\r\nLocation: http://example.com/\r\n"
+                b"Content-Length: 5\r\n\r\nmoved"
+            )
+
+    b = backend(scripted_server(redirect).url())
+    with pytest.raises(RemoteError, match="301 Moved Permanently: moved"):
+        b.get("cubin", key_of(13))
+
+
+def test_garbage_status_line(scripted_server):
+    def garbage(conn) -> None:
+        read_request(conn)
+        conn.sendall(b"\x00\xffnot http at all\r\n\r\n")
+
+    with pytest.raises(RemoteError, match="BadStatusLine"):
+        backend(scripted_server(garbage).url()).get("cubin", key_of(14))
+
+
+def test_https(nginx_server_tls, monkeypatch):
+    server = nginx_server_tls
+    # a certificate nobody vouches for is refused: https verifies by default
+    with pytest.raises(RemoteError, match="CERTIFICATE_VERIFY_FAILED"):
+        backend(server.https_url).get("cubin", key_of(16))
+    # trusted through the usual OpenSSL variable, the round trip works over TLS
+    monkeypatch.setenv("SSL_CERT_FILE", server.cert)
+    b = backend(server.https_url)
+    b.put("cubin", key_of(16), b"over tls")
+    assert b.get("cubin", key_of(16)) == b"over tls"
+    assert b.contains("cubin", key_of(16)) is True
+    with open(os.path.join(server.root, NS, "cubin", key_of(16)), "rb") as f:
+        assert f.read() == b"over tls"
+
+
+def test_https_to_a_plain_server_fails(scripted_server):
+    """An https URL speaking to a server that is not TLS fails; it never falls back."""
+
+    def plain(conn) -> None:
+        conn.recv(4096)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+    b = backend(scripted_server(plain).url("https"))
+    with pytest.raises(RemoteError, match="127.0.0.1"):
+        b.get("cubin", key_of(15))
+
+
+def test_constructor_does_not_connect(black_hole):
+    HttpBackend(black_hole.url("http"), namespace=NS, connect_timeout=3, timeout=3)
+    time.sleep(0.3)  # time for the black hole to accept a connection, had one been made
+    assert black_hole.accepted == 0
+
+
+@pytest.mark.parametrize(
+    "url, needle",
+    [
+        ("http:///cache", "expected http"),
+        ("ftp://host/cache", "expected http"),
+        ("http://host:99999/cache", "bad URL"),
+        ("http://host/cache?x=1", "no query"),
+    ],
+)
+def test_bad_urls(url, needle):
+    with pytest.raises(RemoteError, match=needle):
+        backend(url)
+
+
+def test_path_components_cannot_escape(nginx_server):
+    b = backend(nginx_server.url)
+    for kind, key in (("..", "k"), ("cubin", ".."), ("cubin", "a/b"), ("", "k")):
+        with pytest.raises(RemoteError, match="path component"):
+            b.get(kind, key)
+    with pytest.raises(RemoteError, match="path component"):
+        HttpBackend(nginx_server.url, namespace="..", connect_timeout=1, timeout=1)

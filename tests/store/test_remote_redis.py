@@ -1,0 +1,248 @@
+"""RedisBackend against a real redis-server (started per test on 127.0.0.1, random port)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+
+from cuforge.store.remote.base import RemoteError
+from tests.conftest import child_env, run_python
+from tests.store.helpers import key_of
+
+pytest.importorskip("redis", reason="the 'redis' package (pip install 'cuforge[redis]')")
+
+from cuforge.store.remote.redis import RedisBackend  # noqa: E402 - after the importorskip
+
+#: a generous sanity bound for "it returned" (speed is measured in bench/, not asserted)
+RETURNS_WITHIN = 5.0
+
+
+def backend(url: str, ns: str = "ns-test", timeout: float = 1.0, ttl: float = 0.0):
+    return RedisBackend(url, namespace=ns, connect_timeout=0.5, timeout=timeout, ttl=ttl)
+
+
+def test_round_trip_missing_and_contains(redis_server):
+    b = backend(redis_server.url)
+    key = key_of(1)
+    data = bytes(range(256)) * 4096  # every byte value, 1 MiB
+    assert b.get("cubin", key) is None
+    assert b.contains("cubin", key) is False
+    b.put("cubin", key, data)
+    assert b.get("cubin", key) == data
+    assert b.contains("cubin", key) is True
+    b.put("cubin", key, b"replaced")
+    assert b.get("cubin", key) == b"replaced"
+    # the key layout operators see: cuforge:{namespace}:{kind}:{key}
+    raw = redis_server.client()
+    assert raw.get(f"cuforge:ns-test:cubin:{key}") == b"replaced"
+    assert b.get("ptx", key) is None  # kinds are apart
+
+
+def test_namespaces_are_apart(redis_server):
+    a = backend(redis_server.url, ns="cuforge-1-k1")
+    b = backend(redis_server.url, ns="cuforge-2-k1")
+    a.put("cubin", key_of(2), b"one")
+    assert b.get("cubin", key_of(2)) is None
+    assert a.get("cubin", key_of(2)) == b"one"
+
+
+def test_ttl_is_set_when_asked(redis_server):
+    raw = redis_server.client()
+    backend(redis_server.url, ttl=30).put("cubin", key_of(3), b"x")
+    ttl = raw.ttl(f"cuforge:ns-test:cubin:{key_of(3)}")
+    assert 0 < ttl <= 30
+    backend(redis_server.url, ttl=0.2).put("cubin", key_of(4), b"x")  # rounded up to 1 s
+    assert 0 < raw.ttl(f"cuforge:ns-test:cubin:{key_of(4)}") <= 1
+    backend(redis_server.url).put("cubin", key_of(5), b"x")
+    assert raw.ttl(f"cuforge:ns-test:cubin:{key_of(5)}") == -1  # no expiry
+
+
+def test_expired_entry_is_a_miss(redis_server):
+    b = backend(redis_server.url, ttl=1)
+    b.put("cubin", key_of(6), b"short-lived")
+    assert b.get("cubin", key_of(6)) == b"short-lived"
+    deadline = time.monotonic() + 10
+    while b.get("cubin", key_of(6)) is not None:
+        assert time.monotonic() < deadline, "redis never expired the entry"
+        time.sleep(0.1)
+    assert b.contains("cubin", key_of(6)) is False
+
+
+def test_password(redis_server_password):
+    server = redis_server_password
+    b = backend(server.url)
+    b.put("cubin", key_of(7), b"secret stuff")
+    assert b.get("cubin", key_of(7)) == b"secret stuff"
+    assert "s3cret-pw" not in b.describe() and "***" in b.describe()
+    assert "s3cret-pw" not in repr(b)
+
+    no_password = backend(server.url.replace(":s3cret-pw@", ""))
+    with pytest.raises(RemoteError) as err:
+        no_password.get("cubin", key_of(7))
+    assert "127.0.0.1" in str(err.value)
+
+    wrong = backend(server.url.replace("s3cret-pw", "wrong-pw"))
+    with pytest.raises(RemoteError) as err:
+        wrong.put("cubin", key_of(8), b"x")
+    assert "wrong-pw" not in str(err.value)  # the URL in messages is redacted
+
+
+def test_tls(redis_server_tls):
+    server = redis_server_tls
+    assert server.url.startswith("rediss://")
+    # a certificate nobody vouches for is refused: TLS verifies by default
+    with pytest.raises(RemoteError, match="certificate verify failed|CERTIFICATE_VERIFY"):
+        backend(server.url).get("cubin", key_of(20))
+    # told to trust it (a redis-py URL option), the round trip works over TLS
+    trusted = backend(f"{server.url}?ssl_ca_certs={server.cert}")
+    trusted.put("cubin", key_of(20), b"over tls")
+    assert trusted.get("cubin", key_of(20)) == b"over tls"
+    assert server.client().get(f"cuforge:ns-test:cubin:{key_of(20)}") == b"over tls"
+
+
+def test_threads_share_one_client(redis_server):
+    raw = redis_server.client()
+    before = raw.info("stats")["total_connections_received"]
+    b = backend(redis_server.url)
+    failures: list[str] = []
+
+    def work(t: int) -> None:
+        for i in range(25):
+            key = key_of(f"{t}-{i}")
+            value = f"{t}:{i}".encode() * (i + 1)
+            b.put("cubin", key, value)
+            if b.get("cubin", key) != value:
+                failures.append(key)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+    # one pool: at most a connection per thread, reused across its 50 calls
+    assert raw.info("stats")["total_connections_received"] - before <= 8
+
+
+def test_forked_child_uses_its_own_connection(redis_server):
+    b = backend(redis_server.url)
+    b.put("cubin", key_of(9), b"before fork")
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through its exit status
+        try:
+            ok = b.get("cubin", key_of(9)) == b"before fork"
+            b.put("cubin", key_of(10), b"from child")
+            os._exit(0 if ok else 1)
+        except BaseException:  # noqa: BLE001 - any failure in the child is its exit status
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert b.get("cubin", key_of(10)) == b"from child"  # the parent's connection still works
+
+
+def test_maxmemory_refuses_puts(redis_server):
+    raw = redis_server.client()
+    b = backend(redis_server.url)
+    b.put("cubin", key_of("early"), b"stored before the limit")
+    raw.config_set("maxmemory", "1mb")
+    raw.config_set("maxmemory-policy", "noeviction")
+    with pytest.raises(RemoteError) as err:
+        for i in range(200):  # 200 x 64 KiB: far past 1 MiB
+            b.put("cubin", key_of(i), os.urandom(64 * 1024))
+    assert "OOM" in str(err.value) or "maxmemory" in str(err.value)
+    assert b.get("cubin", key_of("early")) == b"stored before the limit"  # reads still work
+
+
+def test_wrong_type_is_an_error(redis_server):
+    redis_server.client().rpush(f"cuforge:ns-test:cubin:{key_of(11)}", b"a", b"b")
+    with pytest.raises(RemoteError, match="WRONGTYPE|wrong kind"):
+        backend(redis_server.url).get("cubin", key_of(11))
+
+
+def test_server_killed_mid_run(redis_server):
+    b = backend(redis_server.url)
+    b.put("cubin", key_of(12), b"x")
+    redis_server.kill()
+    for op in (
+        lambda: b.get("cubin", key_of(12)),
+        lambda: b.put("cubin", key_of(13), b"y"),
+        lambda: b.contains("cubin", key_of(12)),
+    ):
+        start = time.monotonic()
+        with pytest.raises(RemoteError, match="127.0.0.1"):
+            op()
+        assert time.monotonic() - start < RETURNS_WITHIN
+
+
+def test_server_that_never_answers(black_hole):
+    b = RedisBackend(
+        black_hole.url("redis"), namespace="n", connect_timeout=0.2, timeout=0.2, ttl=0
+    )
+    for op in (
+        lambda: b.get("cubin", key_of(14)),
+        lambda: b.put("cubin", key_of(14), b"x"),
+        lambda: b.contains("cubin", key_of(14)),
+    ):
+        start = time.monotonic()
+        with pytest.raises(RemoteError, match="[Tt]imeout"):
+            op()
+        assert time.monotonic() - start < RETURNS_WITHIN
+    assert black_hole.accepted >= 1  # it really connected, then waited for an answer
+
+
+def test_connect_that_never_completes(tarpit):
+    b = RedisBackend(tarpit.url("redis"), namespace="n", connect_timeout=0.2, timeout=0.2)
+    start = time.monotonic()
+    with pytest.raises(RemoteError, match="[Tt]imeout connecting"):
+        b.get("cubin", key_of(15))
+    assert time.monotonic() - start < RETURNS_WITHIN
+
+
+def test_constructor_does_not_connect(black_hole):
+    RedisBackend(black_hole.url("redis"), namespace="n", connect_timeout=3, timeout=3)
+    time.sleep(0.3)  # time for the black hole to accept a connection, had one been made
+    assert black_hole.accepted == 0
+
+
+@pytest.mark.parametrize(
+    "url, needle",
+    [
+        ("redis://127.0.0.1:6379/notanumber", "database number"),
+        ("redis://127.0.0.1:99999/0", "bad Redis URL"),
+        ("redis:///0", "no host"),
+        ("http://127.0.0.1:6379/0", "not http://"),
+    ],
+)
+def test_bad_urls(url, needle):
+    with pytest.raises(RemoteError, match=needle):
+        backend(url)
+
+
+def test_close_then_reuse(redis_server):
+    b = backend(redis_server.url)
+    b.put("cubin", key_of(16), b"x")
+    b.close()
+    b.close()
+    assert b.get("cubin", key_of(16)) == b"x"  # reconnects
+
+
+def test_missing_redis_package_says_what_to_install(redis_server):
+    out = run_python(
+        f"""
+        import json, sys
+        sys.modules["redis"] = None  # as if the package were not installed
+        from cuforge.store.remote.base import RemoteError
+        from cuforge.store.remote.redis import RedisBackend
+        try:
+            RedisBackend({redis_server.url!r}, namespace="n", connect_timeout=1, timeout=1)
+        except RemoteError as exc:
+            print(json.dumps({{"error": str(exc)}}))
+        else:
+            print(json.dumps({{"error": None}}))
+        """,
+        env=child_env(),
+    )
+    assert out["error"] and "pip install 'cuforge[redis]'" in out["error"]
