@@ -190,7 +190,7 @@ def open_remotes(current: Settings, *, telemetry_root: str | None = None) -> lis
 
     The backend moves opaque bytes only: cuforge wraps each value in a checked (and, with
     ``CUFORGE_REMOTE_KEY``, signed) envelope, retries nothing, and skips the backend for a
-    while after three failures in a row.
+    while after a timeout or three failures in a row.
     """
     urls = current.remote
     if not urls:
