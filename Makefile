@@ -2,22 +2,26 @@
 #   make demo   create or reuse .venv, install cuforge, run the main job
 #   make test   create or reuse .venv, install cuforge with its test extras, run ruff and pytest
 #   make test-fast   the same without the slow tests (PyTorch extension builds): the edit loop
+#   make test-cu12   NVRTC 12 from pip wheels, in a second venv (.venv-cu12, cuforge[cu12])
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: demo test test-fast lint format bench clean
+.PHONY: demo test test-fast test-cu12 lint format bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
 
-$(VENV)/.installed: pyproject.toml | $(PY)
+# the C fast launcher is built in place by the editable install: rebuild when it changes
+BUILD_INPUTS := pyproject.toml setup.py src/cuforge/runtime/_launcher.c src/cuforge/runtime/_launcher_ext.c
+
+$(VENV)/.installed: $(BUILD_INPUTS) | $(PY)
 	$(PIP) install -e .
 	touch $@
 
-$(VENV)/.installed-test: pyproject.toml | $(PY)
+$(VENV)/.installed-test: $(BUILD_INPUTS) | $(PY)
 	$(PIP) install -e ".[test]"
 	touch $@ $(VENV)/.installed
 
@@ -25,21 +29,38 @@ demo: $(VENV)/.installed
 	$(PY) -m cuforge.demo
 
 test: $(VENV)/.installed-test
-	$(PY) -m ruff check src tests bench
-	$(PY) -m ruff format --check src tests bench
+	$(PY) -m ruff check setup.py src tests bench
+	$(PY) -m ruff format --check setup.py src tests bench
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 test-fast: $(VENV)/.installed-test
-	$(PY) -m ruff check src tests bench
-	$(PY) -m ruff format --check src tests bench
+	$(PY) -m ruff check setup.py src tests bench
+	$(PY) -m ruff format --check setup.py src tests bench
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
+# CUDA 12: cuforge[cu12] (cuda-bindings 12, NVRTC 12 and its header wheels) in its own venv;
+# tests/test_cuda12.py hides the CUDA 13 toolkit from discovery. The wheels download once.
+VENV12 := .venv-cu12
+PY12   := $(VENV12)/bin/python
+
+$(PY12):
+	$(PYTHON) -m venv $(VENV12)
+	$(PY12) -m pip --disable-pip-version-check -q install --upgrade pip
+
+$(VENV12)/.installed: $(BUILD_INPUTS) | $(PY12)
+	$(PY12) -m pip --disable-pip-version-check -q install -e ".[cu12]" "pytest>=8"
+	touch $@
+
+test-cu12: $(VENV12)/.installed
+	$(PY12) -m pytest -q -p no:cacheprovider tests/test_cuda12.py $(PYTEST_ARGS)
+
 lint: $(VENV)/.installed-test
-	$(PY) -m ruff check --fix src tests bench
-	$(PY) -m ruff format src tests bench
+	$(PY) -m ruff check --fix setup.py src tests bench
+	$(PY) -m ruff format setup.py src tests bench
 
 bench: $(VENV)/.installed-test
 	$(PY) bench/compile_cache.py --runs 7
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VENV12) build dist src/*.egg-info .pytest_cache .ruff_cache
+	rm -f src/cuforge/runtime/*.so

@@ -199,10 +199,11 @@ def test_prune_older_than_removes_only_stale_entries(cli, cache):
 
 
 def test_prune_rejects_bad_limits_on_stderr(cli):
+    # a bad flag value is a usage error: exit code 2 (issue 11; it was 1)
     done = cli("cache", "prune", "--older-than", "soon")
-    assert done.returncode == 1 and "cannot read age" in done.stderr
+    assert done.returncode == 2 and "cannot read age" in done.stderr
     done = cli("cache", "prune", "--max-bytes", "lots")
-    assert done.returncode == 1 and "cannot read size" in done.stderr
+    assert done.returncode == 2 and "cannot read size" in done.stderr
 
 
 def test_clear_needs_confirmation_or_yes(cli, cache):

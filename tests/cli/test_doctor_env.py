@@ -136,8 +136,14 @@ def test_doctor_human_fail_line_for_a_wrong_arch_list(cli):
     assert done.returncode == 1
     lines = done.stdout.splitlines()
     i = next(i for i, ln in enumerate(lines) if ln.startswith("FAIL  TORCH_CUDA_ARCH_LIST"))
-    assert "cannot be read" in lines[i]
-    assert "fix: export TORCH_CUDA_ARCH_LIST=" in lines[i + 1]
+    assert "cannot be read" in " ".join(ln.strip() for ln in lines[i : i + 3])
+    # the row's detail wraps (80 columns); its fix line follows within the row's block
+    block = [lines[i]]
+    for ln in lines[i + 1 :]:
+        if not ln.startswith("    "):
+            break
+        block.append(ln)
+    assert any("fix: export TORCH_CUDA_ARCH_LIST=" in ln for ln in block[1:]), block
 
 
 def test_doctor_flags_a_wrong_cuda_home_and_bad_max_jobs(cli, tmp_path):
@@ -244,14 +250,16 @@ def test_env_without_a_gpu_uses_the_configured_arch(cli):
 
 def test_env_on_a_faked_environment_warns_on_stderr(cli, tmp_path):
     done = cli("env", env={"TORCH_CUDA_ARCH_LIST": "banana", "PATH": _bare_path(tmp_path)})
-    assert done.returncode == 0
+    # a FAIL finding is a problem found: exit code 1 (issue 11; it was 0), exports still print
+    assert done.returncode == 1
     assert "cuforge env: FAIL TORCH_CUDA_ARCH_LIST='banana' cannot be read" in done.stderr
     assert "cuforge env: WARN ninja is not on PATH" in done.stderr
     # stdout stays a clean list of exports: nothing from the warnings leaks into the eval.
     for line in done.stdout.splitlines():
         assert line.startswith(("export ", "# ")), line
     assert "banana" not in done.stdout
-    doc = cli.json("env", env={"TORCH_CUDA_ARCH_LIST": "banana", "MAX_JOBS": "64"})
+    doc = cli.json("env", ok=False, env={"TORCH_CUDA_ARCH_LIST": "banana", "MAX_JOBS": "64"})
+    assert doc["_rc"] == 1 and doc["ok"] is False
     statuses = {(f["status"], f["message"].split(" ")[0]) for f in doc["findings"]}
     assert ("FAIL", "TORCH_CUDA_ARCH_LIST='banana'") in statuses
     assert ("WARN", "MAX_JOBS=64") in statuses

@@ -38,24 +38,47 @@ int cuLaunchKernelEx(const Config* c, void* f, void** p, void** e) {
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
+def c_compiler() -> str:
     cc = shutil.which("cc") or shutil.which("gcc")
     if not cc:
         pytest.skip("no C compiler")
-    tmp = tmp_path_factory.mktemp("fl")
-    mp = pytest.MonkeyPatch()
-    if "CUFORGE_CACHE_DIR" not in os.environ:
-        mp.setenv("CUFORGE_CACHE_DIR", str(tmp / "cache"))
-    try:
-        module = fastlaunch.load()
-    finally:
-        mp.undo()
-    if module is None:
-        pytest.skip(f"C fast path unavailable: {fastlaunch.error()}")
+    return cc
+
+
+@pytest.fixture(scope="module")
+def mock(tmp_path_factory, c_compiler):
+    """The stand-in driver: ``cuLaunchKernel`` / ``cuLaunchKernelEx`` that record their call."""
+    tmp = tmp_path_factory.mktemp("mock")
     (tmp / "mock.c").write_text(MOCK)
     so = tmp / "libmock.so"
-    subprocess.run([cc, "-shared", "-fPIC", str(tmp / "mock.c"), "-o", str(so)], check=True)
-    return module, ctypes.CDLL(str(so))
+    subprocess.run([c_compiler, "-shared", "-fPIC", str(tmp / "mock.c"), "-o", str(so)], check=True)
+    return ctypes.CDLL(str(so))
+
+
+@pytest.fixture(scope="module")
+def runtime_built(tmp_path_factory, c_compiler):
+    """The launcher module as the runtime build makes it (compiled into a cache dir)."""
+    tmp = tmp_path_factory.mktemp("fl")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("CUFORGE_CACHE_DIR", str(tmp / "cache"))
+    try:
+        return fastlaunch._build_and_import()
+    except (OSError, RuntimeError) as exc:  # no Python headers, a compiler that fails
+        pytest.skip(f"the runtime build of the C fast path is unavailable: {exc}")
+    finally:
+        mp.undo()
+
+
+@pytest.fixture(scope="module", params=["built", "installed"])
+def env(request, mock):
+    """(the C launcher module, the stand-in driver): every C-path test runs against the
+    runtime build and against the extension installed with cuforge (the same source)."""
+    if request.param == "built":
+        return request.getfixturevalue("runtime_built"), mock
+    module, why_not = fastlaunch._installed()
+    if module is None:
+        pytest.skip(f"the installed C extension is unavailable: {why_not}")
+    return module, mock
 
 
 class FakeTensor:
@@ -305,9 +328,12 @@ PyMODINIT_FUNC PyInit__cuforge_fastlaunch(void) {
 }
 """
 
+# the runtime build's process: the installed extension is skipped (never touched either),
+# so these tests exercise the build into the cache dir whether or not it is installed
 CHILD = """
 import json, os, sys
 from cuforge.runtime import fastlaunch
+fastlaunch.use_installed = False
 m = fastlaunch.load()
 print(json.dumps({
     "file": getattr(m, "__file__", None),
@@ -344,11 +370,11 @@ def _child(cache_dir, verbose: bool = False, umask: int = 0o022) -> tuple[dict, 
 
 
 @pytest.fixture
-def planted(tmp_path, env):
+def planted(tmp_path, runtime_built, c_compiler):
     """A library that would run our code if imported: (its path, the marker it writes)."""
     import sysconfig
 
-    cc = shutil.which("cc") or shutil.which("gcc")
+    cc = c_compiler
     marker = tmp_path / "planted-code-ran"
     (tmp_path / "planted.c").write_text(PLANTED)
     so = tmp_path / "planted.so"
@@ -386,7 +412,7 @@ def test_c_source_is_a_package_file_and_names_the_build():
     assert fastlaunch.library_name(text, cc, ".cpython-399-x86_64-linux-gnu.so") != name
 
 
-def test_built_library_is_named_by_the_hash(tmp_path, env):
+def test_built_library_is_named_by_the_hash(tmp_path, runtime_built):
     # a umask that lets the group write (common: user private groups) must not make the
     # cache dir or the library untrusted
     report, _ = _child(tmp_path / "cache", umask=0o002)
@@ -447,7 +473,7 @@ def test_group_writable_runtime_dir_is_not_used(tmp_path, planted):
     assert stderr.count("writable by group") == 1
 
 
-def test_untrusted_cache_dir_is_not_used(tmp_path, env):
+def test_untrusted_cache_dir_is_not_used(tmp_path, runtime_built):
     cache = tmp_path / "cache"
     cache.mkdir(mode=0o700)
     os.chmod(cache, 0o707)  # writable by others
@@ -477,13 +503,12 @@ class FakeTorch:
 
 
 @pytest.mark.parametrize("use_ex", [True, False], ids=["cuLaunchKernelEx", "cuLaunchKernel"])
-def test_python_fast_path(env, use_ex):
+def test_python_fast_path(mock, use_ex):
     import threading
     import types
 
     from cuforge.runtime import fastpath
 
-    _, mock = env
     params = [
         parse_param(i, d) for i, d in enumerate(["float* y", "const float* x", "float a", "int n"])
     ]
@@ -579,3 +604,140 @@ def test_settings_choose_the_launch_path(tmp_path):
     assert not cache.exists()  # nothing was built
     env.pop("CUFORGE_LAUNCH_ENTRY")
     assert run_python(code, env)["entry"] == "classic"
+
+
+# -- which path is in use: installed extension, else runtime build, else Python ---------------
+
+STATUS = """
+import hashlib, json, logging, sys
+from cuforge.runtime import fastlaunch
+if {log}:
+    logging.basicConfig(level=logging.INFO, format="LOG %(name)s %(levelname)s %(message)s")
+fastlaunch.use_installed = {use_installed}
+m = fastlaunch.load()
+path, detail = fastlaunch.status()
+print(json.dumps({{
+    "path": path, "detail": detail, "error": fastlaunch.error(),
+    "file": getattr(m, "__file__", None), "has_launcher": hasattr(m, "Launcher"),
+    "built_from": getattr(m, "SOURCE_SHA256", None),
+    "source_sha256": hashlib.sha256(fastlaunch.source()).hexdigest(),
+    "package": fastlaunch.__file__,
+}}))
+"""
+
+
+def _status(
+    cache_dir, *, use_installed=True, verbose=False, log=False, pythonpath=None, **env_vars
+) -> tuple[dict, str]:
+    """``fastlaunch.status()`` and more from a fresh process; (its report, its stderr)."""
+    import json
+    import sys
+
+    from tests.conftest import child_env
+
+    env = child_env(CUFORGE_CACHE_DIR=str(cache_dir))
+    for name in ("CUFORGE_FAST_LAUNCH", "CUFORGE_VERBOSE", "CC"):
+        env.pop(name, None)
+    env.update(env_vars)
+    if verbose:
+        env["CUFORGE_VERBOSE"] = "1"
+    if pythonpath is not None:
+        env["PYTHONPATH"] = str(pythonpath)
+    code = STATUS.format(use_installed=use_installed, log=log)
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+
+
+@pytest.fixture
+def installed():
+    """The installed extension's file, as a child process with the tests' environment finds
+    it; skips when there is none (cuforge installed without a C compiler, or not reinstalled
+    since setup.py gained the extension)."""
+    from tests.conftest import child_env, run_python
+
+    code = """
+    import json
+    from cuforge.runtime import fastlaunch
+    module, why_not = fastlaunch._installed()
+    print(json.dumps({"file": getattr(module, "__file__", None), "why_not": why_not}))
+    """
+    report = run_python(code, child_env())
+    if report["file"] is None:
+        pytest.skip(f"the installed C extension is unavailable: {report['why_not']}")
+    return report["file"]
+
+
+def test_installed_extension_comes_first_and_is_quiet(tmp_path, installed):
+    import hashlib
+
+    cache = tmp_path / "cache"
+    report, stderr = _status(cache)
+    assert report["path"] == "installed" and report["has_launcher"]
+    assert report["file"] == installed == report["detail"]
+    assert report["error"] is None
+    # built from exactly the C source the runtime build compiles, and beside it
+    assert report["built_from"] == report["source_sha256"]
+    assert report["source_sha256"] == hashlib.sha256(fastlaunch.source()).hexdigest()
+    assert os.path.dirname(installed) == os.path.dirname(report["package"])
+    assert stderr == ""  # nothing printed on normal use
+    assert not (cache / "runtime").exists()  # nothing built
+    # said once: on stderr when verbose, as an INFO record when logging is set up
+    _, stderr = _status(cache, verbose=True)
+    assert stderr.count("C launch path") == 1 and "the installed extension" in stderr
+    _, stderr = _status(cache, log=True)
+    assert stderr.count("LOG cuforge INFO C launch path: the installed extension") == 1
+    assert stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("how", ["missing", "stale"])
+def test_runtime_build_when_the_installed_extension_is_missing_or_stale(tmp_path, installed, how):
+    """A copy of the package without the extension, or with an edited ``_launcher.c``:
+    the runtime build is used, from the source beside the module, and status says why."""
+    copy = tmp_path / "site"
+    shutil.copytree(
+        os.path.dirname(os.path.dirname(fastlaunch.__file__)),
+        copy / "cuforge",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    runtime_pkg = copy / "cuforge" / "runtime"
+    if how == "missing":
+        os.unlink(runtime_pkg / os.path.basename(installed))
+        expected_why = "not installed"
+    else:
+        with open(runtime_pkg / "_launcher.c", "a") as f:
+            f.write("\n/* edited after the install */\n")
+        expected_why = "was built from another _launcher.c"
+    cache = tmp_path / "cache"
+    report, stderr = _status(cache, verbose=True, pythonpath=copy)
+    assert report["package"].startswith(str(copy))
+    assert report["path"] == "built" and report["has_launcher"] and report["error"] is None
+    assert report["built_from"] is None  # the runtime build, not the installed module
+    assert report["file"].startswith(str(cache / "runtime"))
+    assert expected_why in report["detail"] and report["file"] in report["detail"]
+    assert os.path.basename(report["file"]) == fastlaunch.library_name(
+        (runtime_pkg / "_launcher.c").read_bytes(), fastlaunch.compiler()
+    )
+    lines = [line for line in stderr.splitlines() if "C launch path:" in line]
+    assert len(lines) == 1 and "built at run time" in lines[0] and expected_why in lines[0]
+
+
+def test_python_path_when_nothing_can_be_built(tmp_path, c_compiler):
+    cache = tmp_path / "cache"
+    missing = str(tmp_path / "no-such-cc")
+    report, stderr = _status(cache, use_installed=False, verbose=True, CC=missing)
+    assert report["path"] == "python" and report["file"] is None
+    assert missing in report["error"]
+    assert report["detail"].startswith("installed extension: skipped")
+    assert "runtime build: " + report["error"] in report["detail"]
+    assert stderr.count("using the Python fast path") == 1
+    assert stderr.count("cuforge:") == 1
+    # quiet without CUFORGE_VERBOSE
+    report, stderr = _status(cache, use_installed=False, CC=missing)
+    assert report["path"] == "python" and stderr == ""
+    # CUFORGE_FAST_LAUNCH=python: neither C path is tried
+    report, _ = _status(tmp_path / "other", CUFORGE_FAST_LAUNCH="python")
+    assert (report["path"], report["detail"]) == ("python", "CUFORGE_FAST_LAUNCH=python")
+    assert not (tmp_path / "other").exists()

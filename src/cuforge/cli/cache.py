@@ -81,8 +81,12 @@ def _matcher(args: argparse.Namespace):
         arch=args.arch,
         kind=args.kind,
         hide_manifests=args.hide_manifests,
-        older_than=output.parse_age(args.older_than) if args.older_than else None,
-        newer_than=output.parse_age(args.newer_than) if args.newer_than else None,
+        older_than=output.usage_value("--older-than", output.parse_age, args.older_than)
+        if args.older_than
+        else None,
+        newer_than=output.usage_value("--newer-than", output.parse_age, args.newer_than)
+        if args.newer_than
+        else None,
     )
 
 
@@ -439,8 +443,16 @@ def run_prune(args: argparse.Namespace) -> int:
     from cuforge.config import parse_size
 
     store = _store()
-    max_bytes = parse_size(args.max_bytes) if args.max_bytes is not None else None
-    older = output.parse_age(args.older_than) if args.older_than else None
+    max_bytes = (
+        output.usage_value("--max-bytes", parse_size, args.max_bytes)
+        if args.max_bytes is not None
+        else None
+    )
+    older = (
+        output.usage_value("--older-than", output.parse_age, args.older_than)
+        if args.older_than
+        else None
+    )
     if max_bytes is None and older is None:
         max_bytes = store.max_bytes  # trim to the configured cap
     before = store.stats()
@@ -555,7 +567,11 @@ def run_import(args: argparse.Namespace) -> int:
     from cuforge.config import parse_size
     from cuforge.store.archive import MAX_MEMBER_BYTES, import_archive
 
-    cap = parse_size(args.max_member_bytes) if args.max_member_bytes else MAX_MEMBER_BYTES
+    cap = (
+        output.usage_value("--max-member-bytes", parse_size, args.max_member_bytes)
+        if args.max_member_bytes
+        else MAX_MEMBER_BYTES
+    )
     store = _store()
     with output.progress("importing", enabled=not args.json) as bar:
         result = import_archive(

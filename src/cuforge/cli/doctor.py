@@ -11,7 +11,11 @@ not run here (no GPU, no torch) and says why. The exit code is 1 when any check 
      "checks": [{"id", "title", "status", "detail", "fix", "data"}, ...]}
 
 Check ids: ninja, gpu, gpu.arch, gpu.driver, arch_list (arch_list.TORCH_CUDA_ARCH_LIST,
-arch_list.CUFORGE_ARCH when set), build_jobs, ccache, sccache, nvrtc, nvcc, cuda_home,
+arch_list.CUFORGE_ARCH when set; arch_list.agreement when both are set: WARN when they name
+different archs, saying which wins where), build_jobs, ccache, sccache, nvrtc,
+nvrtc.headers (NVRTC's version against the CUDA_VERSION of the headers it compiles with),
+nvrtc.headers_compile (a real NVRTC compile of tiny kernels using cuda_fp16.h, cuda_bf16.h
+and CUB, cache disabled; FAIL with the pip fix when one does not compile), nvcc, cuda_home,
 cuda_headers, torch, cache.dir, cache.size, cache.hits, cache.integrity, remote (one per
 URL in CUFORGE_REMOTE). The doctor never raises: a check that breaks becomes a WARN saying
 so.
@@ -196,7 +200,11 @@ def check_nvrtc(p: _Probe) -> list[Check]:
         path = toolchain.nvrtc_library_path()
     except Exception as exc:  # noqa: BLE001 - ToolchainError says how to fix it
         return [
-            row("FAIL", f"NVRTC cannot be used: {exc}", "pip install 'nvidia-cuda-nvrtc>=13,<14'")
+            row(
+                "FAIL",
+                f"NVRTC cannot be used: {exc}",
+                "pip install 'cuforge[cu13]'  (or 'cuforge[cu12]' for a CUDA 12 driver)",
+            )
         ]
     version = toolchain.nvrtc_version()
     if not version:
@@ -204,10 +212,219 @@ def check_nvrtc(p: _Probe) -> list[Check]:
             row(
                 "FAIL",
                 f"NVRTC at {path} cannot be loaded",
-                "pip install --force-reinstall nvidia-cuda-nvrtc",
+                "pip install --force-reinstall 'cuforge[cu13]'  (or 'cuforge[cu12]')",
             )
         ]
     return [row("PASS", f"NVRTC {version} ({path})", version=version, path=path)]
+
+
+def _headers_cuda_version(headers: str) -> tuple[int, int] | None:
+    """(major, minor) from the NVRTC identity's ``headers`` field (``CUDA_VERSION=13000``)."""
+    import re
+
+    m = re.search(r"CUDA_VERSION=(\d+)", headers or "")
+    if not m:
+        return None
+    value = int(m.group(1))
+    return value // 1000, (value % 1000) // 10
+
+
+def check_nvrtc_headers(p: _Probe) -> list[Check]:
+    """NVRTC against the CUDA headers it compiles with (the key holds both): a newer NVRTC
+    than the headers (or an older one) compiles against declarations of another release."""
+    from cuforge import toolchain
+
+    row = _rows("nvrtc.headers", "NVRTC vs headers")
+    try:
+        identity = toolchain.compiler_identity("nvrtc")
+    except Exception as exc:  # noqa: BLE001 - the nvrtc row already says how to fix it
+        return [row("SKIP", f"skipped: NVRTC cannot be used ({exc})")]
+    nvrtc = _version_tuple(identity.get("version"))[:2]
+    headers = _headers_cuda_version(identity.get("headers", ""))
+    data = {"nvrtc": identity.get("version"), "headers": identity.get("headers")}
+    if headers is None:
+        return [
+            row(
+                "WARN",
+                "no CUDA headers found for NVRTC (cuda.h with CUDA_VERSION): kernels that "
+                "include <cuda_fp16.h>, <cuda_bf16.h> or CUB cannot compile",
+                "pip install --force-reinstall 'cuforge[cu13]'  (or 'cuforge[cu12]'; "
+                "or install the CUDA toolkit and export CUDA_HOME=<its root>)",
+                **data,
+            )
+        ]
+    h = f"{headers[0]}.{headers[1]}"
+    n = ".".join(map(str, nvrtc))
+    if nvrtc == headers:
+        return [row("PASS", f"NVRTC {n} with CUDA {h} headers", **data)]
+    newer = nvrtc > headers
+    detail = (
+        f"NVRTC {n} compiles with CUDA {h} headers ({identity['headers'].split()[0]}): "
+        + (
+            "a newer compiler than its headers; kernels may miss intrinsics and types "
+            "the headers of its own release declare, and the headers may use builtins "
+            "this NVRTC changed"
+            if newer
+            else "headers newer than the compiler; they may use builtins this NVRTC lacks"
+        )
+        + " (both are in the cache key, so results stay correct)"
+    )
+    fix = (
+        f"pip install 'cuda-toolkit[nvrtc,cudart,cccl]=={n}.*'  (one release for NVRTC "
+        f"and its headers; or point CUDA_HOME at a CUDA {n} toolkit)"
+    )
+    return [row("WARN", detail, fix, **data)]
+
+
+#: tiny kernels that need the CUDA headers NVRTC does not carry itself
+_HEADER_KERNELS = {
+    "cuda_fp16.h": (
+        "#include <cuda_fp16.h>\n"
+        'extern "C" __global__ void k(__half* x) { x[0] = __hadd(x[0], x[1]); }\n'
+    ),
+    "cuda_bf16.h": (
+        "#include <cuda_bf16.h>\n"
+        'extern "C" __global__ void k(__nv_bfloat16* x) { x[0] = __hadd(x[0], x[1]); }\n'
+    ),
+    "CUB": (
+        "#include <cub/block/block_reduce.cuh>\n"
+        'extern "C" __global__ void k(const float* x, float* out) {\n'
+        "  using R = cub::BlockReduce<float, 128>;\n"
+        "  __shared__ typename R::TempStorage t;\n"
+        "  float s = R(t).Sum(x[threadIdx.x]);\n"
+        "  if (threadIdx.x == 0) *out = s;\n}\n"
+    ),
+}
+
+_HEADER_COMPILE_CHILD = """
+import json, sys
+import cuforge
+arch, kernels = sys.argv[1], json.loads(sys.stdin.read())
+out = {}
+for name, src in kernels.items():
+    try:
+        cuforge.compile(src, name="doctor_" + name.replace(".", "_") + ".cu", arch=arch)
+        out[name] = None
+    except Exception as exc:  # noqa: BLE001
+        out[name] = (type(exc).__name__ + ": " + str(exc))[:600]
+print(json.dumps(out))
+"""
+
+
+def _header_compile_arch(p: _Probe) -> str:
+    """A supported arch to compile the header probes for: the visible GPU's, else sm_90
+    when NVRTC supports it, else the newest NVRTC supports."""
+    from cuforge import toolchain
+
+    gpus, _ = p.gpus()
+    if gpus and gpus[0].get("arch"):
+        return str(gpus[0]["arch"])
+    supported = toolchain.nvrtc_supported_archs()
+    if not supported or "sm_90" in supported:
+        return "sm_90"
+    return supported[-1]
+
+
+def check_header_compiles(p: _Probe) -> list[Check]:
+    """Real NVRTC compiles of kernels that use cuda_fp16.h, cuda_bf16.h and CUB, in a
+    child process with the cache disabled (nothing is read from or written to the cache)."""
+    import json
+    import subprocess
+    import sys
+
+    from cuforge import toolchain
+
+    row = _rows("nvrtc.headers_compile", "fp16/bf16/CUB compile")
+    try:
+        toolchain.nvrtc_library_path()
+    except Exception as exc:  # noqa: BLE001 - the nvrtc row already says how to fix it
+        return [row("SKIP", f"skipped: NVRTC cannot be used ({exc})")]
+    arch = _header_compile_arch(p)
+    env = dict(os.environ, CUFORGE_DISABLE_CACHE="1", CUFORGE_PROGRESS="0")
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _HEADER_COMPILE_CHILD, arch],
+            input=json.dumps(_HEADER_KERNELS),
+            capture_output=True,
+            text=True,
+            timeout=180,
+            env=env,
+            check=False,
+        )
+        results = json.loads(done.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
+        return [row("WARN", f"could not run the test compile ({exc})", None, arch=arch)]
+    failed = {name: why for name, why in results.items() if why}
+    data = {"arch": arch, "failed": failed}
+    if not failed:
+        return [row("PASS", f"{', '.join(results)} kernels compile with NVRTC ({arch})", **data)]
+    first = next(iter(failed.values())).splitlines()[0][:200]
+    return [
+        row(
+            "FAIL",
+            f"{', '.join(failed)} kernels do not compile with NVRTC ({arch}): {first}",
+            "pip install --force-reinstall 'cuforge[cu13]'  (or 'cuforge[cu12]': it brings "
+            "NVRTC's header wheels; or install the CUDA toolkit and export CUDA_HOME=<its root>)",
+            **data,
+        )
+    ]
+
+
+def check_fast_launch(p: _Probe) -> list[Check]:
+    """Which fast launch path kernels use: the C extension installed with cuforge, one
+    built on first use into the cache dir, or the ~1.4x slower pure-Python path."""
+    from cuforge.runtime import fastlaunch
+
+    row = _rows("fast_launch", "fast launch path")
+    path, detail = fastlaunch.status()
+    if path == "installed":
+        return [row("PASS", f"the C launcher installed with cuforge ({detail})", path=path)]
+    if path == "built":
+        return [
+            row(
+                "PASS",
+                f"the C launcher built on first use ({detail})",
+                path=path,
+            )
+        ]
+    return [
+        row(
+            "WARN",
+            f"launches use the pure-Python path, ~1.4x slower than the C launcher: {detail}",
+            "install a C compiler and the Python headers (apt-get install gcc python3-dev), "
+            "then pip install --force-reinstall cuforge",
+            path=path,
+        )
+    ]
+
+
+def check_arch_agreement(p: _Probe) -> list[Check]:
+    """CUFORGE_ARCH against TORCH_CUDA_ARCH_LIST when both are set."""
+    from cuforge.arch import parse_arch_list
+
+    row = _rows("arch_list.agreement", "CUFORGE_ARCH vs torch")
+    ours = os.environ.get("CUFORGE_ARCH", "").strip()
+    torch_list = os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip()
+    if not (ours and torch_list):
+        return []
+    try:
+        a, b = parse_arch_list(ours), parse_arch_list(torch_list)
+    except ValueError:
+        return []  # the arch_list rows report the unreadable one
+    data = {"CUFORGE_ARCH": list(a), "TORCH_CUDA_ARCH_LIST": list(b)}
+    if sorted(set(a)) == sorted(set(b)):
+        return [row("PASS", f"both name {', '.join(a)}", **data)]
+    return [
+        row(
+            "WARN",
+            f"CUFORGE_ARCH={ours!r} ({', '.join(a)}) and TORCH_CUDA_ARCH_LIST="
+            f"{torch_list!r} ({', '.join(b)}) disagree. With no GPU visible, CUFORGE_ARCH wins "
+            "for cuforge (cuforge.compile, `cuforge compile`, cuforge.torch builds); "
+            "TORCH_CUDA_ARCH_LIST decides plain torch.utils.cpp_extension and setup.py builds",
+            "unset CUFORGE_ARCH  (or export TORCH_CUDA_ARCH_LIST to the same archs)",
+            **data,
+        )
+    ]
 
 
 def check_nvcc(p: _Probe) -> list[Check]:
@@ -932,15 +1149,19 @@ CHECKS: tuple[tuple[str, Callable[[_Probe], list[Check]]], ...] = (
     ("ninja", check_ninja),
     ("gpu", check_gpus),
     ("arch_list", check_arch_list),
+    ("arch_list.agreement", check_arch_agreement),
     ("build_jobs", check_jobs),
     ("ccache", check_compiler_caches),
     ("nvrtc", check_nvrtc),
+    ("nvrtc.headers", check_nvrtc_headers),
+    ("nvrtc.headers_compile", check_header_compiles),
     ("nvcc", check_nvcc),
     ("cuda_home", check_cuda_home),
     ("cuda_headers", check_cuda_headers),
     ("torch", check_torch),
     ("cache", check_cache),
     ("remote", check_remote),
+    ("fast_launch", check_fast_launch),
 )
 
 
@@ -966,38 +1187,97 @@ def collect() -> tuple[list[Check], _Probe]:
 
 _COLORS = {"PASS": "green", "WARN": "yellow", "FAIL": "bold red", "SKIP": "dim"}
 
-#: checks whose lines wrap at :data:`_COLUMNS` with a hanging indent (their details hold
-#: URLs and server errors); the other rows stay one line each, as scripts grep them
-_WRAPPED = frozenset({"remote"})
+#: doctor's output fits this many columns (a terminal's or not): details wrap with a
+#: hanging indent, and a fix command is never split (see :func:`layout`)
 _COLUMNS = 80
+#: where ``fix: COMMAND`` goes when it does not fit under the detail: under the title
+_FIX_INDENT = 0
+#: first words that make a fix a shell command (kept whole) rather than prose (wrapped)
+_COMMAND_WORDS = frozenset(
+    {
+        "export", "unset", "pip", "pip3", "python", "python3", "uv", "conda", "apt-get",
+        "apt", "sudo", "chmod", "chown", "rm", "mkdir", "ln", "mv", "cuforge", "eval",
+    }
+)  # fmt: skip
 
 
-def _say_wrapped(say: Callable[[str | None, str], None], r: Check, width: int) -> None:
-    """``r``'s detail and fix within :data:`_COLUMNS`: continuation lines start under the
-    detail, a fix's continuation lines under the text after ``fix:``."""
+def _split_fix(fix: str) -> tuple[str, str]:
+    """(the command to copy, a note after it): ``"pip install x  (or apt-get ...)"`` ->
+    ``("pip install x", "(or apt-get ...)")``. Fixes write a note after two spaces."""
+    command, sep, note = fix.partition("  (")
+    return (command.strip(), "(" + note.strip()) if sep else (fix.strip(), "")
+
+
+def _is_command(text: str) -> bool:
+    return (text.split() or [""])[0] in _COMMAND_WORDS
+
+
+def _wrap(text: str, room: int) -> list[str]:
+    """Word-wrap ``text`` to ``room`` columns, never inside a `backquoted command` nor
+    inside a word (a long path stays whole on its own line)."""
+    import re
     import textwrap
 
-    column = len("PASS  ") + width + 2  # where the detail starts
-    room = max(20, _COLUMNS - column)
-    lines = textwrap.wrap(r.detail, room, break_on_hyphens=False) or [""]
-    say(r.status, f"{r.title.ljust(width)}  {lines[0]}")
-    for line in lines[1:]:
-        say(None, f"  {' ' * width}{line}")
-    if r.fix and r.status in ("WARN", "FAIL"):
-        fix = textwrap.wrap(r.fix, room - len("fix: "), break_on_hyphens=False) or [""]
-        say(None, f"  {' ' * width}fix: {fix[0]}")
-        for line in fix[1:]:
-            say(None, f"  {' ' * width}     {line}")
+    glue = "\x00"
+    joined = re.sub(r"`[^`]*`", lambda m: m.group(0).replace(" ", glue), text)
+    lines = textwrap.wrap(joined, room, break_on_hyphens=False, break_long_words=False)
+    return [line.replace(glue, " ") for line in lines] or [""]
+
+
+def layout(rows: list[Check], columns: int = _COLUMNS) -> list[tuple[str | None, str]]:
+    """The report as (status or None, text) lines, each within ``columns`` once the
+    6-column status head (``"FAIL  "``) is added, except a fix command or a path longer
+    than a line: those stay whole (copy-paste must work) on lines of their own.
+
+    * a row: ``TITLE  detail...``, the detail wrapped at word boundaries, its continuation
+      lines indented under the detail's first column;
+    * a WARN or FAIL row's fix, when it is a shell command: ``fix: COMMAND`` under the
+      detail when it fits there, else ``fix: COMMAND`` on its own line under the title
+      column, whole; a note after the command (``"  (or ...)"``) wraps on lines indented
+      under the command. A prose fix wraps like a detail, never inside `backquotes`.
+    * no line ever continues at column 0."""
+    head = len("PASS  ")
+    width = min(max((len(r.title) for r in rows), default=0), 28)
+    lines: list[tuple[str | None, str]] = []
+    for r in rows:
+        column = width + 2  # where the detail starts (after the status head)
+        room = max(24, columns - head - column)
+        if len(r.title) > width:  # a long title gets a line of its own
+            lines.append((r.status, r.title))
+            first: tuple[str | None, str] = (None, " " * width)
+        else:
+            first = (r.status, r.title.ljust(width))
+        detail = _wrap(r.detail, room)
+        lines.append((first[0], f"{first[1]}  {detail[0]}"))
+        lines.extend((None, f"{' ' * column}{line}") for line in detail[1:])
+        if not (r.fix and r.status in ("WARN", "FAIL")):
+            continue
+        command, note = _split_fix(r.fix)
+        if not _is_command(command):
+            fix = _wrap(r.fix, room - len("fix: "))
+            lines.append((None, f"{' ' * column}fix: {fix[0]}"))
+            lines.extend((None, f"{' ' * (column + 5)}{line}") for line in fix[1:])
+            continue
+        indent = column if head + column + 5 + len(command) <= columns else _FIX_INDENT
+        lines.append((None, f"{' ' * indent}fix: {command}"))
+        if note:
+            lines.extend(
+                (None, f"{' ' * (indent + 5)}{line}")
+                for line in _wrap(note, max(24, columns - head - indent - 5))
+            )
+    return lines
 
 
 def render(rows: list[Check], summary: dict[str, int], skipped: list[str]) -> None:
-    """One line per check (status, title, detail), a ``fix:`` line under each problem,
-    and a summary line. Colored on a terminal, plain text otherwise."""
+    """One block per check (status, title, wrapped detail), a ``fix:`` under each problem
+    (see :func:`layout`), and a summary line. Colored on a terminal, plain otherwise; 80
+    columns either way."""
     if output.fancy():
         from rich.console import Console
         from rich.markup import escape
 
-        console = Console(highlight=False)
+        # soft_wrap: never let rich re-wrap a line (a fix command must stay whole)
+        console = Console(highlight=False, soft_wrap=True)
 
         def say(status: str | None, text: str) -> None:
             head = f"[{_COLORS[status]}]{status}[/]" if status else "    "
@@ -1005,23 +1285,17 @@ def render(rows: list[Check], summary: dict[str, int], skipped: list[str]) -> No
     else:
 
         def say(status: str | None, text: str) -> None:
-            print(f"{status or '    '}  {text}")
+            print(f"{status or '    '}  {text}".rstrip())
 
-    width = max(len(r.title) for r in rows)
-    for r in rows:
-        if r.id in _WRAPPED:
-            _say_wrapped(say, r, width)
-            continue
-        say(r.status, f"{r.title.ljust(width)}  {r.detail}")
-        if r.fix and r.status in ("WARN", "FAIL"):
-            say(None, f"  {' ' * width}fix: {r.fix}")
+    for status, text in layout(rows):
+        say(status, text)
     line = (
         f"{summary['pass']} passed, {summary['warn']} warnings, {summary['fail']} failed, "
         f"{summary['skip']} skipped"
     )
     if skipped:
         line += f" ({', '.join(skipped)})"
-    print(f"\n{line}")
+    print(f"\n{line}")  # one line, always last: scripts read it
 
 
 def add_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:

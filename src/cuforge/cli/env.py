@@ -419,11 +419,15 @@ def add_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Print the exports (stdout stays eval-able even when a finding FAILs). Exit code 1
+    when any finding is a FAIL (a variable that cannot be read), else 0."""
     result = compute()
+    failed = any(status == "FAIL" for status, _, _ in result["findings"])
     if args.json:
         output.emit_json(
             {
                 "command": "env",
+                "ok": not failed,
                 "vars": {k: v["value"] for k, v in result["vars"].items()},
                 "explain": {k: v["why"] for k, v in result["vars"].items()},
                 "findings": [
@@ -434,10 +438,10 @@ def run(args: argparse.Namespace) -> int:
                 "resources": result["resources"],
             }
         )
-        return 0
+        return 1 if failed else 0
     # Findings go to stderr so that stdout stays eval-able.
     for status, message, fix in result["findings"]:
         line = f"cuforge env: {status} {message}"
         print(line + (f"\n    fix: {fix}" if fix else ""), file=sys.stderr)
     print(render(result, args.shell, args.explain))
-    return 0
+    return 1 if failed else 0

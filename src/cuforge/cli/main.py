@@ -9,7 +9,16 @@
     cuforge bench-build ...             time extension builds (see its --help)
 
 Every command takes ``--json`` (one JSON document on stdout with a ``"schema"`` field).
-Errors go to stderr and give a non-zero exit code: 1 for a failure, 2 for a usage error.
+Errors go to stderr and give a non-zero exit code: 1 for a failure (or problems found),
+2 for a usage error (an unknown flag, a bad flag value). Under ``--json`` every failure,
+usage errors included, also prints one JSON error document on stdout (made in one place,
+:func:`main`)::
+
+    {"schema": 1, "command": "cache show", "ok": false,
+     "error": {"message": "...", "kind": "usage" | "failure" | "<exception class>"}}
+
+Library messages are reworded at this boundary to name the CLI flags (``--arch``), not
+the Python keyword arguments (``arch=``): :func:`cuforge.cli.output.cli_wording`.
 """
 
 from __future__ import annotations
@@ -33,10 +42,26 @@ def _common() -> argparse.ArgumentParser:
     return common
 
 
+class _UsageExit(Exception):
+    """Raised by :class:`_Parser` instead of printing and exiting, so that :func:`main`
+    reports a usage error once, as text or as the JSON error document."""
+
+    def __init__(self, parser: argparse.ArgumentParser, message: str) -> None:
+        super().__init__(message)
+        self.parser, self.message = parser, message
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with usage errors raised to :func:`main` (exit 2 there)."""
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        raise _UsageExit(self, message)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from cuforge.cli import cache, doctor, env
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="cuforge",
         description="cuforge: compile CUDA once, load in milliseconds, launch in microseconds.",
         epilog="Run 'cuforge COMMAND --help' for a command's options.",
@@ -133,7 +158,7 @@ def _parse_defines(items: list[str]) -> dict[str, str]:
     for item in items:
         name, sep, value = item.partition("=")
         if not name:
-            raise ValueError(f"-D {item!r}: expected NAME or NAME=VALUE")
+            raise output.UsageError(f"-D {item!r}: expected NAME or NAME=VALUE")
         defines[name] = value if sep else "1"
     return defines
 
@@ -172,7 +197,7 @@ def _run_compile(args: argparse.Namespace) -> int:
             except (CuforgeError, OSError, ValueError) as exc:
                 failed += 1
                 output.error(f"{path}: {exc}")
-                results.append({"file": path, "ok": False, "error": str(exc)})
+                results.append({"file": path, "ok": False, "error": output.cli_wording(str(exc))})
                 bar.advance()
                 continue
             seconds = time.perf_counter() - start
@@ -237,37 +262,83 @@ def _run_compile(args: argparse.Namespace) -> int:
 # -- entry point ----------------------------------------------------------------------
 
 
+def _command_of(argv: list[str], args: argparse.Namespace | None = None) -> str | None:
+    """``"cache show"``-style name of the command ``argv`` runs (None when none is given)."""
+    if args is not None and getattr(args, "command", None):
+        sub = getattr(args, "cache_command", None)
+        return f"{args.command} {sub}" if sub else args.command
+    words = [a for a in argv if not a.startswith("-")]
+    if not words:
+        return None
+    if words[0] == "cache" and len(words) > 1:
+        return f"cache {words[1]}"
+    return words[0]
+
+
+def _wants_json(argv: list[str]) -> bool:
+    return "--json" in argv[: argv.index("--") if "--" in argv else len(argv)]
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; return its exit code: 0 ok, 1 failure or problems found, 2 usage.
+
+    Under ``--json``, a command that fails without printing its own document gets the
+    JSON error document on stdout here, whatever failed (argparse, the command, an
+    exception)."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    as_json = _wants_json(argv)
+    try:
+        code, kind = _dispatch(argv, as_json)
+    except _UsageExit as exc:
+        message = output.cli_wording(exc.message)
+        if not as_json:
+            exc.parser.print_usage(sys.stderr)
+        print(f"{exc.parser.prog}: error: {message}", file=sys.stderr, flush=True)
+        if as_json:
+            output.emit_error_json(_command_of(argv), message, "usage")
+        return 2
+    if as_json and code not in (0, 130) and not output.json_emitted():
+        reported = output.errors_reported()
+        message = "; ".join(reported) if reported else f"the command failed with exit code {code}"
+        output.emit_error_json(_command_of(argv), message, kind or "failure")
+    return code
+
+
+def _dispatch(argv: list[str], as_json: bool) -> tuple[int, str | None]:
+    """(exit code, error kind or None). Usage errors propagate as :class:`_UsageExit`."""
     if argv[:1] == ["bench-build"]:
         try:
             import cuforge.cli.bench_build  # noqa: F401
         except ImportError as exc:
-            return _missing_bench_build(str(exc))
+            return _missing_bench_build(str(exc)), "ImportError"
     parser = build_parser()
     args = parser.parse_args(argv)
     func = getattr(args, "func", None)
     if func is None:
+        if as_json:
+            raise _UsageExit(parser, "no command given: choose one of " + _choices(parser))
         parser.print_help(sys.stderr)
-        return 2
+        return 2, "usage"
     try:
-        return int(func(args) or 0)
+        return int(func(args) or 0), None
     except KeyboardInterrupt:
         output.error("interrupted")
-        return 130
+        return 130, "interrupted"
     except BrokenPipeError:
         # `cuforge cache ls | head`: the reader left; that is not an error.
         try:
             sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the exit-time flush
         except OSError:
             pass
-        return 0
+        return 0, None
+    except output.UsageError as exc:
+        raise _UsageExit(_subparser(parser, argv), str(exc)) from None
     except Exception as exc:  # noqa: BLE001 - the command line reports every failure readably
         from cuforge.errors import CuforgeError
 
         if isinstance(exc, (CuforgeError, OSError, ValueError)):
             output.error(str(exc))
-            return 1
+            return 1, type(exc).__name__
         from cuforge.config import settings
 
         if settings().debug:
@@ -276,7 +347,28 @@ def main(argv: list[str] | None = None) -> int:
             f"{type(exc).__name__}: {exc} (this is a bug in cuforge; set CUFORGE_DEBUG=1 "
             "for the traceback)"
         )
-        return 1
+        return 1, type(exc).__name__
+
+
+def _choices(parser: argparse.ArgumentParser) -> str:
+    for action in parser._actions:  # noqa: SLF001 - argparse has no public accessor
+        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+            return ", ".join(action.choices)
+    return "?"
+
+
+def _subparser(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.ArgumentParser:
+    """The (sub)parser of the command ``argv`` names, for its usage line."""
+    current = parser
+    for word in (a for a in argv if not a.startswith("-")):
+        nxt = None
+        for action in current._actions:  # noqa: SLF001 - argparse has no public accessor
+            if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+                nxt = action.choices.get(word)
+        if nxt is None:
+            break
+        current = nxt
+    return current
 
 
 if __name__ == "__main__":

@@ -23,6 +23,9 @@ from typing import Any, TextIO
 
 __all__ = [
     "JSON_SCHEMA",
+    "UsageError",
+    "usage_value",
+    "cli_wording",
     "fancy",
     "progress",
     "Progress",
@@ -64,9 +67,85 @@ def _console(stderr: bool = False):
 # -- messages -------------------------------------------------------------------------
 
 
+class UsageError(ValueError):
+    """A command-line argument that cannot be used (a bad value, a missing flag): the
+    command exits 2, like argparse's own usage errors."""
+
+
+def usage_value(flag: str, parse: Any, text: str) -> Any:
+    """``parse(text)`` for the value of ``flag``; a ValueError becomes a :class:`UsageError`
+    naming the flag (exit code 2, not 1)."""
+    try:
+        return parse(text)
+    except ValueError as exc:
+        raise UsageError(f"{flag} {text!r}: {exc}") from None
+
+
+#: Python keyword arguments of the library (as its errors name them) -> the CLI flags of
+#: ``cuforge compile``. The CLI shows flags, never ``arch=``.
+_KWARG_FLAGS = (
+    ("arch=", "--arch "),
+    ("include_dirs=", "-I "),
+    ("defines=", "-D "),
+    ("options=", "--option "),
+    ("name_expressions=", "--name-expression "),
+    ("backend=", "--backend "),
+    ("output=", "--output "),
+)
+
+
+def cli_wording(message: str) -> str:
+    """A library message reworded for the command line: ``arch='sm_90'`` becomes
+    ``--arch sm_90``, ``options=...`` ``--option ...``, and "to compile()" is dropped."""
+    import re
+
+    for kwarg, flag in _KWARG_FLAGS:
+        if kwarg not in message:
+            continue
+        # arch='sm_90' -> --arch sm_90 ; a bare arch= -> --arch
+        message = re.sub(
+            r"(?<![\w.=/-])" + re.escape(kwarg) + r"(['\"])([^'\"]*)\1",
+            lambda m, flag=flag: flag + m.group(2),
+            message,
+        )
+        if kwarg not in ("backend=", "output="):  # common words: only the quoted form
+            message = re.sub(r"(?<![\w.=/-])" + re.escape(kwarg), flag, message)
+    message = re.sub(r" (to|in) (cuforge\.)?(compile|compile_file)\(\)", "", message)
+    message = message.replace("(or a tuple)", "(repeat --arch for several)")
+    return message.replace("--arch  ", "--arch ")
+
+
+_errors: list[str] = []
+_json_emitted = False
+
+
 def error(message: str) -> None:
-    """An error line on stderr. The caller returns a non-zero exit code."""
+    """An error line on stderr. The caller returns a non-zero exit code. The message is
+    kept: under ``--json`` the entry point turns it into the JSON error document when the
+    command printed none."""
+    message = cli_wording(message)
+    _errors.append(message)
     print(f"cuforge: error: {message}", file=sys.stderr, flush=True)
+
+
+def errors_reported() -> list[str]:
+    """The messages :func:`error` printed in this process, oldest first."""
+    return list(_errors)
+
+
+def json_emitted() -> bool:
+    """Whether :func:`emit_json` has printed a document in this process."""
+    return _json_emitted
+
+
+def emit_error_json(command: str | None, message: str, kind: str, **extra: Any) -> None:
+    """The ``--json`` error document: ``{"schema": 1, "command", "ok": false,
+    "error": {"message", "kind"}}`` (``kind``: "usage", "failure" or an exception's
+    class name)."""
+    doc: dict[str, Any] = {"command": command, "ok": False}
+    doc.update(extra)
+    doc["error"] = {"message": message, "kind": kind}
+    emit_json(doc)
 
 
 def warn(message: str) -> None:
@@ -75,6 +154,8 @@ def warn(message: str) -> None:
 
 def emit_json(document: dict[str, Any]) -> None:
     """Print one JSON document on stdout, with the schema version first."""
+    global _json_emitted
+    _json_emitted = True
     out = {"schema": JSON_SCHEMA}
     out.update(document)
     json.dump(out, sys.stdout, indent=2, sort_keys=False, default=str)

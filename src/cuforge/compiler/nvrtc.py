@@ -8,7 +8,7 @@ costs the same through both (NVRTC does the work), so the thin layer wins.
 Knows nothing of keys or stores. :func:`nvrtc_options` is the exact option list NVRTC
 receives; the pipeline puts exactly that in the cache key.
 
-NVRTC 13 has no dependency output (``-MD`` is rejected), so ``dependencies`` is None and
+NVRTC 12 and 13 have no dependency output (``-MD`` is rejected), so ``dependencies`` is None and
 the pipeline's include scanner lists the headers.
 """
 
@@ -53,7 +53,7 @@ def _nvrtc():
             except ImportError as exc:
                 raise ToolchainError(
                     f"cuda-bindings is not importable ({exc}). Install it with "
-                    "`pip install 'cuda-bindings>=13,<14'`."
+                    "`pip install 'cuforge[cu13]'` (or 'cuforge[cu12]' for CUDA 12)."
                 ) from None
             _module = nvrtc
     return _module

@@ -1,4 +1,5 @@
-"""The optional C fast path: a ~500-line CPython extension, built once per machine.
+"""The optional C fast path: a ~500-line CPython extension, installed with cuforge or built
+once per machine.
 
 Pure Python tops out near 1.35-1.45x a raw pre-packed ``cuLaunchKernel`` (through
 ``cuda.bindings``) for 2 tensors + 2 scalars (H200: 5.3-7.5 us vs 4.0-5.2 us): the ctypes
@@ -13,13 +14,27 @@ first write to the buffer until the driver returns (so every thread may use it).
 Anything it does not handle exactly (another argument type, a failed check, an error)
 goes to the Python general path, which checks again and names the wrong argument.
 
-The C source is ``_launcher.c`` beside this module. It is compiled with the system C
-compiler (``$CC``, ``cc``, ``gcc`` or ``clang``) and Python's headers the first time a
-kernel is made (~0.4 s), into ``$CUFORGE_CACHE_DIR/runtime/``, and reused by every later
-process. The library's file name carries a hash of the C source, the Python version and
-extension ABI, and the compiler, so a change to any of them builds a fresh one. Without a
-compiler or headers cuforge uses the Python fast path; ``CUFORGE_FAST_LAUNCH=python``
-forces it.
+The C source is ``_launcher.c`` beside this module. It needs only Python's headers: the
+driver's launch entry points come in as addresses at run time, nothing links against
+libcuda. :func:`load` takes the first of three paths that works, tried once per process
+(:func:`status` says which, and why not the ones before it):
+
+1. ``"installed"``: the extension ``cuforge.runtime._cuforge_fastlaunch``, compiled from
+   ``_launcher.c`` when cuforge was installed (``setup.py``; optional: an install without a
+   C compiler succeeds without it). It is used only while the SHA-256 it was built from
+   (its ``SOURCE_SHA256``) equals that of the ``_launcher.c`` beside this module, so an
+   editable install whose C source was edited since does not run the old code.
+2. ``"built"``: compiled with the system C compiler (``$CC``, ``cc``, ``gcc`` or ``clang``)
+   and Python's headers the first time a kernel is made (~0.4 s), into
+   ``$CUFORGE_CACHE_DIR/runtime/``, and reused by every later process. The library's file
+   name carries a hash of the C source, the Python version and extension ABI, and the
+   compiler, so a change to any of them builds a fresh one.
+3. ``"python"``: the generated Python fast path (about 1.4x slower launches), when neither
+   works or ``CUFORGE_FAST_LAUNCH=python``.
+
+The path in use is said once per process: on stderr with ``CUFORGE_VERBOSE=1``, and as an
+INFO record on the ``cuforge`` logger when :mod:`logging` is in use; nothing is printed
+otherwise.
 
 Trust: a library in the cache is code this process runs. It is imported only when the
 cache dir and its ``runtime/`` dir pass :func:`cuforge._fs.trust_problem` (owned by the
@@ -28,7 +43,8 @@ a symlink) owned by the current user and not writable by group or others. Its pa
 always derived again from the hash, never read from anywhere. A library that fails the
 file check is rebuilt in place; when a directory fails, the library is built in a fresh
 private temp dir (mode 0700) for this process only, and :func:`notice` says why
-(``CUFORGE_VERBOSE=1`` prints it).
+(``CUFORGE_VERBOSE=1`` prints it). The installed extension lives in the package itself and
+is as trusted as cuforge's own Python files.
 """
 
 from __future__ import annotations
@@ -37,7 +53,16 @@ import os
 import sys
 import threading
 
-__all__ = ["load", "error", "notice", "source", "library_name", "KINDS"]
+__all__ = [
+    "load",
+    "status",
+    "error",
+    "notice",
+    "source",
+    "library_name",
+    "KINDS",
+    "INSTALLED_MODULE",
+]
 
 #: parameter kinds understood by the C fast path (scalar code -> kind number)
 KINDS = {
@@ -59,41 +84,130 @@ KINDS = {
 SOURCE_FILE = "_launcher.c"
 #: the extension module's name (``PyInit__cuforge_fastlaunch`` in the C source)
 MODULE_NAME = "_cuforge_fastlaunch"
+#: the extension built when cuforge is installed (setup.py), from the same C source
+INSTALLED_MODULE = f"{__package__}.{MODULE_NAME}"
+
+#: Test hook: False skips the installed extension, so :func:`load` goes straight to the
+#: runtime build (the tests of that path set it in the process they start). Read once, by
+#: the first :func:`load`.
+use_installed = True
 
 _lock = threading.Lock()
 _module = None
 _tried = False
 _error: str | None = None
 _notice: str | None = None
+_private = False
+_why_not = "not tried"  # why the installed extension is not used
+_path = "python"
+_detail = "not loaded yet"
 
 
 def load():
-    """The compiled extension module, building it on first use; None when it cannot be
-    built here (``error()`` says why) or ``CUFORGE_FAST_LAUNCH=python``. Tried once per
-    process; the outcome is reported once (on stderr with ``CUFORGE_VERBOSE=1``)."""
-    global _module, _tried, _error
+    """The compiled extension module: the installed one, else one built into the cache
+    dir on first use; None when neither can be had here (``error()`` says why) or
+    ``CUFORGE_FAST_LAUNCH=python``. Tried once per process; which path is in use is said
+    once (on stderr with ``CUFORGE_VERBOSE=1``; see :func:`status`)."""
+    global _module, _tried, _error, _path, _detail, _why_not
     if _tried:
         return _module
     with _lock:
         if _tried:
             return _module
-        from cuforge.config import settings
-
         try:
+            from cuforge.config import settings
+
             if settings().fast_launch == "python":
                 _error = "CUFORGE_FAST_LAUNCH=python"
             else:
-                _module = _build_and_import()
+                _module, _why_not = _installed()
+                if _module is not None:
+                    _path, _detail = "installed", _module.__file__
+                else:
+                    _module = _build_and_import()
+                    _path = "built"
+                    where = _module.__file__
+                    if _private:  # built in a private temp dir, removed once loaded
+                        where = f"{where} (a private build for this process: {_notice})"
+                    _detail = f"{where} (installed extension: {_why_not})"
         except Exception as exc:  # noqa: BLE001 - any failure: the Python fast path is used
             _error = f"{type(exc).__name__}: {exc}"
             _module = None
+        if _module is None:
+            _path = "python"
+            _detail = _error
+            if _error != "CUFORGE_FAST_LAUNCH=python":
+                _detail = f"installed extension: {_why_not}; runtime build: {_error}"
         _tried = True
-        if _module is None and _verbose():
-            print(
-                f"cuforge: C launch path unavailable ({_error}); using the Python fast path",
-                file=sys.stderr,
-            )
+        _report()
     return _module
+
+
+def status() -> tuple[str, str]:
+    """Which launch path this process uses, loading it first if that was not tried yet
+    (which may build the library, ~0.4 s): ``(path, detail)`` where ``path`` is
+
+    * ``"installed"``: the extension installed with cuforge; ``detail`` is its file;
+    * ``"built"``: the library built at run time into ``<cache>/runtime/`` (or, when that
+      dir is untrusted, a private temp dir: :func:`notice` says why); ``detail`` is its file
+      and why the installed extension is not used;
+    * ``"python"``: the Python fast path; ``detail`` says why neither C path is used.
+
+    Meant for ``cuforge doctor`` and bug reports."""
+    load()
+    return _path, _detail
+
+
+def _installed():
+    """``(module, None)`` for a usable installed extension, else ``(None, why not)``."""
+    import importlib
+
+    if not use_installed:
+        return None, "skipped (cuforge.runtime.fastlaunch.use_installed is False)"
+    try:
+        module = importlib.import_module(INSTALLED_MODULE)
+    except ImportError as exc:
+        if isinstance(exc, ModuleNotFoundError) and exc.name == INSTALLED_MODULE:
+            return None, (
+                "not installed (cuforge was installed without a C compiler or Python "
+                "headers; reinstall it where both are present to get it)"
+            )
+        return None, f"{INSTALLED_MODULE} cannot be imported: {exc}"
+    except Exception as exc:  # noqa: BLE001 - a failing module init: the next path is tried
+        return None, f"{INSTALLED_MODULE} failed to initialize: {type(exc).__name__}: {exc}"
+    import hashlib
+
+    built_from = getattr(module, "SOURCE_SHA256", None)
+    if built_from != hashlib.sha256(source()).hexdigest():
+        return None, (
+            f"{module.__file__} was built from another {SOURCE_FILE} (edited since the "
+            f"install; reinstall cuforge, e.g. `pip install -e .`, to rebuild it)"
+        )
+    return module, None
+
+
+def _report() -> None:
+    """Say once which path is in use: stderr when verbose, an INFO log record."""
+    if _path == "python":
+        message = f"C launch path unavailable ({_detail}); using the Python fast path"
+        if _error == "CUFORGE_FAST_LAUNCH=python":
+            message = "CUFORGE_FAST_LAUNCH=python; using the Python fast path"
+    elif _path == "installed":
+        message = f"C launch path: the installed extension {_detail}"
+    else:  # the notice of a private build was said already: not twice
+        where = _module.__file__ + (" (a private build for this process)" if _private else "")
+        message = f"C launch path: built at run time: {where} (installed extension: {_why_not})"
+    try:
+        verbose = _verbose()
+    except ValueError:  # a bad CUFORGE_* value (ConfigError): load() recorded it as the error
+        verbose = False
+    if verbose:
+        print(f"cuforge: {message}", file=sys.stderr)
+    # INFO only when logging is already in use: a process that never imported logging has
+    # no handler that could show it, and importing it here would cost a few ms
+    logging = sys.modules.get("logging")
+    if logging is not None:
+        logging.getLogger("cuforge").info(message)
 
 
 def error() -> str | None:
@@ -108,8 +222,14 @@ def notice() -> str | None:
 
 
 def source() -> bytes:
-    """The C source of the extension, exactly as it is compiled and hashed."""
-    from importlib import resources
+    """The C source of the extension, exactly as it is compiled and hashed: the
+    ``_launcher.c`` beside this module."""
+    try:
+        with open(os.path.join(os.path.dirname(__file__), SOURCE_FILE), "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        pass  # not a plain directory (a zip, say): ask the package's loader
+    from importlib import resources  # ~15 ms to import: only when the plain read fails
 
     return resources.files(__package__).joinpath(SOURCE_FILE).read_bytes()
 
@@ -214,7 +334,13 @@ def _build(src: bytes, cc: list[str], path: str) -> None:
     cmd = [*cc, "-O2", "-shared", "-fPIC", "-I" + include, "-x", "c", "-", "-o", tmp]
     t0 = time.perf_counter()
     try:
-        done = subprocess.run(cmd, input=src, capture_output=True, check=False)
+        try:
+            done = subprocess.run(cmd, input=src, capture_output=True, check=False)
+        except OSError as exc:  # not a write problem: say which compiler could not run
+            raise RuntimeError(
+                f"the C compiler {cc[0]} cannot be run ({exc.strerror or exc}); "
+                f"install cc, gcc or clang, or set CC to one"
+            ) from exc
         if done.returncode != 0:
             stderr = done.stderr.decode("utf-8", "replace").strip()[:500]
             raise RuntimeError(f"{' '.join(cmd)} failed: {stderr}")
@@ -276,6 +402,9 @@ def _private_build(src: bytes, cc: list[str], name: str):
     """Build into a fresh temp dir (mode 0700, removed once the library is loaded)."""
     import shutil
     import tempfile
+
+    global _private
+    _private = True
 
     tmp = tempfile.mkdtemp(prefix="cuforge-launch-")
     try:

@@ -9,7 +9,9 @@ The bottom layer beside :mod:`cuforge.config`: it imports only config, arch, err
   (what is loaded), :func:`toolkit_include_dirs`, :func:`is_toolkit`, :func:`which`.
 * :mod:`~cuforge.toolchain.identity` -- what the toolchain is: :func:`compiler_identity`
   (what the cache key says about the compiler), :func:`nvcc_version`,
-  :func:`nvrtc_version`, :func:`supported_archs`.
+  :func:`nvrtc_version`, :func:`nvrtc_version_tuple`, :func:`nvrtc_header_version`,
+  :func:`cuda_bindings_version`, :func:`nvrtc_header_mismatch` (for ``cuforge doctor``),
+  :func:`supported_archs`.
 * :mod:`~cuforge.toolchain.gpu` -- the one ``libcuda`` probe: :func:`libcuda`,
   :func:`driver_version`, :func:`visible_gpu_archs`, :func:`~cuforge.toolchain.gpu.devices`.
 * :mod:`~cuforge.toolchain.targets` -- :func:`resolve_archs`: the arch a compile targets.
@@ -23,16 +25,22 @@ from __future__ import annotations
 from cuforge.toolchain.gpu import driver_version, libcuda, visible_gpu_archs
 from cuforge.toolchain.identity import (
     compiler_identity,
+    cuda_bindings_version,
     nvcc_supported_archs,
     nvcc_version,
+    nvrtc_header_mismatch,
+    nvrtc_header_version,
     nvrtc_supported_archs,
     nvrtc_version,
+    nvrtc_version_tuple,
     supported_archs,
 )
 from cuforge.toolchain.locate import (
     find_nvrtc_library,
+    header_cuda_version,
     is_toolkit,
     nvcc_path,
+    nvrtc_library_major,
     nvrtc_library_path,
     toolkit_include_dirs,
     toolkit_root,
@@ -52,6 +60,12 @@ __all__ = [
     "compiler_identity",
     "nvcc_version",
     "nvrtc_version",
+    "nvrtc_version_tuple",
+    "nvrtc_header_version",
+    "nvrtc_header_mismatch",
+    "cuda_bindings_version",
+    "header_cuda_version",
+    "nvrtc_library_major",
     "supported_archs",
     "nvrtc_supported_archs",
     "nvcc_supported_archs",

@@ -19,7 +19,16 @@ from cuforge.toolchain import locate
 from cuforge.toolchain import memo as _memo
 from cuforge.toolchain.memo import file_stat_key
 
-__all__ = ["compiler_identity", "nvcc_version", "nvrtc_version", "supported_archs"]
+__all__ = [
+    "compiler_identity",
+    "nvcc_version",
+    "nvrtc_version",
+    "nvrtc_version_tuple",
+    "nvrtc_header_version",
+    "cuda_bindings_version",
+    "nvrtc_header_mismatch",
+    "supported_archs",
+]
 
 
 # --------------------------------------------------------------------------- probes
@@ -74,18 +83,20 @@ def _define(path: str, name: bytes) -> str:
     return ""
 
 
-def _probe_headers(cuda_h: str) -> dict:
-    """Versions of the toolkit headers: CUDA_VERSION from cuda.h, CCCL_VERSION from CCCL."""
+def _probe_headers(cuda_h: str, include: list[str] | tuple[str, ...] = ()) -> dict:
+    """Versions of the headers: CUDA_VERSION from cuda.h, CCCL_VERSION from CCCL, which
+    sits beside cuda.h (toolkit, CUDA 13 wheels) or in its own include dir (the
+    ``nvidia-cuda-cccl-cu12`` wheel: another entry of ``include``)."""
     version = _define(cuda_h, b"CUDA_VERSION")
     cccl = ""
-    inc = os.path.dirname(cuda_h)
-    for candidate in (
-        os.path.join(inc, "cccl", "cuda", "std", "__cccl", "version.h"),
-        os.path.join(inc, "cuda", "std", "__cccl", "version.h"),
-    ):
-        cccl = _define(candidate, b"CCCL_VERSION")
-        if cccl:
-            break
+    for inc in (os.path.dirname(cuda_h), *include):
+        for candidate in (
+            os.path.join(inc, "cccl", "cuda", "std", "__cccl", "version.h"),
+            os.path.join(inc, "cuda", "std", "__cccl", "version.h"),
+        ):
+            cccl = _define(candidate, b"CCCL_VERSION")
+            if cccl:
+                return {"cuda_version": version, "cccl_version": cccl}
     return {"cuda_version": version, "cccl_version": cccl}
 
 
@@ -196,7 +207,7 @@ def _nvrtc_identity():
             if hsig is not None:
                 hdr = _memo.probed(memo, "headers", cuda_h, hsig)
                 if hdr is None:
-                    hdr = _probe_headers(cuda_h)
+                    hdr = _probe_headers(cuda_h, include)
                     _memo.remember(memo, "headers", cuda_h, hsig, hdr)
                     changed = True
                 # not re-checked per call (one stat per call, of the library, is the
@@ -261,6 +272,74 @@ def nvrtc_version() -> str | None:
         return compiler_identity("nvrtc")["version"] or None
     except ToolchainError:
         return None
+
+
+def _version_tuple(text: str | None) -> tuple[int, int] | None:
+    parts = (text or "").split(".")
+    if len(parts) < 2 or not (parts[0].isdigit() and parts[1].isdigit()):
+        return None
+    return int(parts[0]), int(parts[1])
+
+
+def nvrtc_version_tuple() -> tuple[int, int] | None:
+    """NVRTC's (major, minor) (``(12, 9)``), or None when NVRTC cannot be found or loaded.
+    The cache key holds the same major.minor (``compiler_identity("nvrtc")["version"]``)."""
+    return _version_tuple(nvrtc_version())
+
+
+def nvrtc_header_version() -> tuple[int, int] | None:
+    """``CUDA_VERSION`` of the headers NVRTC compiles against (the first of
+    :func:`~cuforge.toolchain.locate.toolkit_include_dirs`) as (major, minor), or None when
+    there are no such headers."""
+    include = locate.toolkit_include_dirs()
+    return locate.header_cuda_version(include[0]) if include else None
+
+
+def cuda_bindings_version() -> tuple[int, int] | None:
+    """The installed cuda-bindings (major, minor), read from its metadata without importing
+    it; None when it is not installed."""
+    from importlib import metadata
+
+    try:
+        return _version_tuple(metadata.version("cuda-bindings"))
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def nvrtc_header_mismatch() -> str | None:
+    """A sentence for a person when NVRTC, its headers and cuda-bindings disagree, or None.
+
+    Checked: NVRTC newer than the headers it compiles against (an older ``cuda_fp16.h`` or
+    CUB may not build, or build differently), a different CUDA major of NVRTC and headers,
+    and cuda-bindings of another major than NVRTC. Each message ends with the fix. Loads
+    NVRTC when it is not memoized: for ``cuforge doctor``, not the compile path."""
+    nvrtc = nvrtc_version_tuple()
+    if nvrtc is None:
+        return None
+    include = locate.toolkit_include_dirs()
+    headers = locate.header_cuda_version(include[0]) if include else None
+    fix_pkg = f"cuforge[cu{nvrtc[0]}]"
+    if headers is not None and headers[0] != nvrtc[0]:
+        return (
+            f"NVRTC {nvrtc[0]}.{nvrtc[1]} compiles against CUDA {headers[0]}.{headers[1]} "
+            f"headers in {include[0]}: the majors differ. Fix: `pip install '{fix_pkg}'` for "
+            f"headers of the same major, or set CUDA_HOME to a CUDA {nvrtc[0]} toolkit."
+        )
+    if headers is not None and headers < nvrtc:
+        return (
+            f"NVRTC {nvrtc[0]}.{nvrtc[1]} is newer than the CUDA {headers[0]}.{headers[1]} "
+            f"headers it compiles against ({include[0]}). Fix: upgrade the headers "
+            f"(`pip install -U '{fix_pkg}'`, or a newer toolkit in CUDA_HOME), or install "
+            f"an NVRTC of {headers[0]}.{headers[1]}."
+        )
+    bindings = cuda_bindings_version()
+    if bindings is not None and bindings[0] != nvrtc[0]:
+        return (
+            f"cuda-bindings {bindings[0]}.{bindings[1]} is installed with NVRTC "
+            f"{nvrtc[0]}.{nvrtc[1]}: the majors differ. Fix: `pip install '{fix_pkg}'` "
+            f"(or 'cuforge[cu{bindings[0]}]' to move NVRTC to CUDA {bindings[0]})."
+        )
+    return None
 
 
 def nvrtc_supported_archs() -> list[str]:

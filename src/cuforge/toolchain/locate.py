@@ -28,6 +28,8 @@ __all__ = [
     "nvrtc_library_path",
     "find_nvrtc_library",
     "toolkit_include_dirs",
+    "header_cuda_version",
+    "nvrtc_library_major",
 ]
 
 _DEFAULT_ROOT = "/usr/local/cuda"
@@ -202,8 +204,9 @@ _found_memo: dict[str, str] = {}
 
 
 def nvrtc_library_path() -> str:
-    """Absolute path of the NVRTC shared library (``libnvrtc.so.13``) as cuda-pathfinder
-    finds it (the ``nvidia-cuda-nvrtc`` wheel first), for the cache key and for messages.
+    """Absolute path of the NVRTC shared library (``libnvrtc.so.13`` or ``.so.12``) as
+    cuda-pathfinder finds it (the ``nvidia-cuda-nvrtc`` / ``nvidia-cuda-nvrtc-cu12`` wheel
+    first), for the cache key and for messages.
 
     Cheap when memoized: the path is remembered per process and in the on-disk memo
     (keyed by ``sys.prefix``, ``CUDA_HOME``, ``CUDA_PATH`` and ``LD_LIBRARY_PATH``) and
@@ -245,8 +248,8 @@ def find_nvrtc_library() -> str:
 
 def _search_nvrtc() -> str:
     fix = (
-        "Install it with `pip install nvidia-cuda-nvrtc` (CUDA 13: `pip install "
-        "'nvidia-cuda-nvrtc>=13,<14'`), or install the CUDA toolkit and set CUDA_HOME."
+        "Install it with `pip install 'cuforge[cu13]'` (CUDA 13) or `pip install "
+        "'cuforge[cu12]'` (CUDA 12 drivers), or install the CUDA toolkit and set CUDA_HOME."
     )
     try:
         import cuda.pathfinder as pathfinder
@@ -296,10 +299,65 @@ def toolkit_include_dirs() -> list[str]:
             cccl = os.path.join(inc, "cccl")
             if os.path.isdir(cccl):
                 dirs.append(cccl)
+    if dirs and _toolkit_major_differs(dirs[0]):
+        # NVRTC 12 from the -cu12 wheel beside a CUDA 13 toolkit (or the reverse): the
+        # toolkit's headers would not match the compiler, so take the header wheels that
+        # come with NVRTC when there are any (the mismatch is reported by
+        # identity.nvrtc_header_mismatch and `cuforge doctor` when there are none)
+        wheel = list(_pathfinder_include_dirs())
+        if wheel and header_cuda_version(wheel[0]) is not None:
+            dirs = wheel
     if not dirs:
         dirs = list(_pathfinder_include_dirs())
     _include_memo[root] = tuple(dirs)
     return dirs
+
+
+def header_cuda_version(include_dir: str) -> tuple[int, int] | None:
+    """``CUDA_VERSION`` of ``<include_dir>/cuda.h`` as (major, minor) (``12090`` ->
+    ``(12, 9)``), or None when there is no such header or no readable define."""
+    try:
+        fd = _fs.open_regular(os.path.join(include_dir, "cuda.h"))
+    except OSError:
+        return None
+    try:
+        head = os.read(fd, 1 << 16)  # the define sits in the first few KB of cuda.h
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    for line in head.split(b"\n"):
+        if line.startswith(b"#define CUDA_VERSION"):
+            parts = line.split()
+            if len(parts) >= 3 and parts[2].isdigit():
+                value = int(parts[2])
+                return value // 1000, (value % 1000) // 10
+    return None
+
+
+def nvrtc_library_major(path: str) -> int | None:
+    """The CUDA major of an NVRTC library from its file name (``libnvrtc.so.12``,
+    ``libnvrtc.so.13.0.88``, ``nvrtc64_120_0.dll``), without loading it; None if unknown."""
+    name = os.path.basename(path)
+    for prefix in ("libnvrtc.so.", "nvrtc64_"):
+        if name.startswith(prefix):
+            digits = name[len(prefix) :].split(".")[0].split("_")[0]
+            if digits.isdigit():
+                return int(digits[:2]) if prefix == "nvrtc64_" else int(digits)
+    return None
+
+
+def _toolkit_major_differs(include_dir: str) -> bool:
+    """Whether the toolkit headers in ``include_dir`` and the NVRTC that is located are of
+    different CUDA majors (both must be known)."""
+    headers = header_cuda_version(include_dir)
+    if headers is None:
+        return False
+    try:
+        major = nvrtc_library_major(nvrtc_library_path())
+    except ToolchainError:
+        return False
+    return major is not None and major != headers[0]
 
 
 def _pathfinder_include_dirs() -> tuple[str, ...]:
