@@ -78,6 +78,13 @@ class RemoteBackend(ABC):
         self.connect_timeout = connect_timeout
         self.timeout = timeout
         self.ttl = ttl
+        self.setup()
+
+    def setup(self) -> None:  # noqa: B027 - optional hook: a backend may need no setup
+        """Read :attr:`url` and prepare (never connect: the first call does). Called at the
+        end of the constructor, so a backend overrides this instead of restating the
+        constructor's keywords. Raises :class:`RemoteError` (or ValueError) for a URL it
+        cannot use."""
 
     @abstractmethod
     def get(self, kind: str, key: str) -> bytes | None:

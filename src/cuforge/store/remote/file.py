@@ -44,21 +44,10 @@ class FileBackend(RemoteBackend):
 
     schemes = ("file",)
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        namespace: str,
-        connect_timeout: float,
-        timeout: float,
-        ttl: float = 0.0,
-    ) -> None:
-        super().__init__(
-            url, namespace=namespace, connect_timeout=connect_timeout, timeout=timeout, ttl=ttl
-        )
-        self.root = _path_of(url)
-        if "/" in namespace or namespace in ("", ".", ".."):
-            raise ValueError(f"namespace {namespace!r} cannot be a directory name")
+    def setup(self) -> None:
+        self.root = _path_of(self.url)
+        if "/" in self.namespace or self.namespace in ("", ".", ".."):
+            raise ValueError(f"namespace {self.namespace!r} cannot be a directory name")
 
     def path_for(self, kind: str, key: str) -> str:
         """``<dir>/<namespace>/<kind>/<key[:2]>/<key>``; ValueError for a kind or key that

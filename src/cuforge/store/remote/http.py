@@ -58,32 +58,21 @@ class HttpBackend(RemoteBackend):
     #: the largest body a ``get`` accepts (bytes)
     max_bytes: int = 1024**3
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        namespace: str,
-        connect_timeout: float,
-        timeout: float,
-        ttl: float = 0.0,
-    ) -> None:
-        super().__init__(
-            url, namespace=namespace, connect_timeout=connect_timeout, timeout=timeout, ttl=ttl
-        )
+    def setup(self) -> None:
         from urllib.parse import quote, unquote, urlsplit
 
         try:
-            parts = urlsplit(url)
+            parts = urlsplit(self.url)
             port = parts.port
         except ValueError as exc:
-            raise RemoteError(f"remote cache {redact(url)}: bad URL: {exc}") from exc
+            raise RemoteError(f"remote cache {redact(self.url)}: bad URL: {exc}") from exc
         if parts.scheme not in self.schemes or not parts.hostname:
             raise RemoteError(
-                f"remote cache {redact(url)}: expected http(s)://[user:password@]host[:port]/prefix"
+                f"remote cache {redact(self.url)}: expected http(s)://[user:password@]host[:port]/prefix"
             )
         if parts.query or parts.fragment:
             raise RemoteError(
-                f"remote cache {redact(url)}: a cache URL takes no query or fragment "
+                f"remote cache {redact(self.url)}: a cache URL takes no query or fragment "
                 "(?... / #...); entries go under its path"
             )
         self._https = parts.scheme == "https"
@@ -91,7 +80,7 @@ class HttpBackend(RemoteBackend):
         self._port = port or (443 if self._https else 80)
         self._prefix = parts.path.rstrip("/")
         self._quote = quote
-        self._ns = self._component(namespace, "namespace")
+        self._ns = self._component(self.namespace, "namespace")
         self._headers = {"User-Agent": "cuforge"}
         if parts.username is not None or parts.password is not None:
             import base64

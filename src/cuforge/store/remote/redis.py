@@ -41,36 +41,25 @@ class RedisBackend(RemoteBackend):
 
     schemes = ("redis", "rediss")
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        namespace: str,
-        connect_timeout: float,
-        timeout: float,
-        ttl: float = 0.0,
-    ) -> None:
-        super().__init__(
-            url, namespace=namespace, connect_timeout=connect_timeout, timeout=timeout, ttl=ttl
-        )
+    def setup(self) -> None:
         try:
             import redis
             from redis.backoff import NoBackoff
             from redis.retry import Retry
         except ImportError as exc:
             raise RemoteError(
-                f"remote cache {redact(url)}: the Python package 'redis' is not installed "
+                f"remote cache {redact(self.url)}: the Python package 'redis' is not installed "
                 f"({exc}); install it with: {_INSTALL_HINT}, or remove this URL from "
                 "CUFORGE_REMOTE"
             ) from exc
-        _check_url(url)
+        _check_url(self.url)
         self._redis = redis
-        self._prefix = f"cuforge:{namespace}:"
+        self._prefix = f"cuforge:{self.namespace}:"
         try:
             pool = redis.ConnectionPool.from_url(
-                url,
-                socket_connect_timeout=connect_timeout,
-                socket_timeout=timeout,
+                self.url,
+                socket_connect_timeout=self.connect_timeout,
+                socket_timeout=self.timeout,
                 retry=Retry(NoBackoff(), 0),
                 retry_on_timeout=False,
                 health_check_interval=0,
@@ -79,7 +68,7 @@ class RedisBackend(RemoteBackend):
             )
         except (ValueError, TypeError, redis.RedisError) as exc:
             raise RemoteError(
-                f"remote cache {redact(url)}: not a usable Redis URL ({exc}); expected "
+                f"remote cache {redact(self.url)}: not a usable Redis URL ({exc}); expected "
                 "redis://[:password@]host:port/db or rediss://..."
             ) from exc
         self._pool = pool
