@@ -416,9 +416,9 @@ class DiskStore(Store):
                 event,
                 tier="disk",
                 kind=kind,
-                name=name if isinstance(name, str) else None,
+                name=name,
                 nbytes=nbytes,
-                seconds_saved=seconds if isinstance(seconds, (int, float)) else 0.0,
+                seconds_saved=seconds,
             )
 
     # ------------------------------------------------------------------ get

@@ -106,15 +106,22 @@ def record(
     *,
     tier: str,
     kind: str,
-    name: str | None,
+    name: object,
     nbytes: int = 0,
-    seconds_saved: float = 0.0,
+    seconds_saved: object = 0.0,
     count: int = 1,
 ) -> None:
     """Count ``count`` events (one of :data:`EVENTS`) of ``tier``.
 
+    ``name`` and ``seconds_saved`` may come straight from an entry's meta: a name that is
+    not a string counts as no name, and seconds that are not a number as 0.
+
     Only bumps counters in memory (about a microsecond): whether telemetry is enabled is
     checked when the counts are flushed, and nothing is written when it is not."""
+    if not isinstance(name, str):
+        name = None
+    if not isinstance(seconds_saved, (int, float)):
+        seconds_saved = 0.0
     with _lock:
         agg = _pending.get(root)
         if agg is None:

@@ -105,7 +105,7 @@ class TieredStore(Store):
                             "put",
                             tier="memory",
                             kind=entry.kind,
-                            name=_name(entry),
+                            name=entry.meta.get("name"),
                             nbytes=len(entry.payload),
                         )
         return stored
@@ -169,13 +169,13 @@ class TieredStore(Store):
         for entry, count in grouped.values():
             seconds = entry.meta.get("compile_seconds", 0.0)
             if not isinstance(seconds, (int, float)):
-                seconds = 0.0
+                seconds = 0.0  # (multiplied below, so checked here too)
             _telemetry.record(
                 root,
                 "hit",
                 tier="memory",
                 kind=entry.kind,
-                name=_name(entry),
+                name=entry.meta.get("name"),
                 nbytes=len(entry.payload) * count,
                 seconds_saved=seconds * count,
                 count=count,
@@ -187,8 +187,3 @@ class TieredStore(Store):
 
 #: memory-tier hits buffered before they are handed to telemetry
 _BUFFER = 1024
-
-
-def _name(entry: Entry):
-    name = entry.meta.get("name")
-    return name if isinstance(name, str) else None

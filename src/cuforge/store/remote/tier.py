@@ -96,9 +96,9 @@ class RemoteStore(Store):
                 event,
                 tier="remote",
                 kind=kind,
-                name=name if isinstance(name, str) else None,
+                name=name,
                 nbytes=nbytes,
-                seconds_saved=seconds if isinstance(seconds, (int, float)) else 0.0,
+                seconds_saved=seconds,
             )
 
     def _failed(self, what: str, exc: BaseException) -> None:
