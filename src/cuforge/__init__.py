@@ -35,17 +35,27 @@ __all__ = [
     "ToolchainError",
     "LaunchError",
     "CuforgeError",
+    "jit",
+    "JitKernel",
+    "Options",
+    "load_binary",
+    "load_bundle",
 ]
 
 _LAZY = {
     "Kernel": ("cuforge.runtime.kernel", "Kernel"),
     "Pointer": ("cuforge.runtime.args", "Pointer"),
     "LaunchError": ("cuforge.runtime.errors", "LaunchError"),
+    "jit": ("cuforge.jitkernel", "jit"),
+    "JitKernel": ("cuforge.jitkernel", "JitKernel"),
+    "Options": ("cuforge.options", "Options"),
+    "load_binary": ("cuforge.api", "load_binary"),
+    "load_bundle": ("cuforge.aot.bundle", "load_bundle"),
 }
 
 
 #: subpackages reachable as attributes without an explicit import (``cuforge.torch.load``)
-_SUBPACKAGES = ("torch", "runtime", "store", "cli")
+_SUBPACKAGES = ("torch", "runtime", "store", "cli", "cccl", "cute", "aot")
 
 
 def __getattr__(name: str):

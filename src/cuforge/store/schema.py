@@ -22,6 +22,8 @@ The rules (a field marked *typed* may be absent, but when present must have that
   accepted with the same types (*typed*). The payload is not checked (the format writes
   ``b""``; manifests of the older torch build kept JSON there and have no ``variants``).
 * ``"object"``, ``"module"`` (the torch build): the common rules only.
+* ``"cccl"`` (:mod:`cuforge.cccl`, a serialized cuda.compute algorithm) and ``"cute"``
+  (:mod:`cuforge.cute`, an exported CuTe DSL function): the common rules only.
 * any other kind is corrupt.
 
 Imports nothing at load time.
@@ -36,7 +38,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["KINDS", "entry_problem"]
 
 #: Every kind an entry may have (the same tuple as ``cuforge.store.base.ENTRY_KINDS``).
-KINDS = ("kernel", "manifest", "object", "module")
+KINDS = ("kernel", "manifest", "object", "module", "cccl", "cute")
 
 _STR_FIELDS = ("name", "arch", "backend", "output", "log")
 
