@@ -116,6 +116,7 @@ def test_an_infinite_lock_timeout_waits_forever(monkeypatch):
         "CUFORGE_TELEMETRY",
         "CUFORGE_TORCH_SPLIT",
         "CUFORGE_DEBUG",
+        "CUFORGE_OFFLINE",
     ],
 )
 def test_switches_accept_yes_and_no_words_and_reject_the_rest(monkeypatch, name):
@@ -127,6 +128,7 @@ def test_switches_accept_yes_and_no_words_and_reject_the_rest(monkeypatch, name)
         "CUFORGE_TELEMETRY": "telemetry",
         "CUFORGE_TORCH_SPLIT": "torch_split",
         "CUFORGE_DEBUG": "debug",
+        "CUFORGE_OFFLINE": "offline",
     }[name]
     for word in ("1", "true", "Yes", "ON"):
         monkeypatch.setenv(name, word)
@@ -145,6 +147,13 @@ def test_switch_defaults(monkeypatch):
     current = settings()
     assert current.telemetry is True and current.torch_split is None
     assert current.verbose is False
+
+
+def test_offline_is_off_by_default(monkeypatch):
+    monkeypatch.delenv("CUFORGE_OFFLINE", raising=False)
+    assert settings().offline is False
+    monkeypatch.setenv("CUFORGE_OFFLINE", "")
+    assert settings().offline is False
 
 
 @pytest.mark.parametrize(

@@ -40,6 +40,8 @@ __all__ = [
     "Options",
     "load_binary",
     "load_bundle",
+    "OfflineMissError",
+    "SpecializationError",
 ]
 
 _LAZY = {
@@ -51,6 +53,8 @@ _LAZY = {
     "Options": ("cuforge.options", "Options"),
     "load_binary": ("cuforge.api", "load_binary"),
     "load_bundle": ("cuforge.aot.bundle", "load_bundle"),
+    "OfflineMissError": ("cuforge.pipeline", "OfflineMissError"),
+    "SpecializationError": ("cuforge.jitkernel", "SpecializationError"),
 }
 
 

@@ -45,6 +45,8 @@ CUFORGE_REMOTE_CONNECT_TIMEOUT  seconds to connect to a remote (default 0.1)
 CUFORGE_REMOTE_TIMEOUT     seconds for one remote transfer (default 1)
 CUFORGE_REMOTE_TTL         seconds a remote entry lives where the backend supports expiry
                            (default 0: no expiry)
+CUFORGE_OFFLINE            ``1``: strict production mode: a kernel not in the cache or a
+                           loaded bundle raises ``OfflineMissError``; nothing is compiled
 ========================== ============================================================
 
 Accepted values, and what an out-of-range one does (always a :class:`ConfigError`, a
@@ -52,7 +54,7 @@ Accepted values, and what an out-of-range one does (always a :class:`ConfigError
 
 * switches (``CUFORGE_DISABLE_CACHE``, ``CUFORGE_DISABLE_FILE_CACHE``, ``CUFORGE_VERBOSE``,
   ``CUFORGE_EXPLAIN``, ``CUFORGE_TELEMETRY``, ``CUFORGE_TORCH_SPLIT``, ``CUFORGE_DEBUG``,
-  ``CUFORGE_PROGRESS``, ``CUFORGE_REMOTE_READONLY``):
+  ``CUFORGE_PROGRESS``, ``CUFORGE_REMOTE_READONLY``, ``CUFORGE_OFFLINE``):
   ``1``/``true``/``yes``/``on`` or ``0``/``false``/``no``/``off`` (any case); empty means
   the default;
 * sizes: bytes or a number with a unit (``512M``, ``5G``, ``5GiB``, ``1.5T``), from 0 to
@@ -128,6 +130,7 @@ _SETTING_VARS: tuple[str, ...] = (
     "CUFORGE_REMOTE_CONNECT_TIMEOUT",
     "CUFORGE_REMOTE_TIMEOUT",
     "CUFORGE_REMOTE_TTL",
+    "CUFORGE_OFFLINE",
     "TORCH_CUDA_ARCH_LIST",
     "XDG_CACHE_HOME",
     "HOME",
@@ -193,6 +196,7 @@ class Settings:
         "remote_connect_timeout",
         "remote_timeout",
         "remote_ttl",
+        "offline",
     )
 
     def __init__(self, env: dict[str, str]) -> None:
@@ -260,6 +264,8 @@ class Settings:
         self.remote_timeout: float = _seconds(get, "CUFORGE_REMOTE_TIMEOUT", DEFAULT_REMOTE_TIMEOUT)
         #: seconds an entry lives in a remote that supports expiry (0: no expiry)
         self.remote_ttl: float = _seconds(get, "CUFORGE_REMOTE_TTL", 0.0)
+        #: strict production mode: any kernel miss raises instead of compiling
+        self.offline: bool = _switch(get, "CUFORGE_OFFLINE", False)
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)

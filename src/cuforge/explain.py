@@ -106,7 +106,30 @@ def explain(cache_dir: str | None, name: str, fields: dict[str, Any]) -> list[st
         return [
             "an identical key was built before but its entry is gone (evicted, pruned or corrupt)"
         ]
-    return [_relative(r, fields) for r in best or []]
+    return [_readable(_relative(r, fields)) for r in best or []]
+
+
+def _readable(reason: str) -> str:
+    """Say a digest-valued field changed in words (the integrations' keys: ``arg:op op
+    <sha256> -> op <sha256>`` becomes ``arg:op changed (op: its code, a default, ...)``)."""
+    label, sep, change = reason.partition(" ")
+    before, arrow, after = change.partition(" -> ")
+    if not sep or not arrow:
+        return reason
+    b_kind, _, b_digest = before.rpartition(" ")
+    a_kind, _, a_digest = after.rpartition(" ")
+    if not (_is_digest(b_digest) and _is_digest(a_digest)):
+        return reason
+    if b_kind == a_kind == "op":
+        return (
+            f"{label} changed (the function: its code, a default, a closure value or a "
+            "global it reads)"
+        )
+    return f"{label} changed ({b_kind or 'value'} -> {a_kind or 'value'})"
+
+
+def _is_digest(text: str) -> bool:
+    return len(text) == 64 and all(c in "0123456789abcdef" for c in text)
 
 
 def _relative(reason: str, fields: dict[str, Any]) -> str:

@@ -12,7 +12,12 @@ How a call is answered, fastest first:
    content digests (memoized by stat) completes the *final key*, which finds the entry in
    the store (memory tier, then disk); so reverting an edit is a hit. No preprocessor, no compiler,
    no CUDA bindings imported.
-3. **Compile** under a single-flight lock on the base key (threads and processes), so a
+   Loaded bundles (:func:`cuforge.load_bundle`) are read-only tiers asked after the
+   store: their entries are served in place, never copied into the cache.
+3. **Strict mode** (``strict=True`` or ``CUFORGE_OFFLINE=1``): a miss raises
+   :class:`OfflineMissError` naming the kernel, arch and variant, and what a manifest
+   would have to list; nothing is compiled.
+4. **Compile** under a single-flight lock on the base key (threads and processes), so a
    key is compiled once while the others wait and then read the result. NVRTC reports no
    dependencies, so cuforge's include scanner lists the headers first; nvcc's ``-MD``
    output lists them after. Header digests are taken before the compile and checked again
@@ -41,6 +46,7 @@ from cuforge.compiler.nvrtc import NvrtcBackend
 from cuforge.compiler.outputs import OUTPUT_KINDS, Artifact, CompileOutput
 from cuforge.config import Settings, result_environment, settings
 from cuforge.deps import file_digest, scan_includes, settled, stat_signature
+from cuforge.errors import CuforgeError
 from cuforge.key import KeyBuilder, text_digest
 from cuforge.manifest import Variant, manifest_key, match, read_variants, write_variant
 from cuforge.paths import base_dir, keyed_path, real_path
@@ -54,7 +60,19 @@ if TYPE_CHECKING:
     from typing import Any
 
 
-__all__ = ["compile_cached", "counters", "reset_memo", "CompileCall", "CompileRequest", "BACKENDS"]
+__all__ = [
+    "compile_cached",
+    "counters",
+    "reset_memo",
+    "CompileCall",
+    "CompileRequest",
+    "BACKENDS",
+    "OfflineMissError",
+    "add_bundle",
+    "remove_bundle",
+    "loaded_bundles",
+    "call_entries",
+]
 
 #: The compiler backends, by their ``backend=`` name. A new backend is a
 #: :class:`~cuforge.compiler.base.Backend` subclass registered here.
@@ -76,7 +94,114 @@ counters: dict[str, int] = {
     "disk_hits": 0,
     "remote_hits": 0,
     "call_memo_hits": 0,
+    "bundle_hits": 0,
 }
+
+
+class OfflineMissError(CuforgeError):
+    """Strict mode (``strict=True`` or ``CUFORGE_OFFLINE=1``) met a kernel that is neither
+    in the cache nor in a loaded bundle; nothing was compiled. The message names the
+    kernel, the arch, the variant (name expressions, defines, options) and the
+    ``cuforge.toml`` entry that would build it. Attributes: ``name``, ``arch``,
+    ``name_expressions``, ``defines``, ``options``, ``include_dirs``, ``manifest_entry``."""
+
+    def __init__(
+        self,
+        name: str,
+        arch: str,
+        *,
+        name_expressions: tuple[str, ...] = (),
+        defines: tuple = (),
+        options: tuple[str, ...] = (),
+        include_dirs: tuple[str, ...] = (),
+        backend: str = "nvrtc",
+        output: str = "cubin",
+        why: str = "",
+        bundles: tuple[str, ...] = (),
+    ) -> None:
+        self.name, self.arch = name, arch
+        self.name_expressions = tuple(name_expressions)
+        self.defines = dict(defines)
+        self.options = tuple(options)
+        self.include_dirs = tuple(include_dirs)
+        self.manifest_entry = _manifest_entry(
+            name, arch, self.name_expressions, self.defines, self.options, include_dirs,
+            backend, output,
+        )  # fmt: skip
+        variant = []
+        if self.name_expressions:
+            variant.append("name_expressions " + ", ".join(self.name_expressions))
+        if self.defines:
+            variant.append(
+                "defines " + ", ".join(f"{k}={_define_value(v)}" for k, v in self.defines.items())
+            )
+        if self.options:
+            variant.append("options " + " ".join(self.options))
+        where = "; ".join(variant) or "no name expressions, defines or options"
+        loaded = "loaded bundles: " + ", ".join(bundles) if bundles else "no bundle is loaded"
+        super().__init__(
+            f"strict mode: {name} for {arch} ({where}) is not in the cache or a loaded "
+            f"bundle ({loaded}){why}; nothing was compiled. To ship it, list this entry in "
+            f"cuforge.toml (or [tool.cuforge] in pyproject.toml):\n\n{self.manifest_entry}\n\n"
+            'then run `cuforge build --bundle app.cfb` and call cuforge.load_bundle("app.cfb") '
+            "at import (or `cuforge bundle install app.cfb`). Unset CUFORGE_OFFLINE (or "
+            "pass strict=False) to compile on a miss instead."
+        )
+
+
+def _toml(value) -> str:
+    """A TOML literal of a str, a list of str or a str -> str table."""
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    text = str(value).replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{text}"'
+
+
+def _manifest_entry(name, arch, exprs, defines, options, include_dirs, backend, output) -> str:
+    here = os.getcwd()
+    dirs = [os.path.relpath(d, here) if d.startswith(here + os.sep) else d for d in include_dirs]
+    lines = ["[[kernel]]", f"source = {_toml(name)}", f"arch = {_toml(arch.split(','))}"]
+    if dirs:
+        lines.append(f"include_dirs = {_toml(dirs)}")
+    if exprs:
+        lines.append(f"name_expressions = {_toml(list(exprs))}")
+    if defines:
+        lines.append(f"defines = {_toml({k: _define_value(v) for k, v in defines.items()})}")
+    if options:
+        lines.append(f"options = {_toml(list(options))}")
+    if backend != "nvrtc":
+        lines.append(f"backend = {_toml(backend)}")
+    if output != "cubin":
+        lines.append(f"output = {_toml(output)}")
+    return "\n".join("    " + line for line in lines)
+
+
+# Loaded bundles: read-only stores asked after the cache (cuforge.load_bundle adds them).
+_bundles: list = []
+
+
+def add_bundle(bundle) -> None:
+    """Serve ``bundle`` (a read-only :class:`~cuforge.store.base.Store`, e.g.
+    :class:`cuforge.store.bundle.BundleStore`) after the cache's tiers. Idempotent."""
+    if bundle not in _bundles:
+        _bundles.append(bundle)
+
+
+def remove_bundle(bundle) -> bool:
+    """Stop serving ``bundle``; True when it was loaded."""
+    if bundle in _bundles:
+        _bundles.remove(bundle)
+        reset_memo()  # answers it gave must not outlive it
+        return True
+    return False
+
+
+def loaded_bundles() -> list:
+    """The loaded bundles, in lookup order."""
+    return list(_bundles)
+
 
 # call memo: request tuple -> (artifact answering "memory", [(path, stat sig)], [absent paths])
 _memo: dict[tuple, tuple[Artifact, list[tuple[str, Any]], list[str]]] = {}
@@ -200,11 +325,16 @@ def compile_cached(
     source_dir: str | None = None,
     headers: Mapping[str, str] | None = None,
     result_type: type[Artifact] = Artifact,
+    strict: bool = False,
 ) -> Artifact:
     """Compile ``source`` or fetch the result of an identical earlier compile.
 
     See :func:`cuforge.compile` for the arguments. Returns ``result_type`` (an
-    :class:`Artifact` or subclass) whose ``source_of_result`` says where it came from.
+    :class:`Artifact` or subclass) whose ``source_of_result`` says where it came from
+    (``"bundle"`` for a loaded bundle).
+
+    ``strict`` (or ``CUFORGE_OFFLINE=1``): never compile; a miss raises
+    :class:`OfflineMissError`. Hits are served as usual.
     """
     # The hot path: an identical call answered from the call memo. Everything here is
     # cheap on purpose (no settings object, no key hashing): ~1 us plus a stat per header.
@@ -232,7 +362,9 @@ def compile_cached(
     cfg = settings()
     started = time.perf_counter()
     request = _normalize(CompileCall._make(memo_key), cfg)
-    result, header_sigs, probes = _lookup_or_compile(request, cfg, result_type, started)
+    result, header_sigs, probes = _lookup_or_compile(
+        request, cfg, result_type, started, (strict or cfg.offline) and memo_key
+    )
     if (
         not cfg.disable_cache
         and header_sigs is not None
@@ -242,6 +374,42 @@ def compile_cached(
         # such calls take the (digest-checking) store path until the header settles
         _remember_call(memo_key, result, header_sigs, probes, cfg)
     return result
+
+
+def call_entries(source: str, **kwargs: Any) -> list[Entry]:
+    """The store entries that answer :func:`compile_cached` ``(source, **kwargs)`` now:
+    the kernel entry, then its direct-mode manifest holding only the variant that matched
+    (what a bundle must hold for the call to hit). Compiles nothing: a miss raises
+    :class:`OfflineMissError`."""
+    cfg = settings()
+    result = compile_cached(source, strict=True, **kwargs)
+    fields = {f: kwargs.get(f) for f in CompileCall._fields}
+    fields.update(source=source, environment=None)
+    defaults = {
+        "name": "kernel.cu",
+        "options": (),
+        "include_dirs": (),
+        "backend": "nvrtc",
+        "output": "cubin",
+        "name_expressions": (),
+        "result_type": Artifact,
+    }
+    for f, value in defaults.items():
+        if fields[f] is None:
+            fields[f] = value
+    fields["defines"] = tuple(fields["defines"].items()) if fields["defines"] else ()
+    fields["headers"] = tuple(fields["headers"].items()) if fields["headers"] else ()
+    request = _normalize(CompileCall(**fields), cfg)
+    base_digest = request.base_key().hexdigest()
+    mkey = manifest_key(base_digest)
+    store = None if cfg.disable_cache else default_store()
+    for where in (s for s in (store, *_bundles) if s is not None):
+        kernel = where.get(result.key, kind="kernel")
+        variants = [v for v in read_variants(where, mkey) if v.target == result.key]
+        if kernel is not None and variants:
+            meta = {"name": request.name, "variants": [variants[0].as_meta()]}
+            return [kernel, Entry(mkey, "manifest", b"", meta)]
+    raise _offline_miss(request, CompileCall(**fields), store, base_digest)
 
 
 def _still_valid(header_sigs: list[tuple[str, Any]], probes: list[str]) -> bool:
@@ -355,7 +523,10 @@ def _keyed(paths, base: str) -> list[str]:
     return [keyed_path(p, base) for p in paths]
 
 
-def _lookup_or_compile(request: CompileRequest, cfg: Settings, result_type, started: float):
+def _lookup_or_compile(
+    request: CompileRequest, cfg: Settings, result_type, started: float, strict=None
+):
+    """``strict``: falsy, or the call's memo key (a miss then raises OfflineMissError)."""
     store = None if cfg.disable_cache else default_store()
     base = request.base_key()
     base_digest = base.hexdigest()
@@ -363,30 +534,67 @@ def _lookup_or_compile(request: CompileRequest, cfg: Settings, result_type, star
         hit = _lookup(store, base, base_digest, result_type, started, request)
         if hit is not None:
             return hit
+        if strict:
+            raise _offline_miss(request, CompileCall._make(strict), store, base_digest)
         with single_flight(lock_dir(), base_digest, cfg.lock_timeout, what=request.name):
             # another thread or process may have compiled it while we waited
             hit = _lookup(store, base, base_digest, result_type, started, request)
             if hit is not None:
                 return hit
             return _compile_and_store(request, cfg, store, base, base_digest, result_type, started)
+    if strict:
+        raise _offline_miss(
+            request, CompileCall._make(strict), None, base_digest, " (CUFORGE_DISABLE_CACHE is set)"
+        )
     return _compile_and_store(request, cfg, None, base, base_digest, result_type, started)
+
+
+def _offline_miss(
+    request: CompileRequest, call: CompileCall, store, base_digest: str, why: str = ""
+) -> OfflineMissError:
+    if not why and store is not None:
+        mkey = manifest_key(base_digest)
+        if any(read_variants(s, mkey) for s in (store, *_bundles)):
+            why = (
+                " (an entry for this call exists, built from other header contents: a "
+                "header changed since it was built)"
+            )
+    user_dirs = tuple(os.path.abspath(os.fspath(d)) for d in call.include_dirs)
+    return OfflineMissError(
+        request.name,
+        ",".join(request.archs),
+        name_expressions=request.name_expressions,
+        defines=call.defines,
+        options=tuple(call.options),
+        include_dirs=user_dirs,
+        backend=request.backend,
+        output=request.output,
+        why=why,
+        bundles=tuple(getattr(b, "path", repr(b)) for b in _bundles),
+    )
 
 
 def _lookup(
     store, base: KeyBuilder, base_digest: str, result_type, started: float, request: CompileRequest
 ):
     root = request.base_dir
-    found = match(read_variants(store, manifest_key(base_digest)), lambda p: real_path(p, root))
-    if found is None:
-        return None  # no manifest, or every header set it remembers has changed since
-    variant, current, sigs = found
-    probes = [real_path(p, root) for p in variant.probes]
-    final = _final_key(base, current)
-    key = final.hexdigest()
-    entry, tier = store.get_with_tier(key, kind="kernel")
+    mkey = manifest_key(base_digest)
+    entry = None
+    for where in (store, *_bundles) if _bundles else (store,):
+        found = match(read_variants(where, mkey), lambda p: real_path(p, root))
+        if found is None:
+            continue  # no manifest, or every header set it remembers has changed since
+        variant, current, sigs = found
+        final = _final_key(base, current)
+        key = final.hexdigest()
+        entry, tier = where.get_with_tier(key, kind="kernel")
+        if entry is not None:
+            break
     if entry is None:
         return None
-    # "memory", "disk" or "remote" (a shared tier; the entry is now in the local tiers too)
+    probes = [real_path(p, root) for p in variant.probes]
+    # "memory", "disk", "remote" (a shared tier; the entry is now in the local tiers too)
+    # or "bundle" (a loaded bundle, served in place)
     source_of_result = "remote" if tier and tier.startswith("remote") else tier or "disk"
     hits = source_of_result + "_hits"
     counters[hits] = counters.get(hits, 0) + 1

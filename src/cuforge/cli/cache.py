@@ -34,10 +34,12 @@ import time
 from typing import Any
 
 from cuforge.cli import output
+from cuforge.store.base import ENTRY_KINDS
 
 __all__ = ["add_parser"]
 
-_KINDS = ("kernel", "manifest", "object", "module")
+# every entry kind, the integrations' included ("cccl": cuda.compute, "cute": CuTe DSL)
+_KINDS = ENTRY_KINDS
 
 
 def _store():
@@ -359,12 +361,21 @@ def run_show(args: argparse.Namespace) -> int:
         for label, value in fields.items():
             print(f"  {label}: {_short_json(value, 400)}")
     log = (meta.get("log") or "").strip()
+    if entry.kind in _BLOB_KINDS and not log:
+        # an integration's build (cuforge.blobcache): named files, no compiler log
+        if args.payload:
+            print(f"\npayload written to {args.payload}")
+        return 0
     print("\ncompiler log:" + ("" if log else " (empty)"))
     for line in log.splitlines():
         print(f"  {line}")
     if args.payload:
         print(f"\npayload written to {args.payload}")
     return 0
+
+
+#: kinds stored by cuforge.blobcache (their payload is a set of named files)
+_BLOB_KINDS = ("cccl", "cute")
 
 
 def _short_json(value: Any, limit: int = 200) -> str:

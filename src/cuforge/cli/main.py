@@ -6,6 +6,8 @@
     cuforge env [--shell fish]          tuned build settings: eval "$(cuforge env)"
     cuforge cache stats|ls|show|explain|clear|prune|verify|export|import|push|pull
     cuforge compile FILE...             compile kernels through the cache; says where each came from
+    cuforge build [MANIFEST] [--jobs N] build every variant of cuforge.toml ahead of time (--bundle)
+    cuforge bundle install|ls FILE      install or list a bundle of prebuilt variants
     cuforge bench-build ...             time extension builds (see its --help)
 
 Every command takes ``--json`` (one JSON document on stdout with a ``"schema"`` field).
@@ -59,7 +61,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from cuforge.cli import cache, doctor, env
+    from cuforge.cli import build, bundle, cache, doctor, env
 
     parser = _Parser(
         prog="cuforge",
@@ -73,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     env.add_parser(subparsers, common)
     cache.add_parser(subparsers, common)
     _add_compile_parser(subparsers, common)
+    build.add_parser(subparsers, common)
+    bundle.add_parser(subparsers, common)
     _add_bench_build(subparsers)
     return parser
 
@@ -265,13 +269,13 @@ def _run_compile(args: argparse.Namespace) -> int:
 def _command_of(argv: list[str], args: argparse.Namespace | None = None) -> str | None:
     """``"cache show"``-style name of the command ``argv`` runs (None when none is given)."""
     if args is not None and getattr(args, "command", None):
-        sub = getattr(args, "cache_command", None)
+        sub = getattr(args, "cache_command", None) or getattr(args, "bundle_command", None)
         return f"{args.command} {sub}" if sub else args.command
     words = [a for a in argv if not a.startswith("-")]
     if not words:
         return None
-    if words[0] == "cache" and len(words) > 1:
-        return f"cache {words[1]}"
+    if words[0] in ("cache", "bundle") and len(words) > 1:
+        return f"{words[0]} {words[1]}"
     return words[0]
 
 

@@ -39,8 +39,10 @@ class CompileOutput:
 class Artifact:
     """The cached-compile pipeline's result: one compiled program and where it came from.
 
-    ``source_of_result`` is "memory", "disk", "remote" (a shared tier) or "compiled". ``key`` is the content key of
-    the entry; ``key_fields`` is the labeled inputs of that key (used to explain misses).
+    ``source_of_result`` is "memory", "disk", "remote" (a shared tier), "bundle" (a loaded
+    bundle, :func:`cuforge.load_bundle`), "loaded" (:func:`cuforge.load_binary`) or
+    "compiled". ``key`` is the content key of the entry; ``key_fields`` is the labeled
+    inputs of that key (used to explain misses).
     """
 
     __slots__ = (

@@ -24,6 +24,7 @@ __all__ = [
     "convert_raw",
     "torch_dtype_for",
     "element_kind_names",
+    "dlpack_dtype",
 ]
 
 
@@ -263,6 +264,23 @@ _DL_NAMES = {
     13: "CUDA managed memory",
 }
 _DL_CODES = {0: "i", 1: "u", 2: "f", 4: "bf", 5: "c", 6: "b"}
+
+
+def dlpack_dtype(obj) -> tuple[int, int, int]:
+    """The DLPack element type of ``obj`` (an object with ``__dlpack__``): (type code, bits,
+    lanes); codes: 0 int, 1 uint, 2 float, 4 bfloat, 5 complex, 6 bool."""
+    capsule = obj.__dlpack__()
+    get_name = ctypes.pythonapi.PyCapsule_GetName
+    get_name.restype, get_name.argtypes = ctypes.c_char_p, [ctypes.py_object]
+    get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+    get_pointer.restype, get_pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    name = get_name(capsule)
+    address = get_pointer(capsule, name)
+    if name == b"dltensor_versioned":
+        address += 8 + 8 + 8 + 8
+    dtype = _DLTensor.from_address(address).dtype
+    # read while the capsule (and so the tensor it describes) is alive
+    return int(dtype.code), int(dtype.bits), int(dtype.lanes)
 
 
 def _dlpack_pointer(param: Param, obj):

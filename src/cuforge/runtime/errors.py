@@ -15,6 +15,7 @@ __all__ = [
     "ArgumentValueError",
     "ArgumentCountError",
     "KernelNotFoundError",
+    "GlobalNotFoundError",
     "CudaDriverError",
 ]
 
@@ -41,6 +42,14 @@ class KernelNotFoundError(LaunchError, LookupError):
     """No kernel of that name in the program. The message lists the kernels that exist."""
 
     def __str__(self) -> str:  # LookupError would quote the message like a dict key
+        return str(self.args[0]) if self.args else ""
+
+
+class GlobalNotFoundError(LaunchError, LookupError):
+    """No ``__device__`` / ``__constant__`` variable of that name in the program. The message
+    lists the ones declared in the source (or says that there is no source to list them from)."""
+
+    def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
 
 

@@ -11,10 +11,15 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from ctypes import byref, c_char_p, c_uint, c_void_p
+from ctypes import byref, c_char_p, c_size_t, c_uint, c_uint64, c_void_p
 
 from cuforge.runtime import driver as drv_mod
-from cuforge.runtime.errors import CudaDriverError, KernelNotFoundError, LaunchError
+from cuforge.runtime.errors import (
+    CudaDriverError,
+    GlobalNotFoundError,
+    KernelNotFoundError,
+    LaunchError,
+)
 
 __all__ = ["LoadedProgram", "loaded_program"]
 
@@ -47,8 +52,9 @@ class LoadedProgram:
             d = drv_mod.driver()
             major = d.device_attribute(drv_mod.ATTR_COMPUTE_CAPABILITY_MAJOR, device)
             minor = d.device_attribute(drv_mod.ATTR_COMPUTE_CAPABILITY_MINOR, device)
+            built = f"was built for {self.arch}" if self.arch else "has no code"
             return LaunchError(
-                f"{self.name}: the {self.output} was built for {self.arch}, which device {device} "
+                f"{self.name}: the {self.output} {built}, which device {device} "
                 f"(sm_{major}{minor}) cannot run ({exc.name}); compile with arch=None (the "
                 f"visible GPU) or arch='sm_{major}{minor}'"
             )
@@ -104,7 +110,7 @@ class LoadedProgram:
             kernel = c_void_p()
             code = d.cdll.cuLibraryGetKernel(byref(kernel), c_void_p(lib), c_char_p(name))
             if code:
-                raise self._not_found(symbol, code)
+                raise self._not_found(symbol, code, device)
             func = c_void_p()
             code = d.cdll.cuKernelGetFunction(byref(func), kernel)
             if code:
@@ -114,13 +120,34 @@ class LoadedProgram:
         func = c_void_p()
         code = d.cdll.cuModuleGetFunction(byref(func), c_void_p(module), c_char_p(name))
         if code:
-            raise self._not_found(symbol, code)
+            raise self._not_found(symbol, code, device)
         return func.value, func.value, False
 
-    def _not_found(self, symbol: str, code: int) -> LaunchError:
+    def global_address(self, symbol: str, device: int) -> tuple[int, int]:
+        """(device pointer, size in bytes) of the global variable ``symbol`` in ``device``'s
+        primary context, which must be current. Raises GlobalNotFoundError (without a
+        listing: the caller knows the source) when the binary has no such symbol."""
+        d = drv_mod.driver()
+        name = c_char_p(symbol.encode())
+        address, size = c_uint64(), c_size_t()
+        if self.use_library and d.has("cuLibraryGetGlobal"):
+            lib = self._load_library(device)
+            code = d.cdll.cuLibraryGetGlobal(byref(address), byref(size), c_void_p(lib), name)
+        else:
+            module = self._load_module(d.current_context(), device)
+            getter = d.fn("cuModuleGetGlobal_v2") or d.fn("cuModuleGetGlobal")
+            code = getter(byref(address), byref(size), c_void_p(module), name)
+        if code == drv_mod.CUDA_ERROR_NOT_FOUND:
+            raise GlobalNotFoundError(f"no global {symbol!r} in {self.name}")
+        if code:
+            raise self._explain(d.error(code, f"finding global {symbol} in {self.name}"), device)
+        return address.value or 0, size.value
+
+    def _not_found(self, symbol: str, code: int, device: int | None = None) -> LaunchError:
         d = drv_mod.driver()
         if code != drv_mod.CUDA_ERROR_NOT_FOUND:
-            return d.error(code, f"finding {symbol} in {self.name}")
+            # cuLibraryLoadData defers loading: a binary for another GPU fails here
+            return self._explain(d.error(code, f"finding {symbol} in {self.name}"), device)
         names = self.symbols()
         listing = ", ".join(names) if names else "(the driver cannot list them)"
         return KernelNotFoundError(f"no kernel {symbol!r} in {self.name}; it has: {listing}")

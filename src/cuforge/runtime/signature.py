@@ -26,6 +26,7 @@ __all__ = [
     "parse_kernels",
     "find_kernel",
     "kernel_names",
+    "global_names",
     "split_name_expression",
     "parse_param",
     "strip_comments",
@@ -541,3 +542,35 @@ def kernel_names(source: str | None) -> list[str]:
     if not source:
         return []
     return [d.display for d in parse_kernels(source)]
+
+
+_GLOBAL_SPACES = ("__device__", "__constant__", "__managed__")
+
+
+def global_names(source: str | None) -> list[str]:
+    """The ``__device__`` / ``__constant__`` / ``__managed__`` variables declared in
+    ``source`` (functions and ``__shared__`` variables are not globals), in order.
+
+    A declaration reader like the kernel one: macros are not expanded; variables declared
+    in a namespace are listed by their plain name."""
+    if not source:
+        return []
+    text = strip_comments(source)
+    found: list[str] = []
+    for m in re.finditer(r"\b(?:__device__|__constant__|__managed__)\b", text):
+        # the statement from here to its ';': a variable when no '(' comes before its
+        # first '=' (a function declaration or definition has one)
+        end = text.find(";", m.end())
+        statement = text[m.end() : end if end >= 0 else len(text)]
+        head = re.split(r"[={]", statement, maxsplit=1)[0]
+        if "(" in head or re.search(r"\b__shared__\b|\btypedef\b|\busing\b", head):
+            continue
+        # a type then declarators: int a[4] = {...}, b  ->  a, b
+        for declarator in split_top(statement):
+            left = declarator.split("=", 1)[0].split("[", 1)[0]
+            names = [t for t in _TOKEN.findall(left) if _IDENT.match(t)]
+            names = [n for n in names if n not in _QUALIFIERS and n not in _BUILTIN_WORDS]
+            names = [n for n in names if n not in _GLOBAL_SPACES and not n.startswith("__")]
+            if names and names[-1] not in found:
+                found.append(names[-1])
+    return found

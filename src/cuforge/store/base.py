@@ -32,7 +32,14 @@ __all__ = ["Entry", "EntryInfo", "StoreStats", "Store", "ENTRY_KINDS"]
 #: What an entry holds. "kernel": a compiled cubin/PTX/fatbin; "manifest": the headers a
 #: compile read (the direct-mode lookup); "object": a compiled translation unit;
 #: "module": a linked extension module.
-ENTRY_KINDS = ("kernel", "manifest", "object", "module", "cccl", "cute")  # = cuforge.store.schema.KINDS
+ENTRY_KINDS = (
+    "kernel",
+    "manifest",
+    "object",
+    "module",
+    "cccl",
+    "cute",
+)  # = cuforge.store.schema.KINDS
 
 
 class Entry:

@@ -96,8 +96,12 @@ def _probe_headers(cuda_h: str, include: list[str] | tuple[str, ...] = ()) -> di
         ):
             cccl = _define(candidate, b"CCCL_VERSION")
             if cccl:
-                return {"cuda_version": version, "cccl_version": cccl}
-    return {"cuda_version": version, "cccl_version": cccl}
+                break
+        if cccl:
+            break
+    # cuda.h by content, not by path or mtime: the same toolkit release installed in another
+    # venv or on another machine keys the same (a shared cache hits across them)
+    return {"cuda_version": version, "cccl_version": cccl, "cuda_h_sha256": _sha256_file(cuda_h)}
 
 
 def _probe_nvcc(path: str) -> dict:
@@ -152,7 +156,11 @@ def compiler_identity(backend: str) -> dict[str, str]:
     """What the cache key records about the compiler.
 
     ``"nvrtc"``: ``{"compiler", "version", "library", "library_sha256", "headers"}``;
-    ``"nvcc"``: ``{"compiler", "path", "version", "version_output", "toolkit"}``.
+    ``"nvcc"``: ``{"compiler", "path", "version", "version_output"}``.
+
+    No absolute path is in it (the library's and nvcc's file names only; the headers by
+    their versions and ``cuda.h``'s SHA-256): one toolkit release installed in two venvs,
+    or on two machines, gives one identity, so a shared cache hits across them.
 
     Warm, this costs a dictionary lookup and one or two ``stat`` calls; in a fresh process
     it reads ``<cache_dir>/toolchain.json`` instead of loading NVRTC or running nvcc.
@@ -200,28 +208,32 @@ def _nvrtc_identity():
                 changed = True
         checks = [(library, sig)]
         include = locate.toolkit_include_dirs()
-        headers = ";".join(include) if include else "none"
+        # where the headers are is not keyed (another venv's path keys the same); what they
+        # are is: their versions and cuda.h's digest
+        headers = "none"
         if include:
             cuda_h = os.path.join(include[0], "cuda.h")
             hsig = file_stat_key(cuda_h)
             if hsig is not None:
                 hdr = _memo.probed(memo, "headers", cuda_h, hsig)
-                if hdr is None:
+                if hdr is None or "cuda_h_sha256" not in hdr:
                     hdr = _probe_headers(cuda_h, include)
                     _memo.remember(memo, "headers", cuda_h, hsig, hdr)
                     changed = True
                 # not re-checked per call (one stat per call, of the library, is the
                 # budget); a fresh process or a changed library re-reads the headers' stat
                 headers = (
-                    f"{headers} CUDA_VERSION={hdr.get('cuda_version', '')} "
-                    f"CCCL_VERSION={hdr.get('cccl_version', '')} cuda.h={hsig[0]}:{hsig[1]}"
+                    f"CUDA_VERSION={hdr.get('cuda_version', '')} "
+                    f"CCCL_VERSION={hdr.get('cccl_version', '')} "
+                    f"cuda.h={hdr.get('cuda_h_sha256', '')[:16]}"
                 )
         if changed:
             _memo.save(memo)
     identity = {
         "compiler": "nvrtc",
         "version": str(lib["version"]),
-        "library": library,
+        # the library by content; its file name, not its path (a venv's path is not keyed)
+        "library": os.path.basename(library),
         "library_sha256": str(lib["sha256"]),
         "headers": headers,
     }
@@ -250,10 +262,11 @@ def _nvcc_identity():
             _memo.save(memo)
     identity = {
         "compiler": "nvcc",
-        "path": path,
+        # not its path or the toolkit's: the same release elsewhere keys the same; the
+        # version output names the exact build ("Build cuda_13.0.r13.0/compiler.36424714_0")
+        "path": os.path.basename(path),
         "version": str(data["version"]),
         "version_output": str(data["version_output"]),
-        "toolkit": locate.toolkit_root() or "",
     }
     return tuple(checks), identity
 

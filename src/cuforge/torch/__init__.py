@@ -18,6 +18,9 @@ a cached link and a warm load that runs no subprocess.
   :class:`BuildResult` out
 * :func:`bench_build` -- how long builds take here, torch's ``load()`` against cuforge's
   (``cuforge bench-build`` on the command line)
+* :func:`custom_op` -- a cuforge kernel (or a Python launcher around kernels) as a torch
+  custom op that works under ``torch.compile(fullgraph=True)`` and in CUDA graphs, no C++
+  (:func:`derive_schema` shows the schema it derives; errors are :class:`CustomOpError`)
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ __all__ = [
     "generate_binding",
     "Op",
     "bench_build",
+    "custom_op",
+    "derive_schema",
+    "CustomOpError",
 ]
 
 _LAZY = {
@@ -48,6 +54,9 @@ _LAZY = {
     "generate_binding": ("cuforge.torch.binding", "generate_binding"),
     "Op": ("cuforge.torch.binding", "Op"),
     "bench_build": ("cuforge.torch.bench", "bench_build"),
+    "custom_op": ("cuforge.torch.custom_ops", "custom_op"),
+    "derive_schema": ("cuforge.torch.custom_ops", "derive_schema"),
+    "CustomOpError": ("cuforge.torch.custom_ops", "CustomOpError"),
 }
 
 

@@ -534,11 +534,18 @@ def direct_lookup(p: Plan, store=None) -> tuple[str, str] | None:
     subprocess, no compiler: stat (and, for changed files, hash) the recorded headers,
     then check the module file (see "modules on disk")."""
     store = _store() if store is None else store
-    variant = _match(p, store, p.load_key)
-    if variant is None:
-        return None
-    path = _materialized(p, variant.target, store, variant.digest)
-    return None if path is None else (path, variant.target)
+    from cuforge.pipeline import loaded_bundles
+
+    # the cache first, then each loaded bundle (cuforge.load_bundle): read in place; the
+    # module file is written from the bundle's checked entry, as from a cache entry
+    for where in (s for s in (store, *loaded_bundles()) if s is not None):
+        variant = _match(p, where, p.load_key)
+        if variant is None:
+            continue
+        path = _materialized(p, variant.target, where, variant.digest)
+        if path is not None:
+            return path, variant.target
+    return None
 
 
 # ------------------------------------------------------------------ building
@@ -550,6 +557,8 @@ def build(spec: BuildSpec) -> BuildResult:
     p = plan(spec)
     store = _store()
     result = _cached(p, store)
+    if result is None and settings().offline:
+        raise _offline_miss(p)
     if result is None:
         from cuforge.store import lock_dir
         from cuforge.store.single_flight import single_flight
@@ -567,6 +576,39 @@ def build(spec: BuildSpec) -> BuildResult:
     _publish(p, result.path)
     _record(result)
     return result
+
+
+def _offline_miss(p: Plan):
+    """The error of strict mode (``CUFORGE_OFFLINE=1``) for an extension that is neither
+    in the cache nor in a loaded bundle: it names the extension, its archs and sources,
+    and the ``[[extension]]`` manifest entry that would build it."""
+    from cuforge.errors import CuforgeError
+    from cuforge.pipeline import OfflineMissError, loaded_bundles
+
+    spec = p.spec
+    archs = getattr(p, "archs", None) or []
+    sources = [os.path.relpath(s) for s in spec.sources]
+    entry = "\n".join(
+        [
+            "[[extension]]",
+            f'name = "{spec.name}"',
+            "sources = [" + ", ".join(f'"{s}"' for s in sources) + "]",
+        ]
+    )
+    bundles = ", ".join(getattr(b, "path", str(b)) for b in loaded_bundles()) or "none loaded"
+    err = OfflineMissError.__new__(OfflineMissError)
+    CuforgeError.__init__(
+        err,
+        f"strict mode: the torch extension {spec.name} (archs {' '.join(map(str, archs)) or '?'}"
+        f"; sources {', '.join(sources)}) is not in the cache or a loaded bundle (bundles: "
+        f"{bundles}); nothing was compiled. To ship it, list it in cuforge.toml:\n\n{entry}"
+        "\n\nthen run `cuforge build --bundle app.cfb` and `cuforge bundle install app.cfb` "
+        "(or cuforge.load_bundle at import). Unset CUFORGE_OFFLINE to build on a miss.",
+    )
+    err.name, err.arch = spec.name, " ".join(map(str, archs))
+    err.name_expressions, err.defines, err.options, err.include_dirs = (), {}, (), ()
+    err.manifest_entry = entry
+    return err
 
 
 def _publish(p: Plan, path: str) -> None:

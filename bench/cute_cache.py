@@ -1,0 +1,246 @@
+"""CuTe DSL: ``cute.compile`` against a cuforge.cute hit, for an elementwise kernel and a GEMM.
+
+    python bench/cute_cache.py                    # 5 runs per figure
+    python bench/cute_cache.py --runs 9 --json bench/out/cute_cache.json
+
+Run from the repository root (the kernels are ``tests/cute/kernels.py`` -- ``b = a * 2`` --
+and ``tests/cute/gemm.py`` -- the SIMT SGEMM of the CUTLASS CuTe DSL examples). Arguments
+are fake tensors (dynamic extents), so no GPU is needed to compile: without one the arch is
+``CUTE_DSL_ARCH`` (default here ``sm_90a``); with one, the device's. Every figure is the
+median of ``--runs`` runs, each in a fresh cache directory or process as stated:
+
+* ``cute.compile``: the DSL's compile (trace + MLIR + ptxas), in a process where the DSL is
+  already imported and warm (the DSL's ``cute.compile`` has no cache);
+* ``cuforge memo hit``: ``cuforge.cute.compile`` again in the same process (the median of
+  20 calls; the key is recomputed every call);
+* ``cuforge store hit, same process``: after ``clear_memo()``: the store's memory tier and
+  ``load_module``;
+* ``fresh process, compile`` / ``fresh process, cuforge hit``: a new interpreter that
+  imports the DSL and gets a ready function, by ``cute.compile`` / from a warm disk cache.
+  Reported both as the call alone and as the whole process (interpreter start, imports).
+  The first process on a new cache dir also fills cuforge's toolchain memo (the DSL's
+  version digest, the installed-distributions map: ~0.3 s once); it is reported apart.
+
+Each ratio divides the ``cute.compile`` figure by the hit figure of the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+KERNELS = {
+    # name: (module, function, fake-args factory)
+    "elementwise": ("tests.cute.kernels", "scale", "fake_args"),
+    "gemm": ("tests.cute.gemm", "sgemm", "fake_args"),
+}
+
+CHILD = r"""
+import importlib, json, os, sys, time
+t0 = time.perf_counter()
+mod = importlib.import_module(sys.argv[1])
+fn, make = getattr(mod, sys.argv[2]), getattr(mod, sys.argv[3])
+args = make()
+t1 = time.perf_counter()
+if sys.argv[4] == "compile":
+    import cutlass.cute as cute
+    out = cute.compile(fn, *args)
+    source = "compiled"
+else:
+    import cuforge.cute as cc
+    r = cc.compile_cached(fn, *args)
+    out, source = r.value, r.source_of_result
+t2 = time.perf_counter()
+print(json.dumps({"call": t2 - t1, "imports": t1 - t0, "source": source}))
+"""
+
+
+def _env(cache_dir: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.join(ROOT, "src"), ROOT, env.get("PYTHONPATH", "")]
+    )
+    env["CUFORGE_CACHE_DIR"] = cache_dir
+    return env
+
+
+def _child(kernel: str, mode: str, cache_dir: str) -> dict:
+    module, fn, make = KERNELS[kernel]
+    start = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, module, fn, make, mode],
+        env=_env(cache_dir),
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
+    )
+    wall = time.perf_counter() - start
+    if done.returncode != 0:
+        raise SystemExit(f"child failed ({kernel} {mode}):\n{done.stderr}")
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    out["process"] = wall
+    return out
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def bench_kernel(kernel: str, runs: int) -> dict:
+    import importlib
+
+    import cutlass.cute as cute
+
+    import cuforge.cute as cc
+
+    module, fn_name, make_name = KERNELS[kernel]
+    mod = importlib.import_module(module)
+    fn, make = getattr(mod, fn_name), getattr(mod, make_name)
+    cute.compile(fn, *make())  # warm the DSL (first-use costs are not the compile's)
+    compile_s, memo_s, store_s = [], [], []
+    fresh_compile, fresh_hit, fresh_first = [], [], []
+    for _ in range(runs):
+        args = make()  # argument construction is timed in neither figure
+        t = time.perf_counter()
+        cute.compile(fn, *args)
+        compile_s.append(time.perf_counter() - t)
+    for _ in range(runs):
+        cache_dir = tempfile.mkdtemp(prefix="cuforge-bench-cute-")
+        os.environ["CUFORGE_CACHE_DIR"] = cache_dir
+        try:
+            cc.clear_memo()
+            first = cc.compile_cached(fn, *make())
+            assert first.source_of_result == "compiled", first
+            args = make()
+            calls = []
+            for _ in range(20):
+                t = time.perf_counter()
+                again = cc.compile_cached(fn, *args)
+                calls.append(time.perf_counter() - t)
+                assert again.source_of_result == "memo", again
+            memo_s.append(_median(calls))
+            cc.clear_memo()
+            args = make()
+            t = time.perf_counter()
+            stored = cc.compile_cached(fn, *args)
+            store_s.append(time.perf_counter() - t)
+            assert stored.source_of_result in ("memory", "disk"), stored
+            fresh_compile.append(_child(kernel, "compile", cache_dir))
+            first_hit = _child(kernel, "cuforge", cache_dir)  # also fills the toolchain memo
+            hit = _child(kernel, "cuforge", cache_dir)
+            assert first_hit["source"] == hit["source"] == "disk", (first_hit, hit)
+            fresh_first.append(first_hit)
+            fresh_hit.append(hit)
+        finally:
+            shutil.rmtree(cache_dir, ignore_errors=True)
+    c = _median(compile_s)
+    rows = {
+        "cute.compile (warm process)": c,
+        "cuforge memo hit": _median(memo_s),
+        "cuforge store hit, same process": _median(store_s),
+        "fresh process: cute.compile call": _median([r["call"] for r in fresh_compile]),
+        "fresh process: cuforge hit call": _median([r["call"] for r in fresh_hit]),
+        "fresh process: cuforge hit call, first process of a new cache dir": _median(
+            [r["call"] for r in fresh_first]
+        ),
+        "fresh process: whole process, cute.compile": _median(
+            [r["process"] for r in fresh_compile]
+        ),
+        "fresh process: whole process, cuforge hit": _median([r["process"] for r in fresh_hit]),
+    }
+    ratios = {
+        "memo hit": c / rows["cuforge memo hit"],
+        "store hit, same process": c / rows["cuforge store hit, same process"],
+        "fresh process call": rows["fresh process: cute.compile call"]
+        / rows["fresh process: cuforge hit call"],
+        "fresh process call, new cache dir": rows["fresh process: cute.compile call"]
+        / rows["fresh process: cuforge hit call, first process of a new cache dir"],
+        "fresh process, whole": rows["fresh process: whole process, cute.compile"]
+        / rows["fresh process: whole process, cuforge hit"],
+    }
+    return {"seconds": rows, "ratios": ratios}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="cute_cache.py", description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=5, help="runs per figure (median)")
+    parser.add_argument(
+        "--kernels", default="elementwise,gemm", help="comma-separated: elementwise,gemm"
+    )
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args(argv)
+    sys.path[:0] = [os.path.join(ROOT, "src"), ROOT]
+    from tests.conftest import GPU_VISIBLE
+
+    if not GPU_VISIBLE:
+        os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    import cutlass
+    from cutlass.cutlass_dsl import CuTeDSL
+
+    arch = CuTeDSL._get_dsl().envar.arch
+    results = {
+        "dsl": cutlass.__version__,
+        "arch": arch,
+        "gpu_visible": GPU_VISIBLE,
+        "runs": args.runs,
+        "python": sys.version.split()[0],
+        "cpus": os.cpu_count(),
+        "kernels": {},
+    }
+    for kernel in args.kernels.split(","):
+        results["kernels"][kernel] = bench_kernel(kernel.strip(), args.runs)
+    cmd = "python bench/cute_cache.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    print(f"# CuTe DSL {results['dsl']}, arch {arch}, median of {args.runs} runs: `{cmd.strip()}`")
+    print()
+    print("| kernel | figure | time | cute.compile / this |")
+    print("|---|---|---:|---:|")
+    for kernel, data in results["kernels"].items():
+        s, r = data["seconds"], data["ratios"]
+        ratio_of = {
+            "cuforge memo hit": r["memo hit"],
+            "cuforge store hit, same process": r["store hit, same process"],
+            "fresh process: cuforge hit call": r["fresh process call"],
+            "fresh process: cuforge hit call, first process of a new cache dir": r[
+                "fresh process call, new cache dir"
+            ],
+            "fresh process: whole process, cuforge hit": r["fresh process, whole"],
+        }
+        for figure, seconds in s.items():
+            shown = f"{seconds * 1e3:.2f} ms" if seconds < 1 else f"{seconds:.3f} s"
+            ratio = (
+                f"{ratio_of[figure]:.0f}x"
+                if figure in ratio_of and ratio_of[figure] >= 10
+                else (
+                    f"{ratio_of[figure]:.2f}x"
+                    if figure in ratio_of
+                    else "anchor"
+                    if figure.startswith(
+                        (
+                            "cute.compile",
+                            "fresh process: cute",
+                            "fresh process: whole process, cute",
+                        )
+                    )
+                    else ""
+                )
+            )
+            print(f"| {kernel} | {figure} | {shown} | {ratio} |")
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,248 @@
+"""``cuforge build``: every variant of a manifest, built once, in parallel.
+
+:func:`build` reads the manifest (:mod:`cuforge.aot.manifest`), asks the cache for each
+kernel variant in this process first (a strict lookup: no compile), sends only the misses
+to an executor (the local process pool, or Ray), stores the entries that executors hand
+back, and, with ``bundle=``, writes every variant's entries into one bundle.
+
+Guarantees:
+
+* A variant already in the cache is a hit: it is not sent to any executor.
+* One failing variant never stops the others; each failure keeps its compiler log.
+* A bundle is written only when every variant succeeded (a partial bundle would fail
+  later, in production): with failures, :attr:`BuildReport.bundle` stays None.
+* ``strict=True``: nothing is compiled; every variant missing from the cache is a failure
+  with the :class:`~cuforge.pipeline.OfflineMissError` text (a check that a cache or a
+  bundle is complete).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from cuforge.aot.executor import Executor, LocalExecutor, default_jobs
+from cuforge.aot.manifest import Manifest, load_manifest
+from cuforge.aot.tasks import BuildTask, TaskResult, is_cached, store_entries, task_entries
+from cuforge.errors import CuforgeError
+
+__all__ = ["build", "BuildReport", "make_executor"]
+
+
+@dataclasses.dataclass
+class BuildReport:
+    """What :func:`build` did. ``results``: one per variant, manifest order."""
+
+    manifest: str
+    root: str
+    executor: str
+    jobs: int
+    jobs_why: str
+    results: list[TaskResult]
+    seconds: float
+    bundle: str | None = None
+    bundle_bytes: int = 0
+    bundle_entries: int = 0
+    stored: int = 0
+
+    @property
+    def total(self) -> int:
+        return len(self.results)
+
+    @property
+    def hits(self) -> int:
+        return sum(1 for r in self.results if r.ok and r.hit)
+
+    @property
+    def built(self) -> int:
+        return sum(1 for r in self.results if r.ok and not r.hit)
+
+    @property
+    def failed(self) -> list[TaskResult]:
+        return [r for r in self.results if not r.ok]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "manifest": self.manifest,
+            "executor": self.executor,
+            "jobs": self.jobs,
+            "total": self.total,
+            "hits": self.hits,
+            "built": self.built,
+            "failed": len(self.failed),
+            "seconds": round(self.seconds, 6),
+            "variants_per_second": round(self.total / self.seconds, 3) if self.seconds else None,
+            "bundle": self.bundle,
+            "bundle_bytes": self.bundle_bytes,
+            "bundle_entries": self.bundle_entries,
+            "results": [
+                {
+                    "label": r.label,
+                    "ok": r.ok,
+                    "hit": r.hit,
+                    "seconds": round(r.seconds, 6),
+                    **({"log": r.log} if not r.ok else {}),
+                }
+                for r in self.results
+            ],
+        }
+
+
+def make_executor(kind: str | Executor, jobs: int) -> Executor:
+    """``"local"`` -> :class:`LocalExecutor` (``jobs`` processes); ``"ray"`` ->
+    ``cuforge.aot.ray_executor.RayExecutor`` (imported only now; a clear error when it or
+    ray is missing); an :class:`Executor` is used as it is."""
+    if isinstance(kind, Executor):
+        return kind
+    if kind == "local":
+        return LocalExecutor(jobs)
+    if kind == "ray":
+        try:
+            from cuforge.aot.ray_executor import RayExecutor
+        except ImportError as exc:
+            raise CuforgeError(
+                f"--executor ray needs Ray and cuforge's Ray executor, and importing them "
+                f"failed ({exc}). Install the extra: pip install 'cuforge[ray]'; for a "
+                "cluster, set RAY_ADDRESS (else a local Ray starts)"
+            ) from None
+        return RayExecutor(address=None)
+    raise ValueError(f"executor must be 'local' or 'ray', not {kind!r}")
+
+
+def build(
+    manifest: str | Manifest | None = None,
+    *,
+    jobs: int | None = None,
+    executor: str | Executor = "local",
+    bundle: str | os.PathLike[str] | None = None,
+    strict: bool = False,
+    on_result: Callable[[TaskResult, int], None] | None = None,
+) -> BuildReport:
+    """Build every variant of ``manifest`` (a path, a directory, or a read
+    :class:`Manifest`; default: the working directory's). ``jobs``: worker processes for
+    the local executor (default: the count ``cuforge env`` recommends). ``on_result(result,
+    total)`` is called once per variant as it finishes (hits first). Raises
+    :class:`~cuforge.aot.manifest.ManifestError` for a bad manifest; a failing variant is
+    reported in the result, never raised."""
+    start = time.perf_counter()
+    m = manifest if isinstance(manifest, Manifest) else load_manifest(manifest)
+    if jobs is None:
+        jobs, why = default_jobs()
+        why = f"{jobs} (cuforge env: {why})"
+    else:
+        why = f"{jobs} (--jobs)"
+    tasks = list(m.tasks)
+    if bundle is not None:  # an extension's entries come back only from a collect run
+        tasks = [dataclasses.replace(t, collect=True) if t.kind != "kernel" else t for t in tasks]
+    total = len(tasks)
+    done: dict[int, TaskResult] = {}
+    misses: list[tuple[int, BuildTask]] = []
+
+    stored = 0
+
+    def finish(i: int, result: TaskResult) -> None:
+        nonlocal stored
+        done[i] = result
+        if result.ok and result.entries:
+            # stored as it arrives: the driver's writes overlap the compiles still running
+            stored += store_entries([result])
+        if on_result is not None:
+            on_result(result, total)
+
+    for i, task in enumerate(tasks):
+        t0 = time.perf_counter()
+        if is_cached(task, m.root):
+            finish(i, TaskResult(task.label, True, True, time.perf_counter() - t0, "", task=task))
+        else:
+            misses.append((i, task))
+    name = executor if isinstance(executor, str) else executor.name
+    if strict:
+        for i, task in misses:
+            finish(i, _strict_failure(task, m.root))
+    elif misses:
+        runner = make_executor(executor, jobs)
+        name = runner.name
+        index = {id(t): i for i, t in misses}
+        by_label = {t.label: i for i, t in misses}
+        try:
+            for result in runner.run([t for _, t in misses], m.root):
+                i = index.get(id(result.task), by_label.get(result.label))
+                if i is None or i in done:
+                    raise CuforgeError(
+                        f"the {runner.name} executor returned a result for {result.label!r}, "
+                        "which it was not given (or twice)"
+                    )
+                finish(i, result)
+        finally:
+            if runner is not executor:
+                runner.close()
+        lost = [t for i, t in misses if i not in done]
+        for task in lost:
+            i = by_label[task.label]
+            finish(
+                i,
+                TaskResult(
+                    task.label,
+                    False,
+                    False,
+                    0.0,
+                    f"the {runner.name} executor returned no result for it",
+                    task=task,
+                ),
+            )
+    results = [done[i] for i in range(total)]
+    if name == "ray" and misses:
+        why = "the Ray cluster's CPUs (--jobs applies to the local executor)"
+    report = BuildReport(m.path, m.root, name, jobs, why, results, 0.0)
+    report.stored = stored
+    if bundle is not None and report.ok:
+        _write(report, m, tasks, os.fspath(bundle))
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def _strict_failure(task: BuildTask, root: str) -> TaskResult:
+    from cuforge.pipeline import OfflineMissError
+
+    if task.kind != "kernel":
+        log = (
+            f"{task.label}: strict mode checks kernel variants only; an [[extension]] can be "
+            "checked only by building it (run without --strict)"
+        )
+    else:
+        try:
+            task_entries(task, root)
+            log = "it was built while this check ran; run the check again"
+        except OfflineMissError as exc:
+            log = str(exc)
+        except (CuforgeError, OSError, ValueError) as exc:
+            log = f"{type(exc).__name__}: {exc}"
+    return TaskResult(task.label, False, False, 0.0, log, task=task)
+
+
+def _write(report: BuildReport, m: Manifest, tasks: list[BuildTask], path: str) -> None:
+    from cuforge.aot.bundle import write_bundle
+    from cuforge.store.base import Entry
+
+    entries: list[Entry] = []
+    for task, result in zip(tasks, report.results, strict=True):
+        if task.kind == "kernel":
+            entries.extend(task_entries(task, m.root))
+        else:
+            entries.extend(Entry(k, kind, p, meta) for k, kind, p, meta in result.entries or ())
+    report.bundle_bytes = write_bundle(
+        path,
+        entries,
+        variants=[t.label for t in tasks],
+        archs=m.archs,
+        manifest=os.path.basename(m.path),
+    )
+    report.bundle = os.path.abspath(path)
+    report.bundle_entries = len({e.key for e in entries})

@@ -1,0 +1,391 @@
+"""A cached "build an opaque blob" pipeline over cuforge's store, for integrations.
+
+The kernel pipeline (:mod:`cuforge.pipeline`) knows sources, headers and compilers. An
+integration such as :mod:`cuforge.cccl` (a serialized cuda.compute algorithm) or
+:mod:`cuforge.cute` (an exported CuTe DSL function) knows none of those: it has a set of
+labeled key fields, a function that builds some named files, and a function that turns
+those files back into a ready object. :func:`get_or_build` joins them to the store:
+
+* **key**: :class:`cuforge.key.KeyBuilder` over ``kind`` and the fields (each a labeled text
+  field, sorted by label), plus this module's blob-format version;
+* **lookup** in every tier :func:`cuforge.store.default_store` builds (memory, disk, the
+  remote tiers), so it obeys ``CUFORGE_CACHE_DIR``, ``CUFORGE_DISABLE_FILE_CACHE`` and
+  ``CUFORGE_DISABLE_CACHE`` (then it always builds) exactly as kernels do;
+* a **hit** unpacks the stored files and calls ``load`` -- never ``build``;
+* a **load error** (any exception ``load`` raises on stored bytes, or bytes that do not
+  unpack) is reported in one warning naming the exception, the entry is deleted from every
+  tier, and it is rebuilt and overwritten;
+* a **miss** builds under :func:`cuforge.store.single_flight.single_flight` (one build of a
+  key at a time across threads and processes; a waiter re-checks the store and loads the
+  winner's entry), calls ``load`` on the fresh files (an error there propagates and nothing
+  is stored), stores the entry and records the key's fields for ``cuforge cache explain``
+  (the reasons of the miss, when an earlier key of the same ``name`` differs);
+* ``uncacheable=<reason>``: nothing is looked up or stored; ``build`` and ``load`` run every
+  time, the result says ``"uncached"`` with the reason, the reason is logged as a miss for
+  ``cuforge cache explain`` and warned once per process;
+* ``CUFORGE_OFFLINE=1`` (strict production mode): a hit is served as always, anything that
+  would build raises :class:`OfflineBuildError` naming the build (nothing is built).
+
+Telemetry (hits, misses, puts per kind) is recorded by the disk tier itself, as for kernels;
+:data:`counters` counts this process's outcomes per kind.
+
+Payload format: ``b"cuforge-blobs\\0"`` u32(version) u32(count) then, per file, u64(len(name))
+name u64(len(data)) data. Nothing is ever unpickled; file names are data, never paths.
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+import time
+
+from cuforge.errors import CuforgeError
+
+TYPE_CHECKING = False  # typing costs ~15 ms to import; annotations are strings here
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+    from typing import Any, TypeVar
+
+    T = TypeVar("T")
+
+__all__ = [
+    "BlobResult",
+    "BlobFormatError",
+    "OfflineBuildError",
+    "get_or_build",
+    "make_key",
+    "pack",
+    "unpack",
+    "counters",
+]
+
+#: Bump when the payload format changes: every old entry then misses.
+BLOB_FORMAT_VERSION = 1
+_MAGIC = b"cuforge-blobs\0"
+_U32 = struct.Struct(">I")
+_U64 = struct.Struct(">Q")
+
+#: this process's outcomes: "<kind>:<source_of_result>" -> count, and "<kind>:load_errors"
+counters: dict[str, int] = {}
+_warned: set[str] = set()
+
+
+class OfflineBuildError(CuforgeError):
+    """``CUFORGE_OFFLINE=1`` (strict production mode) and the entry is not in the cache:
+    nothing is built. ``kind``, ``name``, ``key`` and ``fields`` say which build it is."""
+
+    def __init__(self, kind: str, name: str, key: str, fields: dict[str, str], why: str) -> None:
+        self.kind, self.name, self.key, self.fields = kind, name, key, fields
+        shown = ", ".join(f"{k}={v}" for k, v in fields.items() if not k.startswith("version:"))
+        super().__init__(
+            f"CUFORGE_OFFLINE=1: the {kind} build {name!r} (key {key[:16]}; {shown}) {why}, "
+            "and nothing may be built in offline mode. Run the same call once where building "
+            "is allowed (unset CUFORGE_OFFLINE) against this cache, or bring the entry here "
+            "with `cuforge cache export`/`import` or `push`/`pull`."
+        )
+
+
+class BlobFormatError(ValueError):
+    """Stored bytes are not a blob set this version of cuforge wrote."""
+
+
+class BlobResult:
+    """What :func:`get_or_build` returns.
+
+    * ``value``: what ``load`` returned;
+    * ``source_of_result``: ``"memory"``, ``"disk"``, ``"remote"`` (a hit in that tier),
+      ``"compiled"`` (built now and stored, or built with caching off) or ``"uncached"``
+      (built now and deliberately not stored: see ``reason``);
+    * ``key``: the hex key; ``fields``: the labeled fields it was made of;
+    * ``reason``: why the result is not cached (``None`` unless ``"uncached"``);
+    * ``build_seconds``: the build's time (for a hit, the time the stored build took);
+      ``lookup_seconds``: the time this call spent outside ``build``.
+    """
+
+    __slots__ = (
+        "value",
+        "source_of_result",
+        "key",
+        "fields",
+        "reason",
+        "build_seconds",
+        "lookup_seconds",
+    )
+
+    def __init__(
+        self,
+        value: Any,
+        source_of_result: str,
+        key: str,
+        fields: dict[str, str],
+        reason: str | None = None,
+        build_seconds: float = 0.0,
+        lookup_seconds: float = 0.0,
+    ) -> None:
+        self.value = value
+        self.source_of_result = source_of_result
+        self.key = key
+        self.fields = fields
+        self.reason = reason
+        self.build_seconds = build_seconds
+        self.lookup_seconds = lookup_seconds
+
+    def __class_getitem__(cls, item: Any) -> Any:  # BlobResult[T] in annotations
+        import types
+
+        return types.GenericAlias(cls, item)
+
+    @property
+    def hit(self) -> bool:
+        """Whether the value came from the cache (no build ran)."""
+        return self.source_of_result in ("memory", "disk", "remote")
+
+    def __repr__(self) -> str:
+        why = f", reason={self.reason!r}" if self.reason else ""
+        return f"BlobResult({self.source_of_result}, key={self.key[:12]}{why})"
+
+
+def pack(files: Mapping[str, bytes]) -> bytes:
+    """One payload holding the named files (in the order given)."""
+    parts = [_MAGIC, _U32.pack(BLOB_FORMAT_VERSION), _U32.pack(len(files))]
+    for name, data in files.items():
+        raw = name.encode("utf-8")
+        parts += [_U64.pack(len(raw)), raw, _U64.pack(len(data)), bytes(data)]
+    return b"".join(parts)
+
+
+def unpack(payload: bytes) -> dict[str, bytes]:
+    """The named files of a payload :func:`pack` made. Raises :class:`BlobFormatError` for
+    anything else (truncated, trailing bytes, another version, duplicate or bad names)."""
+    view = memoryview(payload)
+    if bytes(view[: len(_MAGIC)]) != _MAGIC:
+        raise BlobFormatError("not a cuforge blob set (bad magic)")
+    pos = len(_MAGIC)
+
+    def take(n: int) -> bytes:
+        nonlocal pos
+        if n < 0 or pos + n > len(view):
+            raise BlobFormatError(f"truncated blob set (needed {n} bytes at offset {pos})")
+        out = bytes(view[pos : pos + n])
+        pos += n
+        return out
+
+    (version,) = _U32.unpack(take(4))
+    if version != BLOB_FORMAT_VERSION:
+        raise BlobFormatError(f"blob set format {version}, expected {BLOB_FORMAT_VERSION}")
+    (count,) = _U32.unpack(take(4))
+    files: dict[str, bytes] = {}
+    for _ in range(count):
+        (n,) = _U64.unpack(take(8))
+        try:
+            name = take(n).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise BlobFormatError(f"a file name is not UTF-8 ({exc})") from None
+        if not name or name in files:
+            raise BlobFormatError(f"empty or duplicate file name {name!r}")
+        (n,) = _U64.unpack(take(8))
+        files[name] = take(n)
+    if pos != len(view):
+        raise BlobFormatError(f"{len(view) - pos} trailing bytes after the blob set")
+    return files
+
+
+def _check_files(kind: str, name: str, files: Any) -> dict[str, bytes]:
+    from collections.abc import Mapping
+
+    if not isinstance(files, Mapping) or not files:
+        raise TypeError(
+            f"the build function of {kind} {name!r} returned {type(files).__name__}, expected "
+            "a non-empty mapping of file name (str) -> contents (bytes)"
+        )
+    out: dict[str, bytes] = {}
+    for fname, data in files.items():
+        if not isinstance(fname, str) or not fname:
+            raise TypeError(
+                f"the build function of {kind} {name!r} returned a file name {fname!r}; expected a non-empty str"
+            )
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(
+                f"the build function of {kind} {name!r} returned {type(data).__name__} for "
+                f"file {fname!r}; expected bytes"
+            )
+        out[fname] = bytes(data)
+    return out
+
+
+def make_key(kind: str, fields: Mapping[str, str]) -> tuple[str, dict[str, str]]:
+    """``(hex key, recorded fields)`` for ``kind`` and ``fields`` (labels sorted; every value
+    must be a str: a TypeError names the label otherwise)."""
+    from cuforge.key import KeyBuilder
+
+    kb = KeyBuilder(kind)
+    kb.text("blob_format", str(BLOB_FORMAT_VERSION))
+    for label in sorted(fields):
+        value = fields[label]
+        if not isinstance(label, str) or not isinstance(value, str):
+            raise TypeError(
+                f"key field {label!r} of a {kind!r} entry is {type(value).__name__}; every "
+                "label and value must be a str"
+            )
+        kb.text(label, value)
+    return kb.hexdigest(), dict(kb.fields)
+
+
+def get_or_build(
+    kind: str,
+    name: str,
+    fields: Mapping[str, str],
+    build: Callable[[], Mapping[str, bytes]],
+    load: Callable[[Mapping[str, bytes]], T],
+    *,
+    uncacheable: str | None = None,
+    meta: Mapping[str, Any] | None = None,
+) -> BlobResult[T]:
+    """The value for ``fields``: loaded from the cache, else built, loaded and stored.
+
+    ``kind``: the entry kind (one of :data:`cuforge.store.base.ENTRY_KINDS`, e.g. ``"cccl"``);
+    ``name``: what the entry is called in ``cuforge cache ls`` and ``explain`` (keys of the
+    same name are compared to explain a miss); ``fields``: label -> str, everything that
+    changes what ``build`` makes. ``meta``: extra JSON fields to store (e.g. ``"arch"``).
+    See the module doc for the guarantees. Exceptions from ``build`` (and from ``load`` on
+    freshly built files) propagate; nothing is stored then."""
+    from cuforge.config import settings
+    from cuforge.store.base import ENTRY_KINDS
+
+    if kind not in ENTRY_KINDS:
+        raise ValueError(f"unknown entry kind {kind!r}; expected one of {', '.join(ENTRY_KINDS)}")
+    started = time.perf_counter()
+    key, recorded = make_key(kind, fields)
+    cfg = settings()
+    if uncacheable is not None:
+        if cfg.offline:
+            raise OfflineBuildError(kind, name, key, recorded, f"cannot be cached ({uncacheable})")
+        return _uncached(kind, name, key, recorded, build, load, uncacheable, cfg, started)
+    from cuforge.store import default_store, lock_dir
+
+    store = None if cfg.disable_cache else default_store()
+    if cfg.offline:
+        hit = None if store is None else _lookup(store, kind, name, key, recorded, load, started)
+        if hit is None:
+            raise OfflineBuildError(kind, name, key, recorded, "is not in the cache")
+        return hit
+    if store is None:
+        value, seconds = _build_and_load(kind, name, build, load)
+        return _done(kind, name, value, "compiled", key, recorded, None, seconds, started)
+    hit = _lookup(store, kind, name, key, recorded, load, started)
+    if hit is not None:
+        return hit
+    from cuforge.store.single_flight import single_flight
+
+    with single_flight(lock_dir(), key, cfg.lock_timeout, what=f"{kind} {name}"):
+        # another thread or process may have built it while we waited
+        hit = _lookup(store, kind, name, key, recorded, load, started)
+        if hit is not None:
+            return hit
+        return _build_and_store(store, kind, name, key, recorded, build, load, meta, cfg, started)
+
+
+def _lookup(store, kind, name, key, recorded, load, started) -> BlobResult | None:
+    entry, tier = store.get_with_tier(key, kind=kind)
+    if entry is None:
+        return None
+    source = "remote" if tier and tier.startswith("remote") else tier or "disk"
+    try:
+        if entry.kind != kind:
+            raise BlobFormatError(f"the entry is of kind {entry.kind!r}, not {kind!r}")
+        value = load(unpack(entry.payload))
+    except Exception as exc:  # noqa: BLE001 - any failure to load stored bytes means a bad entry: rebuild
+        _count(kind, "load_errors")
+        _warn(
+            f"cuforge: the cached {kind} entry {name!r} (key {key[:12]}, from the {source} tier) "
+            f"could not be loaded ({type(exc).__name__}: {exc}); it is deleted and rebuilt"
+        )
+        store.delete(key)
+        return None
+    build_seconds = entry.meta.get("compile_seconds", 0.0)
+    if not isinstance(build_seconds, (int, float)):
+        build_seconds = 0.0
+    return _done(kind, name, value, source, key, recorded, None, float(build_seconds), started)
+
+
+def _build_and_load(kind, name, build, load) -> tuple[Any, float]:
+    t0 = time.perf_counter()
+    files = _check_files(kind, name, build())
+    seconds = time.perf_counter() - t0
+    return load(files), seconds
+
+
+def _build_and_store(
+    store, kind, name, key, recorded, build, load, meta, cfg, started
+) -> BlobResult:
+    from cuforge import explain as _explain
+    from cuforge.store import is_untrusted
+    from cuforge.store.base import Entry
+
+    cache_dir = None if cfg.disable_file_cache or is_untrusted(cfg.cache_dir) else cfg.cache_dir
+    t0 = time.perf_counter()
+    files = _check_files(kind, name, build())
+    seconds = time.perf_counter() - t0
+    value = load(files)  # a build that cannot be loaded is never stored
+    reasons = _explain.explain(cache_dir, name, recorded)
+    if reasons:
+        _explain.log_miss(cache_dir, name, key, reasons)
+        if cfg.explain:
+            print(f"cuforge: miss for {name}: " + "; ".join(reasons), file=sys.stderr)
+    entry_meta: dict[str, Any] = {
+        "name": name,
+        "backend": kind,
+        "arch": str(recorded.get("arch", recorded.get("compute_capability", ""))),
+        "compile_seconds": seconds,
+        "key_fields": recorded,
+        "files": {f: len(d) for f, d in files.items()},
+    }
+    if meta:
+        entry_meta.update(meta)
+    store.put(Entry(key, kind, pack(files), entry_meta))
+    _explain.remember(cache_dir, name, key, recorded)
+    return _done(kind, name, value, "compiled", key, recorded, None, seconds, started)
+
+
+def _uncached(kind, name, key, recorded, build, load, reason, cfg, started) -> BlobResult:
+    value, seconds = _build_and_load(kind, name, build, load)
+    if not cfg.disable_cache:
+        from cuforge import explain as _explain
+        from cuforge.store import default_store, is_untrusted
+
+        default_store()  # decides whether the cache dir is trusted
+        trusted = not (cfg.disable_file_cache or is_untrusted(cfg.cache_dir))
+        _explain.log_miss(cfg.cache_dir if trusted else None, name, key, [f"not cached: {reason}"])
+        if cfg.explain:
+            print(f"cuforge: {name} not cached: {reason}", file=sys.stderr)
+    warning = f"cuforge: {kind} {name!r} is built but not cached: {reason}"
+    if warning not in _warned:
+        _warned.add(warning)
+        _warn(warning)
+    return _done(kind, name, value, "uncached", key, recorded, reason, seconds, started)
+
+
+def _done(kind, name, value, source, key, recorded, reason, seconds, started) -> BlobResult:
+    _count(kind, source)
+    elapsed = time.perf_counter() - started
+    built = source in ("compiled", "uncached")
+    result = BlobResult(
+        value, source, key, recorded, reason, seconds, elapsed - seconds if built else elapsed
+    )
+    from cuforge.config import settings
+
+    if settings().verbose:
+        timing = f"built in {seconds:.3f} s" if built else f"{source} hit in {elapsed * 1e3:.2f} ms"
+        print(f"cuforge: {kind} {name} {timing} key {key[:12]}", file=sys.stderr)
+    return result
+
+
+def _count(kind: str, what: str) -> None:
+    label = f"{kind}:{what}"
+    counters[label] = counters.get(label, 0) + 1
+
+
+def _warn(message: str) -> None:
+    import logging
+
+    logging.getLogger("cuforge").warning(message)

@@ -1,0 +1,295 @@
+"""Cached cuda.compute factories and one-shot algorithms, and patching them in place.
+
+Discovery, not a list: every name in ``cuda.compute.__all__`` that starts with ``make_``
+and is callable is a factory; every other callable ``X`` with a ``make_X`` beside it is
+its one-shot algorithm (``reduce_into`` -> ``make_reduce_into``).
+
+A cached factory keys the call (:mod:`cuforge.cccl._key`), looks it up through
+:func:`cuforge.blobcache.get_or_build` (entry kind ``"cccl"``, every tier, every
+``CUFORGE_*`` knob, single flight), and on a hit returns ``cuda.compute.deserialize`` of
+the stored blob -- no build. On a miss it calls the real factory, serializes the result,
+checks that the blob deserializes, stores it, and returns the factory's own object.
+Within a thread, the same key returns the same object again (like cuda.compute's own
+per-thread wrapper cache: a deserialized algorithm must not be shared between threads).
+
+A call that cannot be keyed (an argument with no stable value) or made with the HostJIT
+("v2") build backend (it cannot serialize) runs the real factory uncached; the reason is
+logged for ``cuforge cache explain`` and warned once.
+"""
+
+from __future__ import annotations
+
+import threading
+
+# loaded with the module: `import cuforge.cccl` is the import cost, the first call is not
+from cuforge.blobcache import BlobResult, get_or_build, make_key
+from cuforge.cccl._key import key_fields
+from cuforge.config import settings
+from cuforge.pyhash import UnstableKeyError
+
+TYPE_CHECKING = False  # typing costs ~15 ms to import; annotations are strings here
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+__all__ = [
+    "factory_names",
+    "oneshot_names",
+    "cached_factory",
+    "cached_oneshot",
+    "enable",
+    "disable",
+    "is_enabled",
+    "key_of",
+    "last_result",
+    "KIND",
+    "HOSTJIT_REASON",
+]
+
+KIND = "cccl"
+HOSTJIT_REASON = (
+    "cuda-cccl was built with the HostJIT (v2) backend, which cannot serialize build "
+    "results, so cuforge cannot store them (install the standard cuda-cccl wheel)"
+)
+
+_lock = threading.Lock()
+_local = threading.local()
+_originals: dict[str, Callable] = {}  # factory name -> the real factory
+_cached: dict[str, Callable] = {}  # name -> cuforge's version
+# (module, attribute name, original value) of every patch enable() made
+_patches: list[tuple[Any, str, Any]] = []
+
+
+def _compute() -> Any:
+    import cuda.compute as compute
+
+    return compute
+
+
+def factory_names() -> list[str]:
+    """The ``make_*`` factories of the installed cuda.compute (sorted)."""
+    compute = _compute()
+    return sorted(
+        n
+        for n in getattr(compute, "__all__", ())
+        if n.startswith("make_") and callable(getattr(compute, n, None))
+    )
+
+
+def oneshot_names() -> list[str]:
+    """The one-shot algorithms (``reduce_into``...) that have a ``make_*`` factory."""
+    compute = _compute()
+    factories = set(factory_names())
+    return sorted(
+        n
+        for n in getattr(compute, "__all__", ())
+        if not n.startswith(("make_", "_"))
+        and "make_" + n in factories
+        and callable(getattr(compute, n, None))
+    )
+
+
+def _original(name: str) -> Callable:
+    """The real factory ``name``, even while :func:`enable` has patched cuda.compute."""
+    with _lock:
+        found = _originals.get(name)
+        if found is None:
+            current = getattr(_compute(), name)
+            found = getattr(current, "__cuforge_original__", current)
+            _originals[name] = found
+        return found
+
+
+def _uses_hostjit() -> bool:
+    from cuda.compute import _caching
+
+    return not getattr(_caching, "_BACKEND_SERIALIZES_BUILD_RESULTS", True)
+
+
+def key_of(name: str, *args: Any, **kwargs: Any) -> tuple[str, dict[str, str]]:
+    """``(key, fields)`` a call ``name(*args, **kwargs)`` of a factory would use, without
+    building or looking anything up. Raises :class:`cuforge.pyhash.UnstableKeyError` for an
+    argument that cannot be keyed, and ValueError when no compute capability is given and
+    no device can be queried."""
+    import inspect
+
+    original = _original(name)
+    fields = key_fields(name, inspect.signature(original), args, kwargs)
+    if fields is None:
+        raise ValueError(
+            f"{name}: no compute_capability= was given and no CUDA device could be queried; "
+            "pass compute_capability=<cc or list of ccs> to key a build without a GPU"
+        )
+    return make_key(KIND, fields)
+
+
+def last_result() -> Any:
+    """The :class:`cuforge.blobcache.BlobResult` of this thread's last cached factory call
+    (``source_of_result``, ``key``, ``fields``, ``reason``), or None."""
+    return getattr(_local, "last", None)
+
+
+def cached_factory(name: str) -> Callable:
+    """cuforge's version of the factory ``name`` (same signature)."""
+    found = _cached.get(name)
+    if found is not None:
+        return found
+    import functools
+    import inspect
+
+    original = _original(name)
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def factory(*args: Any, **kwargs: Any) -> Any:
+        return _call(name, original, signature, args, kwargs)
+
+    factory.__cuforge_original__ = original  # type: ignore[attr-defined]
+    with _lock:
+        return _cached.setdefault(name, factory)
+
+
+def cached_oneshot(name: str) -> Callable:
+    """cuforge's version of the one-shot algorithm ``name``: the real function, run with
+    cuforge's factories in place of cuda.compute's (same signature, same behaviour)."""
+    found = _cached.get(name)
+    if found is not None:
+        return found
+    import functools
+    import types
+
+    real = getattr(_compute(), name)
+    real = getattr(real, "__cuforge_original__", real)
+    globs = dict(real.__globals__)
+    for factory in factory_names():
+        if factory in globs:
+            globs[factory] = cached_factory(factory)
+    clone = types.FunctionType(
+        real.__code__, globs, real.__name__, real.__defaults__, real.__closure__
+    )
+    clone.__kwdefaults__ = real.__kwdefaults__
+    functools.update_wrapper(clone, real)
+    clone.__cuforge_original__ = real  # type: ignore[attr-defined]
+    with _lock:
+        return _cached.setdefault(name, clone)
+
+
+def _call(name: str, original: Callable, signature: Any, args: tuple, kwargs: dict) -> Any:
+    reason = None
+    try:
+        fields = key_fields(name, signature, args, kwargs)
+    except UnstableKeyError as exc:
+        fields = {"algorithm": name, "unkeyable": exc.path}
+        reason = str(exc)
+    if fields is None:  # no device and no compute_capability: the factory explains
+        return original(*args, **kwargs)
+    cfg = settings()
+    if cfg.disable_cache and not cfg.offline:  # cuda.compute exactly as it is
+        value = original(*args, **kwargs)
+        _local.last = BlobResult(value, "compiled", "", fields, "CUFORGE_DISABLE_CACHE is set")
+        return value
+    if reason is None and _uses_hostjit():
+        reason = HOSTJIT_REASON
+    memo = _memo()
+    key = None
+    if reason is None:
+        key, recorded = make_key(KIND, fields)
+        found = memo.get(key)
+        if found is not None:
+            _local.last = BlobResult(found, "memory", key, recorded)
+            return found
+    built: list[Any] = []
+
+    def build() -> dict[str, bytes]:
+        obj = original(*args, **kwargs)
+        built.append(obj)
+        if reason is not None:
+            return {"uncached": b""}
+        return {"algorithm": _compute().serialize(obj)}
+
+    def load(files: Any) -> Any:
+        if reason is not None:
+            return built[-1]
+        return _compute().deserialize(files["algorithm"])
+
+    result = get_or_build(
+        KIND,
+        f"cccl/{name}",
+        fields,
+        build,
+        load,
+        uncacheable=reason,
+        meta={"arch": _arch_text(fields.get("compute_capability", ""))},
+    )
+    value = result.value
+    if result.source_of_result == "compiled" and built:
+        value = built[-1]  # the factory's own object (already bound to this device)
+        result.value = value
+    _local.last = result
+    if key is not None:
+        memo[key] = value
+    return value
+
+
+def _arch_text(ccs: str) -> str:
+    """``"8.0,9.0"`` -> ``"sm_80 sm_90"`` (how ``cuforge cache ls --arch`` matches)."""
+    from cuforge.arch import ArchError, normalize_arch
+
+    try:
+        return " ".join(normalize_arch(cc) for cc in ccs.split(",") if cc)
+    except ArchError:
+        return ccs
+
+
+def _memo() -> dict[str, Any]:
+    memo = getattr(_local, "memo", None)
+    if memo is None:
+        memo = _local.memo = {}
+    return memo
+
+
+def clear_memo() -> None:
+    """Forget this thread's algorithm objects (the store keeps its entries)."""
+    _memo().clear()
+
+
+def enable() -> None:
+    """Patch cuda.compute in place: every ``make_*`` factory, wherever cuda.compute's own
+    modules hold it (so its one-shot algorithms use the cached factories too), becomes
+    cuforge's cached version. Code that imports names from cuda.compute *after* this call
+    gets the cached versions; names imported before keep what they were. Idempotent;
+    :func:`disable` undoes it."""
+    import sys
+
+    with _lock:
+        if _patches:
+            return
+    names = factory_names()
+    originals = {n: _original(n) for n in names}
+    cached = {n: cached_factory(n) for n in names}
+    by_id = {id(fn): n for n, fn in originals.items()}
+    patches = []
+    for modname, module in list(sys.modules.items()):
+        if module is None or not (modname == "cuda.compute" or modname.startswith("cuda.compute.")):
+            continue
+        for attr, value in list(vars(module).items()):
+            n = by_id.get(id(value))
+            if n is not None and value is originals[n]:
+                patches.append((module, attr, value))
+                setattr(module, attr, cached[n])
+    with _lock:
+        _patches.extend(patches)
+
+
+def disable() -> None:
+    """Undo :func:`enable`: cuda.compute's own factories are back in every place."""
+    with _lock:
+        patches = list(_patches)
+        _patches.clear()
+    for module, attr, value in reversed(patches):
+        setattr(module, attr, value)
+
+
+def is_enabled() -> bool:
+    """Whether :func:`enable` has patched cuda.compute."""
+    return bool(_patches)

@@ -1,0 +1,143 @@
+"""``cuforge build [MANIFEST] [--jobs N] [--bundle FILE] [--executor local|ray] [--strict]``.
+
+A thin command over :func:`cuforge.aot.build.build`: a progress bar (done / total, hits,
+failures, ETA) on a terminal, a summary table at the end, each failure's compiler log on
+stderr. Exit code 0 when every variant is built or cached, 1 when any failed (the others
+are still built), 2 for a usage error. ``--json``: one document with every variant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from cuforge.cli import output
+
+__all__ = ["add_parser", "run"]
+
+
+def _jobs(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError("must be 1 or more")
+    return value
+
+
+def add_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:
+    p = subparsers.add_parser(
+        "build",
+        parents=[common],
+        help="build every variant a manifest (cuforge.toml) lists, in parallel",
+        description="Build every kernel / extension variant of a manifest (cuforge.toml, or "
+        "[tool.cuforge] in pyproject.toml) ahead of time. Variants already in the cache count "
+        "as hits and are not rebuilt.",
+    )
+    p.add_argument(
+        "manifest",
+        nargs="?",
+        default=None,
+        help="the manifest file or its directory (default: the working directory)",
+    )
+    p.add_argument(
+        "--jobs",
+        "-j",
+        metavar="N",
+        default=None,
+        help="parallel build processes (default: the count `cuforge env` recommends)",
+    )
+    p.add_argument("--bundle", metavar="FILE", help="also write every variant into this bundle")
+    p.add_argument(
+        "--executor",
+        choices=("local", "ray"),
+        default="local",
+        help="where variants build: local processes (default) or Ray tasks "
+        "(ray.init(); RAY_ADDRESS for a cluster)",
+    )
+    p.add_argument(
+        "--strict",
+        action="store_true",
+        help="compile nothing: fail for every variant not already in the cache",
+    )
+    p.set_defaults(func=run)
+
+
+def _progress_wanted(as_json: bool) -> tuple[bool, bool]:
+    """(draw a rich bar, print plain progress lines)."""
+    from cuforge.config import settings
+
+    forced = settings().progress
+    if as_json or forced is False:
+        return False, False
+    if output.fancy(sys.stderr):
+        return True, False
+    return False, forced is True
+
+
+def run(args: argparse.Namespace) -> int:
+    from cuforge.aot.build import build
+
+    jobs = output.usage_value("--jobs", _jobs, args.jobs) if args.jobs is not None else None
+    rich, plain = _progress_wanted(args.json)
+    counts = {"done": 0, "hits": 0, "failed": 0}
+
+    with output.progress("building", enabled=rich) as bar:
+
+        def on_result(result, total: int) -> None:
+            counts["done"] += 1
+            counts["hits"] += int(result.ok and result.hit)
+            counts["failed"] += int(not result.ok)
+            bar.set_total(total)
+            bar.advance(description=f"building: {counts['hits']} hits, {counts['failed']} failed")
+            if plain:
+                state = "hit" if result.hit else ("built" if result.ok else "FAILED")
+                print(
+                    f"[{counts['done']}/{total}] {result.label}: {state} "
+                    f"({output.human_seconds(result.seconds)})",
+                    file=sys.stderr,
+                    flush=True,
+                )
+
+        report = build(
+            args.manifest,
+            jobs=jobs,
+            executor=args.executor,
+            bundle=args.bundle,
+            strict=args.strict,
+            on_result=on_result,
+        )
+    for failure in report.failed:
+        output.error(f"{failure.label} failed:\n{failure.log.rstrip()}")
+    if args.bundle and report.failed:
+        output.error(
+            f"bundle {args.bundle} not written: {len(report.failed)} variant(s) failed "
+            "(a partial bundle would fail later, in production)"
+        )
+    if args.json:
+        output.emit_json({"command": "build", "ok": report.ok, **report.as_dict()})
+        return 0 if report.ok else 1
+    rate = f"{report.total / report.seconds:.1f}/s" if report.seconds else "-"
+    rows = [
+        ("manifest", report.manifest),
+        ("variants", report.total),
+        ("hits (cached)", report.hits),
+        ("built", report.built),
+        ("failed", len(report.failed)),
+        ("time", f"{output.human_seconds(report.seconds)} ({rate})"),
+        (
+            "executor",
+            f"{report.executor}, "
+            + ("" if report.executor == "ray" else "jobs ")
+            + report.jobs_why,
+        ),
+    ]
+    if report.bundle:
+        rows.append(
+            (
+                "bundle",
+                f"{report.bundle} ({report.bundle_entries} entries, "
+                f"{output.human_bytes(report.bundle_bytes)})",
+            )
+        )
+    output.table(("build", "result"), rows, title="cuforge build")
+    return 0 if report.ok else 1

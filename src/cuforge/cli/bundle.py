@@ -1,0 +1,102 @@
+"""``cuforge bundle install FILE`` / ``cuforge bundle ls FILE [--verify]``.
+
+A thin command over :mod:`cuforge.aot.bundle`. ``install`` verifies every checksum before
+adding anything to the cache dir (a damaged bundle installs nothing, exit 1); ``ls``
+shows the index (cuforge version, toolchain, archs, variants) and the entries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from cuforge.cli import output
+
+__all__ = ["add_parser"]
+
+
+def add_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:
+    bundle = subparsers.add_parser(
+        "bundle",
+        help="install or list a bundle of prebuilt variants (.cfb, from cuforge build --bundle)",
+        description="Bundles hold prebuilt cache entries in one checksummed file. Every "
+        "subcommand takes --json.",
+    )
+    sub = bundle.add_subparsers(dest="bundle_command", metavar="SUBCOMMAND")
+
+    def _no_subcommand(args: argparse.Namespace) -> int:
+        bundle.print_help(sys.stderr)
+        return 2
+
+    bundle.set_defaults(func=_no_subcommand)
+    p = sub.add_parser(
+        "install", parents=[common], help="verify a bundle and add its entries to the cache dir"
+    )
+    p.add_argument("file", help="the bundle (.cfb)")
+    p.set_defaults(func=run_install)
+    p = sub.add_parser("ls", parents=[common], help="list a bundle's index and entries")
+    p.add_argument("file", help="the bundle (.cfb)")
+    p.add_argument("--verify", action="store_true", help="also check every entry's checksum")
+    p.set_defaults(func=run_ls)
+
+
+def run_install(args: argparse.Namespace) -> int:
+    from cuforge.aot.bundle import install_bundle
+    from cuforge.config import settings
+
+    done = install_bundle(args.file)
+    if args.json:
+        output.emit_json(
+            {
+                "command": "bundle install",
+                "ok": True,
+                "file": args.file,
+                "cache_dir": settings().cache_dir,
+                **done,
+            }
+        )
+        return 0
+    print(
+        f"installed {done['stored']} of {done['entries']} entries "
+        f"({output.human_bytes(done['bytes'])}) from {args.file} into {settings().cache_dir}"
+    )
+    return 0
+
+
+def run_ls(args: argparse.Namespace) -> int:
+    from cuforge.aot.bundle import bundle_summary
+
+    summary = bundle_summary(args.file, verify=args.verify)
+    if args.json:
+        output.emit_json({"command": "bundle ls", "ok": True, **summary})
+        return 0
+    info = summary["info"]
+    toolchain = info.get("toolchain") or {}
+    rows = [
+        ("file", f"{summary['path']} ({output.human_bytes(summary['size'])})"),
+        ("cuforge", info.get("cuforge_version", "?")),
+        ("toolchain", ", ".join(f"{k} {v}" for k, v in toolchain.items()) or "?"),
+        ("created", output.human_time(info.get("created"))),
+        ("archs", ", ".join(info.get("archs") or []) or "-"),
+        ("variants", len(info.get("variants") or [])),
+        ("entries", len(summary["entries"])),
+        ("checksums", "verified" if summary["verified"] else "not checked (--verify)"),
+    ]
+    output.table(("bundle", ""), rows)
+    entries = [
+        (
+            e["key"][:16],
+            e["kind"],
+            e["name"],
+            e["arch"],
+            ", ".join(e["lowered_names"]),
+            output.human_bytes(e["size"]),
+        )
+        for e in summary["entries"]
+        if e["kind"] != "manifest"
+    ]
+    if entries:
+        print()
+        output.table(("key", "kind", "name", "arch", "variant", "size"), entries, right=(5,))
+    return 0

@@ -1,0 +1,850 @@
+"""Stable fingerprints of Python objects: the part of a cache key a Python callable makes.
+
+:func:`fingerprint` returns a SHA-256 hex digest that is the same in every process, on every
+machine and in every virtual environment for objects that mean the same thing, and that
+changes when anything that could change the object's behaviour changes:
+
+* **functions** (and lambdas): the code object -- bytecode, names, constants (nested code
+  objects included, recursively), argument layout and flags -- the defaults and keyword
+  defaults, the values of the closure cells, and every global the code (or a nested code
+  object) loads, resolved in the function's globals, then builtins; recursively, with cycles
+  (a recursive function, two functions calling each other) handled. File names and line
+  numbers are *not* part of it: moving a function does not change its fingerprint.
+* **modules** by name and the version of the distribution that installs them (stdlib and
+  built-in modules by the Python version). A module no distribution installs (the user's own
+  module, an editable install) by the contents of its source files, never their paths.
+* **functions, classes and other objects of an installed module** (stdlib, a wheel) that can
+  be found again by ``module.qualname``: by that name plus the module's fingerprint.
+* **builtins** by qualified name; **numpy** dtypes, scalar types, scalars and arrays,
+  **ctypes** types and instances and :class:`struct.Struct` by their layout (and value).
+* **plain data** by value: None, bool, int, float, complex, str, bytes, bytearray, tuple,
+  list, dict, set, frozenset, range, slice, Ellipsis, enum members (class name and member
+  name), dataclass instances (class and field values), :func:`functools.partial`, bound
+  methods (function and ``__self__``), staticmethod / classmethod / property.
+* anything with a ``__cuforge_fingerprint__()`` method (it returns plain data to hash), and
+  any type an integration registered with :func:`register`.
+
+Anything else raises :class:`UnstableKeyError`, naming the argument (``what``) and the path
+to the offending object (``op.__globals__['table'].lock``). There is no fallback to ``id()``
+or to a ``repr`` that may hold an address: a key that would differ between processes is
+worse than none, and one that ignores a value serves stale code.
+
+Known limits (documented for users): a value reached through an *attribute* of a global
+(``cfg.scale`` where ``cfg`` is a module) is covered by the module's fingerprint, not by its
+current value: a module attribute changed at run time is not seen.
+
+Imports only the standard library and cuforge's layers 1-2 (no numpy, no ctypes: those are
+looked at only when already imported).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+import sys
+import types
+
+from cuforge.errors import CuforgeError
+
+TYPE_CHECKING = False  # typing costs ~15 ms to import; annotations are strings here
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+__all__ = [
+    "UnstableKeyError",
+    "fingerprint",
+    "register",
+    "module_fingerprint",
+    "FORMAT_VERSION",
+    "UNHANDLED",
+    "distributions_of",
+    "installed_version",
+    "installed_versions",
+]
+
+#: What a ``hook`` passed to :func:`fingerprint` returns for an object it leaves to the
+#: default rules.
+UNHANDLED = object()
+
+#: Bump when the encoding or what is hashed changes: every old fingerprint then differs.
+FORMAT_VERSION = 1
+
+#: the most bytes of local (not installed) module sources hashed for one module
+MAX_MODULE_SOURCE_BYTES = 64 << 20
+MAX_MODULE_SOURCE_FILES = 4000
+
+
+class UnstableKeyError(CuforgeError, TypeError):
+    """An argument holds something that cannot be keyed the same way in every process.
+
+    ``what`` names the argument (``"op"``, ``"d_in"``), ``path`` the object inside it
+    (``op.__globals__['lock']``), ``reason`` why it cannot be keyed."""
+
+    def __init__(self, what: str, path: str, reason: str) -> None:
+        self.what = what
+        self.path = path
+        self.reason = reason
+        where = path if path == what else f"{path} (inside {what})"
+        super().__init__(
+            f"cannot make a stable cache key for {where}: {reason}. Pass plain data "
+            "(numbers, strings, tuples, dataclasses, enums, numpy dtypes), functions, or "
+            "objects with a __cuforge_fingerprint__() method returning plain data."
+        )
+
+
+_U64 = struct.Struct(">Q").pack
+_registry: dict[type, Callable[[Any], Any]] = {}
+# module name -> (stat signature or None, fingerprint)
+_module_cache: dict[str, tuple[Any, str]] = {}
+_dists: dict[str, list[str]] | None = None
+# code object -> (global names it loads, nested code objects); code objects are immutable
+_code_globals: dict[types.CodeType, tuple[str, ...]] = {}
+
+
+def register(cls: type, fn: Callable[[Any], Any]) -> None:
+    """Hash instances of ``cls`` (and its subclasses) as the plain data ``fn(obj)`` returns.
+
+    For integrations whose objects carry their meaning in a few fields (an iterator's value
+    type and state, a struct type's fields)."""
+    _registry[cls] = fn
+
+
+def fingerprint(obj: Any, *, what: str, hook: Callable[[Any], Any] | None = None) -> str:
+    """The stable SHA-256 hex digest of ``obj`` (see the module doc for what is hashed).
+
+    ``what`` names the argument in errors. ``hook`` (optional) is asked first about every
+    non-scalar object met on the way: it returns plain data to hash in the object's place,
+    or :data:`UNHANDLED`. Raises :class:`UnstableKeyError` when ``obj`` holds anything that
+    cannot be keyed the same way in every process."""
+    hasher = _Hasher(what, hook)
+    hasher.feed(obj, what)
+    return hasher.hexdigest()
+
+
+def module_fingerprint(module: types.ModuleType) -> str:
+    """What identifies ``module``: ``"name dist==version ..."`` for an installed module,
+    ``"name python-X.Y"`` for stdlib / built-in modules, ``"name sha256:<sources>"`` for a
+    module no distribution installs. Raises :class:`UnstableKeyError` when a local module's
+    sources cannot be read."""
+    name = module.__name__
+    top = name.partition(".")[0]
+    if top in sys.builtin_module_names or top in getattr(sys, "stdlib_module_names", ()):
+        return f"{name} python-{sys.version_info[0]}.{sys.version_info[1]}"
+    cached = _module_cache.get(name)
+    if cached is not None and cached[0] is None:
+        return cached[1]
+    dists = [d for d in distributions_of(module) if not _editable(d)]
+    if dists:
+        versions = []
+        for dist in sorted(set(dists)):
+            version = installed_version(dist)
+            if version is not None:
+                versions.append(f"{dist}=={version}")
+        if versions:
+            result = f"{name} " + " ".join(versions)
+            _module_cache[name] = (None, result)
+            return result
+    return _local_module_fingerprint(module)
+
+
+def _distributions() -> dict[str, list[str]]:
+    """Top-level import name -> the distributions that install it.
+
+    :func:`importlib.metadata.packages_distributions` reads every installed distribution's
+    file list (~200 ms in a large environment: most of a fresh process's cache hit), so its
+    answer is kept in cuforge's toolchain memo, keyed by the stat of every ``sys.path``
+    directory (installing, upgrading or removing a distribution changes its directory). The
+    memo only names distributions, whose versions are then read from their metadata; it is
+    not used when file caching is off."""
+    global _dists
+    if _dists is not None:
+        return _dists
+    from cuforge.config import settings
+
+    cfg = settings()
+    if cfg.disable_cache or cfg.disable_file_cache:
+        _dists = _scan_distributions()
+        return _dists
+    from cuforge.toolchain import memo as _memo
+
+    # only the path entries that hold distributions: a script's own directory (sys.path[0])
+    # or a source checkout on PYTHONPATH changes whenever a file is added there
+    installed_versions()
+    dirs = list(_info_dirs)
+    sig: list[int] = []
+    for d in dirs:
+        sig.extend(_memo.file_stat_key(d) or [-1, -1])
+    where = os.pathsep.join(dirs)
+    with _memo.lock:
+        memo = _memo.load()
+        data = _memo.probed(memo, "python-distributions", where, sig)
+        found = data.get("map") if data else None
+        if isinstance(found, dict) and all(
+            isinstance(k, str) and isinstance(v, list) and all(isinstance(x, str) for x in v)
+            for k, v in found.items()
+        ):
+            _dists = {k: list(v) for k, v in found.items()}
+            return _dists
+        _dists = _scan_distributions()
+        _memo.remember(memo, "python-distributions", where, sig, {"map": _dists})
+        _memo.save(memo)
+    return _dists
+
+
+_versions: dict[str, str] | None = None
+_info_dirs: list[str] = []  # the sys.path entries that hold *.dist-info / *.egg-info
+
+
+def _normalize(dist: str) -> str:
+    return dist.lower().replace("-", "_").replace(".", "_")
+
+
+def installed_versions() -> dict[str, str]:
+    """Normalized distribution name (``cuda_cccl``) -> version, read once per process from
+    the ``*.dist-info`` / ``*.egg-info`` directory names on ``sys.path`` (the first found
+    wins, as for :mod:`importlib.metadata`): one directory listing per path entry, far
+    cheaper than a metadata query per distribution."""
+    global _versions
+    if _versions is not None:
+        return _versions
+    found: dict[str, str] = {}
+    stdlib = os.path.dirname(os.__file__)  # holds no distributions: skip its ~200 names
+    for entry in sys.path:
+        if entry == stdlib:
+            continue
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:
+            continue  # a zip, a missing dir: nothing installed there
+        holds = False
+        for name in names:
+            if name.endswith("-info"):
+                stem, _, suffix = name.rpartition(".")
+                if suffix in ("dist-info", "egg-info"):
+                    dist, sep, version = stem.partition("-")
+                    if sep and dist:
+                        holds = True
+                        found.setdefault(_normalize(dist), version)
+        if holds and entry not in _info_dirs:
+            _info_dirs.append(entry)
+    _versions = found
+    return found
+
+
+def installed_version(dist: str) -> str | None:
+    """The installed version of distribution ``dist`` (any spelling), or None."""
+    version = installed_versions().get(_normalize(dist))
+    if version is None:
+        from importlib import metadata
+
+        try:
+            version = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return None
+    return version
+
+
+def _scan_distributions() -> dict[str, list[str]]:
+    from importlib import metadata
+
+    return {k: sorted(set(v)) for k, v in metadata.packages_distributions().items()}
+
+
+def distributions_of(module: types.ModuleType) -> list[str]:
+    """The distributions that install ``module``'s top-level package, else those that
+    install the directory its file lies in (a wheel that puts its packages in a
+    subdirectory added to ``sys.path`` by a ``.pth`` file, as nvidia-cutlass-dsl does with
+    ``cutlass``); ``[]`` for a module no distribution installs."""
+    top = module.__name__.partition(".")[0]
+    dists = _distributions()
+    found = dists.get(top)
+    if found:
+        return list(found)
+    file = getattr(module, "__file__", None)
+    if not isinstance(file, str):
+        return []
+    roots = {os.path.abspath(d) for d in sys.path if d}
+    here = os.path.dirname(os.path.abspath(file))
+    while True:
+        parent = os.path.dirname(here)
+        if parent == here:
+            return []
+        if parent in roots:
+            found = dists.get(os.path.basename(here))
+            if found:
+                dists[top] = list(found)
+                return list(found)
+        here = parent
+
+
+_editable_cache: dict[str, bool] = {}
+
+
+def _editable(dist: str) -> bool:
+    """Whether ``dist`` is an editable install (its sources can change under one version)."""
+    found = _editable_cache.get(dist)
+    if found is None:
+        from importlib import metadata
+
+        try:
+            text = metadata.distribution(dist).read_text("direct_url.json") or ""
+        except (metadata.PackageNotFoundError, OSError):
+            text = ""
+        found = '"editable": true' in text.replace("'", '"').lower()
+        _editable_cache[dist] = found
+    return found
+
+
+def _local_module_fingerprint(module: types.ModuleType) -> str:
+    name = module.__name__
+    what = f"module {name}"
+    file = getattr(module, "__file__", None)
+    if not isinstance(file, str):
+        raise UnstableKeyError(
+            what,
+            what,
+            "it belongs to no installed distribution and has no source file to hash",
+        )
+    path = getattr(module, "__path__", None)
+    files: list[tuple[str, str]] = []
+    if path:  # a package: every .py file under it (its submodules may be reached by attribute)
+        root = os.path.dirname(file)
+        for dirpath, subdirs, filenames in os.walk(root):
+            subdirs[:] = sorted(d for d in subdirs if d != "__pycache__" and not d.startswith("."))
+            for f in sorted(filenames):
+                if f.endswith(".py"):
+                    full = os.path.join(dirpath, f)
+                    files.append((os.path.relpath(full, root), full))
+    else:
+        files.append((os.path.basename(file), file))
+    if len(files) > MAX_MODULE_SOURCE_FILES:
+        raise UnstableKeyError(
+            what, what, f"it is not installed and has over {MAX_MODULE_SOURCE_FILES} source files"
+        )
+    sig = []
+    for _, full in files:
+        try:
+            st = os.stat(full)
+        except OSError as exc:
+            raise UnstableKeyError(what, what, f"its source {full} cannot be read ({exc})") from exc
+        sig.append((full, st.st_mtime_ns, st.st_size, st.st_ino))
+    cached = _module_cache.get(name)
+    if cached is not None and cached[0] == sig:
+        return cached[1]
+    h = hashlib.sha256()
+    total = 0
+    for rel, full in files:
+        try:
+            with open(full, "rb") as f:
+                data = f.read(MAX_MODULE_SOURCE_BYTES + 1)
+        except OSError as exc:
+            raise UnstableKeyError(what, what, f"its source {full} cannot be read ({exc})") from exc
+        total += len(data)
+        if total > MAX_MODULE_SOURCE_BYTES:
+            raise UnstableKeyError(
+                what,
+                what,
+                f"it is not installed and its sources exceed {MAX_MODULE_SOURCE_BYTES} bytes",
+            )
+        h.update(_enc(rel) + _U64(len(data)) + data)
+    result = f"{name} sha256:{h.hexdigest()}"
+    _module_cache[name] = (sig, result)
+    return result
+
+
+def _enc(text: str) -> bytes:
+    raw = text.encode("utf-8", "surrogatepass")
+    return _U64(len(raw)) + raw
+
+
+_GLOBAL_OPS = frozenset({"LOAD_GLOBAL", "STORE_GLOBAL", "DELETE_GLOBAL", "LOAD_NAME"})
+
+
+def _global_names(code: types.CodeType) -> tuple[str, ...]:
+    """The global names ``code`` and the code objects nested in it load, in first-use order."""
+    found = _code_globals.get(code)
+    if found is not None:
+        return found
+    import dis
+
+    names: dict[str, None] = {}
+    for ins in dis.get_instructions(code):
+        if ins.opname in _GLOBAL_OPS:
+            names[ins.argval] = None
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            for n in _global_names(const):
+                names[n] = None
+    found = tuple(names)
+    _code_globals[code] = found
+    return found
+
+
+def _resolvable(obj: Any) -> types.ModuleType | None:
+    """The installed (not local) module that names ``obj`` as ``module.qualname``, or None."""
+    modname = getattr(obj, "__module__", None)
+    qualname = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
+    if not isinstance(modname, str) or not isinstance(qualname, str) or "<locals>" in qualname:
+        return None
+    module = sys.modules.get(modname)
+    if module is None:
+        return None
+    target: Any = module
+    for part in qualname.split("."):
+        try:
+            target = getattr(target, part)
+        except AttributeError:
+            return None
+    if target is not obj:
+        return None
+    top = modname.partition(".")[0]
+    if top in sys.builtin_module_names or top in getattr(sys, "stdlib_module_names", ()):
+        return module
+    if modname == "__main__":
+        return None
+    dists = distributions_of(module)
+    if not dists or any(_editable(d) for d in dists):
+        return None
+    return module
+
+
+class _Hasher:
+    __slots__ = ("_h", "_hook", "_keep", "_seen", "_what")
+
+    def __init__(self, what: str, hook: Callable[[Any], Any] | None = None) -> None:
+        self._what = what
+        self._hook = hook
+        self._h = hashlib.sha256(b"cuforge-pyhash" + _U64(FORMAT_VERSION))
+        # id -> visit index, for cycles only: what is hashed is the index, never the id;
+        # every object in here is alive for the whole call (reachable from the root)
+        self._seen: dict[int, int] = {}
+        self._keep: list[Any] = []  # keeps temporaries alive, so no id is reused mid-call
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
+
+    def _tag(self, tag: str) -> None:
+        self._h.update(_enc(tag))
+
+    def _str(self, text: str) -> None:
+        self._h.update(_enc(text))
+
+    def _bytes(self, data: bytes) -> None:
+        self._h.update(_U64(len(data)) + data)
+
+    def _fail(self, path: str, reason: str) -> UnstableKeyError:
+        return UnstableKeyError(self._what, path, reason)
+
+    def feed(self, obj: Any, path: str) -> None:
+        t = type(obj)
+        # scalars first: the common case, and never cyclic
+        if obj is None or obj is Ellipsis or obj is NotImplemented:
+            self._tag(repr(obj))
+            return
+        if t is bool:
+            self._tag("bool:" + ("1" if obj else "0"))
+            return
+        if t is int:
+            self._tag("int")
+            self._str(str(obj))
+            return
+        if t is float:
+            self._tag("float")
+            self._str(obj.hex())
+            return
+        if t is str:
+            self._tag("str")
+            self._str(obj)
+            return
+        if t is bytes:
+            self._tag("bytes")
+            self._bytes(obj)
+            return
+        if t is complex:
+            self._tag("complex")
+            self._str(obj.real.hex() + " " + obj.imag.hex())
+            return
+        key = id(obj)
+        index = self._seen.get(key)
+        if index is not None:
+            self._tag("ref")
+            self._str(str(index))
+            return
+        self._seen[key] = len(self._seen)
+        self._keep.append(obj)
+        self._feed_object(obj, t, path)
+
+    def _feed_object(self, obj: Any, t: type, path: str) -> None:
+        if self._hook is not None:
+            replaced = self._hook(obj)
+            if replaced is not UNHANDLED:
+                self._tag("hooked:" + _type_name(t))
+                self.feed(replaced, f"{path}<{_type_name(t)}>")
+                return
+        custom = getattr(t, "__cuforge_fingerprint__", None)
+        if custom is not None and not isinstance(obj, type):
+            self._tag("custom:" + _type_name(t))
+            self.feed(obj.__cuforge_fingerprint__(), f"{path}.__cuforge_fingerprint__()")
+            return
+        for cls in t.__mro__:
+            fn = _registry.get(cls)
+            if fn is not None:
+                self._tag("registered:" + _type_name(t))
+                self.feed(fn(obj), f"{path}<{_type_name(t)}>")
+                return
+        if t in (tuple, list):
+            self._tag(t.__name__)
+            self._str(str(len(obj)))
+            for i, item in enumerate(obj):
+                self.feed(item, f"{path}[{i}]")
+            return
+        if t is dict:
+            self._tag("dict")
+            self._str(str(len(obj)))
+            for k, v in obj.items():  # insertion order: it is part of the value
+                self.feed(k, f"{path} key {k!r}" if _plain_repr(k) else f"{path} key")
+                self.feed(v, f"{path}[{k!r}]" if _plain_repr(k) else f"{path}[...]")
+            return
+        if t in (set, frozenset):
+            self._tag(t.__name__)
+            digests = sorted(
+                _sub_digest(self._what, self._hook, item, f"{path} item") for item in obj
+            )
+            self._str(" ".join(digests))
+            return
+        if t is bytearray:
+            self._tag("bytearray")
+            self._bytes(bytes(obj))
+            return
+        if t is range:
+            self._tag(f"range {obj.start} {obj.stop} {obj.step}")
+            return
+        if t is slice:
+            self._tag("slice")
+            self.feed((obj.start, obj.stop, obj.step), f"{path}.slice")
+            return
+        if t is types.FunctionType:
+            self._function(obj, path)
+            return
+        if t is types.CodeType:
+            self._code(obj, path)
+            return
+        if t is types.ModuleType:
+            self._tag("module")
+            try:
+                self._str(module_fingerprint(obj))
+            except UnstableKeyError as exc:
+                raise self._fail(path, exc.reason) from None
+            return
+        if t is types.MethodType:
+            self._tag("method")
+            self.feed(obj.__func__, f"{path}.__func__")
+            self.feed(obj.__self__, f"{path}.__self__")
+            return
+        if t in (staticmethod, classmethod):
+            self._tag(t.__name__)
+            self.feed(obj.__func__, f"{path}.__func__")
+            return
+        if t is property:
+            self._tag("property")
+            for part in ("fget", "fset", "fdel"):
+                self.feed(getattr(obj, part), f"{path}.{part}")
+            return
+        if t is types.CellType:
+            self._cell(obj, path)
+            return
+        if t in (types.MemberDescriptorType, types.GetSetDescriptorType):
+            self._tag("descriptor:" + obj.__qualname__)
+            return
+        if t in (
+            types.BuiltinFunctionType,
+            types.WrapperDescriptorType,
+            types.MethodDescriptorType,
+        ):
+            self._builtin(obj, path)
+            return
+        if "numpy" in sys.modules and self._numpy(obj, t, path):
+            return
+        if "ctypes" in sys.modules and self._ctypes(obj, t, path):
+            return
+        if isinstance(obj, struct.Struct):
+            self._tag("struct.Struct")
+            self._str(obj.format)
+            return
+        if "enum" in sys.modules and isinstance(obj, sys.modules["enum"].Enum):
+            self._tag("enum")
+            self.feed(t, f"{path}.__class__")
+            self._str(obj.name)
+            return
+        if isinstance(obj, type):
+            self._class(obj, path)
+            return
+        if "functools" in sys.modules and t is sys.modules["functools"].partial:
+            self._tag("partial")
+            self.feed(obj.func, f"{path}.func")
+            self.feed(obj.args, f"{path}.args")
+            self.feed(obj.keywords, f"{path}.keywords")
+            return
+        fields = getattr(t, "__dataclass_fields__", None)
+        if isinstance(fields, dict):
+            self._tag("dataclass")
+            self.feed(t, f"{path}.__class__")
+            for name in fields:  # every field, compared or not: all may change behaviour
+                self._str(name)
+                self.feed(getattr(obj, name), f"{path}.{name}")
+            return
+        if _resolvable(obj) is not None:  # e.g. a numpy ufunc, an installed singleton
+            self._tag("named")
+            self._named(obj)
+            return
+        raise self._fail(
+            path,
+            f"it is a {_type_name(t)}, which has no stable value (it would be keyed by address)",
+        )
+
+    def _named(self, obj: Any) -> None:
+        module = _resolvable(obj)
+        assert module is not None
+        qualname = getattr(obj, "__qualname__", None) or obj.__name__
+        self._str(f"{module_fingerprint(module)}:{qualname}")
+
+    def _function(self, fn: types.FunctionType, path: str) -> None:
+        if _resolvable(fn) is not None:
+            self._tag("function:named")
+            self._named(fn)
+            return
+        self._tag("function")
+        self._str(fn.__qualname__)
+        self._code(fn.__code__, f"{path}.__code__")
+        self.feed(fn.__defaults__, f"{path}.__defaults__")
+        self.feed(fn.__kwdefaults__, f"{path}.__kwdefaults__")
+        closure = fn.__closure__ or ()
+        self._str(str(len(closure)))
+        for name, cell in zip(fn.__code__.co_freevars, closure, strict=False):
+            self._cell(cell, f"{path}.<closure {name}>")
+        names = _global_names(fn.__code__)
+        glb = fn.__globals__
+        builtins = glb.get("__builtins__", __builtins__)
+        if isinstance(builtins, types.ModuleType):
+            builtins = builtins.__dict__
+        self._str(str(len(names)))
+        for name in names:
+            self._str(name)
+            if name in glb:
+                self._tag("global")
+                self.feed(glb[name], f"{path}.__globals__[{name!r}]")
+            elif isinstance(builtins, dict) and name in builtins:
+                self._tag("builtin")
+                self.feed(builtins[name], f"{path}.<builtin {name}>")
+            else:
+                self._tag("unbound")
+
+    def _cell(self, cell: types.CellType, path: str) -> None:
+        try:
+            value = cell.cell_contents
+        except ValueError:
+            self._tag("cell:empty")
+            return
+        self._tag("cell")
+        self.feed(value, path)
+
+    def _code(self, code: types.CodeType, path: str) -> None:
+        self._tag("code")
+        self._str(code.co_name)
+        self._str(
+            f"{code.co_argcount} {code.co_posonlyargcount} {code.co_kwonlyargcount} "
+            f"{code.co_nlocals} {code.co_flags}"
+        )
+        self._bytes(code.co_code)
+        for names in (code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars):
+            self._str(" ".join(names))
+        self._str(str(len(code.co_consts)))
+        for i, const in enumerate(code.co_consts):
+            self.feed(const, f"{path}.co_consts[{i}]")
+
+    def _builtin(self, obj: Any, path: str) -> None:
+        owner = getattr(obj, "__self__", None)
+        if owner is None or isinstance(owner, (types.ModuleType, type)):
+            modname = getattr(obj, "__module__", None)
+            if owner is not None and isinstance(owner, types.ModuleType):
+                modname = owner.__name__
+            elif isinstance(owner, type):
+                modname = owner.__module__
+            self._tag("builtin")
+            self._str(f"{modname}:{obj.__qualname__}")
+            module = sys.modules.get(modname) if isinstance(modname, str) else None
+            if module is not None and modname != "builtins":
+                try:
+                    self._str(module_fingerprint(module))
+                except UnstableKeyError as exc:
+                    raise self._fail(path, exc.reason) from None
+            return
+        self._tag("builtin-method")
+        self._str(obj.__qualname__)
+        self.feed(owner, f"{path}.__self__")
+
+    def _class(self, cls: type, path: str) -> None:
+        if "numpy" in sys.modules:
+            np = sys.modules["numpy"]
+            if issubclass(cls, np.generic):
+                self._tag("numpy-type")
+                try:
+                    self._str(repr(np.dtype(cls)))
+                except TypeError:
+                    self._str(cls.__qualname__)  # an abstract numpy type (np.number)
+                return
+        if _resolvable(cls) is not None:
+            self._tag("class:named")
+            self._named(cls)
+            return
+        self._tag("class")
+        self._str(f"{cls.__module__}.{cls.__qualname__}")
+        self._str(str(len(cls.__bases__)))
+        for i, base in enumerate(cls.__bases__):
+            self.feed(base, f"{path}.__bases__[{i}]")
+        skip = set(_CLASS_SKIP)
+        fields = cls.__dict__.get("__dataclass_fields__")
+        if isinstance(fields, dict):  # the generated methods follow from the fields and params
+            skip.update(_DATACLASS_GENERATED)
+            self._dataclass_spec(cls, fields, path)
+        enum = sys.modules.get("enum")
+        is_enum = enum is not None and issubclass(cls, enum.Enum)
+        if is_enum:
+            self._tag("enum-members")
+            for name, member in cls.__members__.items():
+                self._str(name)
+                self.feed(member.value, f"{path}.{name}.value")
+        items = [
+            (k, v)
+            for k, v in cls.__dict__.items()
+            if k not in skip
+            and not (is_enum and (k in cls.__members__ or (k[:1] == "_" and k[-1:] == "_")))
+        ]
+        self._str(str(len(items)))
+        for k, v in items:
+            self._str(k)
+            self.feed(v, f"{path}.{k}")
+
+    def _dataclass_spec(self, cls: type, fields: dict, path: str) -> None:
+        self._tag("dataclass-fields")
+        params = cls.__dict__.get("__dataclass_params__")
+        flags = [
+            f"{name}={getattr(params, name, None)!r}"
+            for name in ("init", "repr", "eq", "order", "unsafe_hash", "frozen")
+        ]
+        self._str(" ".join(flags))
+        missing = sys.modules["dataclasses"].MISSING
+        for name, field in fields.items():
+            self._str(name)
+            ftype = field.type
+            self._str(ftype if isinstance(ftype, str) else getattr(ftype, "__qualname__", "?"))
+            default = field.default
+            self.feed(None if default is missing else ("default", default), f"{path}.{name}")
+            factory = field.default_factory
+            self.feed(None if factory is missing else factory, f"{path}.{name}.default_factory")
+
+    def _numpy(self, obj: Any, t: type, path: str) -> bool:
+        np = sys.modules["numpy"]
+        if isinstance(obj, np.dtype):
+            self._tag("numpy-dtype")
+            self._str(repr(obj))  # names, formats, offsets, itemsize, alignment: no address
+            return True
+        if isinstance(obj, np.ndarray):
+            self._tag("numpy-array")
+            self._str(repr(obj.dtype) + " " + repr(obj.shape))
+            if obj.dtype.hasobject:
+                self.feed(obj.tolist(), f"{path}.tolist()")
+            else:
+                self._bytes(np.ascontiguousarray(obj).tobytes())
+            return True
+        if isinstance(obj, np.generic):
+            self._tag("numpy-scalar")
+            self._str(repr(obj.dtype))
+            if obj.dtype.hasobject:
+                self.feed(obj.item(), f"{path}.item()")
+            else:
+                self._bytes(obj.tobytes())
+            return True
+        if isinstance(obj, np.ufunc):
+            self._tag("numpy-ufunc")
+            self._str(f"{module_fingerprint(np)}:{obj.__name__}")
+            return True
+        return False
+
+    def _ctypes(self, obj: Any, t: type, path: str) -> bool:
+        ct = sys.modules["ctypes"]
+        bases = (ct._SimpleCData, ct.Structure, ct.Union, ct.Array, ct._Pointer)
+        if isinstance(obj, type) and issubclass(obj, bases):
+            self._tag("ctypes-type")
+            self._ctype_layout(ct, obj, path)
+            return True
+        if isinstance(obj, bases):
+            if isinstance(obj, ct._Pointer):
+                raise self._fail(path, "it is a ctypes pointer (an address)")
+            self._tag("ctypes-value")
+            self._ctype_layout(ct, t, f"{path}.__class__")
+            self._bytes(bytes(memoryview(obj).cast("B")))
+            return True
+        return False
+
+    def _ctype_layout(self, ct: Any, cls: type, path: str) -> None:
+        self._str(f"{ct.sizeof(cls)} {ct.alignment(cls)}")
+        if issubclass(cls, ct._SimpleCData):
+            self._str("simple " + cls._type_)
+        elif issubclass(cls, (ct.Structure, ct.Union)):
+            kind = "struct" if issubclass(cls, ct.Structure) else "union"
+            self._str(f"{kind} pack={getattr(cls, '_pack_', 0)}")
+            for field in cls._fields_:
+                self._str(field[0])
+                self._ctype_layout(ct, field[1], f"{path}.{field[0]}")
+                self._str(str(field[2]) if len(field) > 2 else "-")
+        elif issubclass(cls, ct.Array):
+            self._str(f"array {cls._length_}")
+            self._ctype_layout(ct, cls._type_, f"{path}._type_")
+        else:
+            self._str("pointer")
+            self._ctype_layout(ct, cls._type_, f"{path}._type_")
+
+
+_CLASS_SKIP = (
+    "__dict__",
+    "__weakref__",
+    "__module__",
+    "__doc__",
+    "__qualname__",
+    "__annotations__",
+)
+_DATACLASS_GENERATED = (
+    "__dataclass_params__",
+    "__dataclass_fields__",
+    "__init__",
+    "__repr__",
+    "__eq__",
+    "__hash__",
+    "__match_args__",
+    "__setattr__",
+    "__delattr__",
+    "__lt__",
+    "__le__",
+    "__gt__",
+    "__ge__",
+    "__getstate__",
+    "__setstate__",
+    "__slots__",
+)
+
+
+def _sub_digest(what: str, hook: Any, obj: Any, path: str) -> str:
+    hasher = _Hasher(what, hook)
+    hasher.feed(obj, path)
+    return hasher.hexdigest()
+
+
+def _plain_repr(key: Any) -> bool:
+    return type(key) in (str, int, bool, float) or key is None
+
+
+def _type_name(t: type) -> str:
+    return f"{t.__module__}.{t.__qualname__}"

@@ -1,0 +1,759 @@
+"""cuforge kernels as torch custom ops: ``torch.compile(fullgraph=True)`` and CUDA graphs
+without C++.
+
+Two ways in, both ending in :func:`torch.library.custom_op` (the op is a real
+``torch.ops.<namespace>.<name>``, opaque to Dynamo, so it never breaks a graph):
+
+* **a kernel** -- ``custom_op("mylib::saxpy", kernel, mutates_args=("y",), grid=..., block=256)``.
+  The schema comes from the kernel's C declaration: ``T*`` -> ``Tensor``, integer scalars ->
+  ``SymInt``, ``float`` / ``double`` / ``__half`` / ``__nv_bfloat16`` -> ``float``, ``bool`` ->
+  ``bool``. Parameters named in ``outputs=`` are allocated by the op (``out_like=`` or ``fake=``
+  says how) and returned instead of taken.
+* **a launcher** -- any Python function with type hints that launches one or more kernels
+  (``k[grid, block](...)``, a ``cuforge.jit`` kernel, anything). The schema comes from its type
+  hints (:func:`torch.library.infer_schema`), or ``schema=``.
+
+(This module is ``custom_ops``, plural, so that importing it never shadows the function
+``cuforge.torch.custom_op`` with a submodule of the same name.)
+
+What is guaranteed:
+
+* every launch of a kernel-mode op runs on torch's current stream on the tensors' device, so
+  it is ordered with the torch work around it and is captured by ``torch.cuda.graph``;
+* an op that returns tensors has a fake (meta) implementation -- ``fake=`` or one built from
+  ``out_like=`` -- or registration fails saying so; an op that only mutates gets a fake that
+  returns None;
+* the schema is checked against the kernel (or the launcher's parameters) before anything is
+  registered: a wrong count, a Tensor for a scalar, a ``const`` pointer declared mutated, a
+  bad qualname each raise :class:`CustomOpError` naming the argument and what was expected.
+"""
+
+from __future__ import annotations
+
+from cuforge.errors import CuforgeError
+
+TYPE_CHECKING = False  # typing is slow to import; annotations are strings here
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Sequence
+
+__all__ = ["custom_op", "derive_schema", "CustomOpError"]
+
+#: namespaces that belong to torch itself
+_RESERVED_NAMESPACES = frozenset({"aten", "prim", "prims", "torch", "_refs", "_c10d_functional"})
+
+#: kernel scalar code (see :data:`cuforge.runtime.signature.SCALAR_CODES`) -> schema type
+_SCALAR_SCHEMA = {
+    "?": "bool",
+    "b": "SymInt",
+    "B": "SymInt",
+    "h": "SymInt",
+    "H": "SymInt",
+    "i": "SymInt",
+    "I": "SymInt",
+    "q": "SymInt",
+    "Q": "SymInt",
+    "e": "float",
+    "bf16": "float",
+    "f": "float",
+    "d": "float",
+}
+
+#: schema type spelling -> the kind it stands for ("int" and "SymInt" are both integers)
+_SCHEMA_KINDS = {
+    "Tensor": "Tensor",
+    "SymInt": "int",
+    "int": "int",
+    "float": "float",
+    "bool": "bool",
+}
+
+
+class CustomOpError(CuforgeError, ValueError):
+    """A custom op cannot be registered as asked: the message names the argument (the
+    qualname, a schema argument, a kernel parameter) and says what was expected."""
+
+
+# -- small pieces --------------------------------------------------------------------------
+
+
+def _check_qualname(qualname: object) -> tuple[str, str]:
+    example = "e.g. 'mylib::saxpy'"
+    if not isinstance(qualname, str):
+        raise CustomOpError(
+            f"custom_op: qualname must be a string 'namespace::name' ({example}), "
+            f"got {type(qualname).__name__} {qualname!r}"
+        )
+    parts = qualname.split("::")
+    if len(parts) != 2 or not all(parts):
+        raise CustomOpError(
+            f"custom_op: qualname must be 'namespace::name' with exactly one '::' ({example}), "
+            f"got {qualname!r}"
+        )
+    namespace, name = parts
+    for what, part in (("namespace", namespace), ("name", name)):
+        if not part.isidentifier() or not part.isascii():
+            raise CustomOpError(
+                f"custom_op: the {what} {part!r} in qualname {qualname!r} must be an ASCII "
+                f"identifier (letters, digits, underscores; no dots or dashes) -- {example}"
+            )
+    if namespace in _RESERVED_NAMESPACES:
+        raise CustomOpError(
+            f"custom_op: the namespace {namespace!r} belongs to torch; use your project's name "
+            f"as the namespace ({example})"
+        )
+    return namespace, name
+
+
+def _names(value: object, what: str) -> tuple[str, ...]:
+    """``mutates_args`` / ``outputs`` as a tuple of names (a single string is one name)."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        if value == "unknown" and what == "mutates_args":
+            raise CustomOpError(
+                "custom_op: mutates_args='unknown' is not accepted: name the arguments the op "
+                "writes (an empty tuple when it writes none), so torch.compile can reorder it"
+            )
+        return (value,)
+    try:
+        names = tuple(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise CustomOpError(
+            f"custom_op: {what} must be a sequence of argument names, got "
+            f"{type(value).__name__} {value!r}"
+        ) from None
+    for n in names:
+        if not isinstance(n, str):
+            raise CustomOpError(
+                f"custom_op: {what} must hold argument names (strings), got {n!r} in {value!r}"
+            )
+    if len(set(names)) != len(names):
+        raise CustomOpError(f"custom_op: {what} names an argument twice: {value!r}")
+    return names
+
+
+def _pointee_const(ctype: str) -> bool:
+    """Whether a pointer type's pointee is const: ``const float*``, ``float const*`` (but not
+    ``float* const``)."""
+    head = ctype.rsplit("*", 1)[0].replace("*", " ")
+    return "const" in head.split()
+
+
+def _param_name(p, index: int) -> str:
+    import keyword
+
+    name = p.name or f"arg{index}"
+    if keyword.iskeyword(name):
+        name += "_"
+    return name
+
+
+class _Arg:
+    """One kernel parameter as the op sees it."""
+
+    __slots__ = ("name", "schema_type", "const", "param")
+
+    def __init__(self, name: str, schema_type: str, const: bool, param) -> None:
+        self.name = name
+        self.schema_type = schema_type
+        self.const = const
+        self.param = param
+
+
+def _kernel_args(kernel) -> list[_Arg]:
+    params = getattr(kernel, "params", None)
+    label = getattr(kernel, "name", None) or repr(kernel)
+    if params is None:
+        raise CustomOpError(
+            f"custom_op: cannot read the declaration of kernel {label!r}, so no schema can be "
+            'derived from it; declare it extern "C" (or get it by a name expression) so '
+            "cuforge can read its parameters, or wrap the launch in a function with type hints "
+            "and pass that function instead"
+        )
+    args = []
+    for i, p in enumerate(params):
+        name = _param_name(p, i)
+        if p.kind == "pointer":
+            args.append(_Arg(name, "Tensor", _pointee_const(p.type or ""), p))
+            continue
+        schema_type = _SCALAR_SCHEMA.get(p.code) if p.kind == "scalar" else None
+        if schema_type is None:
+            raise CustomOpError(
+                f"custom_op: kernel {label!r} parameter {name!r} ({p.type}, argument {i}) is "
+                "passed by value as a struct or an unknown type, which a torch op cannot carry; "
+                "torch ops take Tensor, int, float and bool. Wrap the launch in a Python "
+                "function with type hints (build the struct there) and pass that function"
+            )
+        args.append(_Arg(name, schema_type, False, p))
+    return args
+
+
+def _format_schema(inputs: list[_Arg], mutated: set[str], outputs: int) -> str:
+    parts = []
+    alias = iter("abcdefghijklmnopqrstuvwxyz")
+    for a in inputs:
+        t = a.schema_type
+        if a.name in mutated:
+            t = f"Tensor({next(alias)}!)"
+        parts.append(f"{t} {a.name}")
+    if outputs == 0:
+        ret = "()"
+    elif outputs == 1:
+        ret = "Tensor"
+    else:
+        ret = "(" + ", ".join(["Tensor"] * outputs) + ")"
+    return f"({', '.join(parts)}) -> {ret}"
+
+
+def _plan(kernel, outputs: tuple[str, ...], mutates: tuple[str, ...]):
+    """(kernel args, op inputs, schema) for a kernel-mode op; checks outputs / mutates_args."""
+    label = getattr(kernel, "name", None) or repr(kernel)
+    args = _kernel_args(kernel)
+    by_name = {a.name: a for a in args}
+    listing = ", ".join(f"{a.name} ({a.param.type})" for a in args) or "none"
+    for what, names in (("outputs", outputs), ("mutates_args", mutates)):
+        for n in names:
+            a = by_name.get(n)
+            if a is None:
+                raise CustomOpError(
+                    f"custom_op: {what} names {n!r}, which is not a parameter of kernel "
+                    f"{label!r} (its parameters: {listing})"
+                )
+            if a.schema_type != "Tensor":
+                raise CustomOpError(
+                    f"custom_op: {what} names {n!r}, a {a.param.type} scalar of kernel {label!r}; "
+                    f"only pointer parameters (tensors) can be {'outputs' if what == 'outputs' else 'mutated'}"
+                )
+            if a.const:
+                raise CustomOpError(
+                    f"custom_op: {what} names {n!r}, but kernel {label!r} declares it "
+                    f"{a.param.type}: the kernel cannot write through a pointer to const. Drop "
+                    f"the const in the kernel or remove {n!r} from {what}"
+                )
+    both = set(outputs) & set(mutates)
+    if both:
+        raise CustomOpError(
+            f"custom_op: {sorted(both)} are in both outputs and mutates_args; an output is "
+            "allocated by the op (not passed in), a mutated argument is passed in and written: "
+            "choose one"
+        )
+    inputs = [a for a in args if a.name not in outputs]
+    return args, inputs, _format_schema(inputs, set(mutates), len(outputs))
+
+
+def derive_schema(kernel, *, outputs: Iterable[str] = (), mutates_args: Iterable[str] = ()) -> str:
+    """The op schema :func:`custom_op` derives from ``kernel``'s C declaration, e.g.
+    ``(Tensor(a!) y, Tensor x, float a, SymInt n) -> ()`` for
+    ``saxpy(float* y, const float* x, float a, int n)`` with ``mutates_args=("y",)``.
+
+    Raises :class:`CustomOpError` when a parameter cannot be a torch op argument or a name in
+    ``outputs`` / ``mutates_args`` is not a writable pointer parameter."""
+    return _plan(kernel, _names(outputs, "outputs"), _names(mutates_args, "mutates_args"))[2]
+
+
+def _parse_schema(schema: object, qualname: str):
+    """torch's parsed FunctionSchema of ``schema`` (with or without the op name)."""
+    import torch
+
+    if not isinstance(schema, str) or "(" not in schema or "->" not in schema:
+        raise CustomOpError(
+            f"custom_op({qualname!r}): schema must be a string like "
+            f"'(Tensor x, SymInt n) -> Tensor', got {schema!r}"
+        )
+    text = schema[schema.index("(") :]
+    try:
+        parsed = torch._C.parse_schema("op" + text)
+    except RuntimeError as exc:
+        raise CustomOpError(
+            f"custom_op({qualname!r}): torch cannot parse schema {schema!r}: "
+            f"{str(exc).splitlines()[0]}"
+        ) from None
+    return text, parsed
+
+
+def _schema_kind(arg_type) -> str:
+    text = str(arg_type)
+    return _SCHEMA_KINDS.get(text, text)
+
+
+def _check_schema_matches_kernel(schema_text: str, parsed, inputs, outputs, label, derived):
+    hint = f"the schema derived from the kernel is {derived!r}"
+    given = parsed.arguments
+    if len(given) != len(inputs):
+        raise CustomOpError(
+            f"custom_op: schema {schema_text!r} has {len(given)} arguments but kernel {label!r} "
+            f"takes {len(inputs)} as op inputs ({', '.join(a.name for a in inputs) or 'none'}"
+            f"{'; outputs ' + ', '.join(outputs) if outputs else ''}); {hint}"
+        )
+    for i, (g, a) in enumerate(zip(given, inputs, strict=True)):
+        kind = _schema_kind(g.type)
+        want = _SCHEMA_KINDS[a.schema_type]
+        if kind != want:
+            raise CustomOpError(
+                f"custom_op: schema argument {i} {g.name!r} is {g.type} but kernel {label!r} "
+                f"parameter {a.name!r} is {a.param.type}, which needs {a.schema_type}; {hint}"
+            )
+        if g.name != a.name:
+            raise CustomOpError(
+                f"custom_op: schema argument {i} is named {g.name!r} but kernel {label!r} calls "
+                f"that parameter {a.name!r}; use the kernel's names ({hint})"
+            )
+    returns = parsed.returns
+    if len(returns) != len(outputs) or any(_schema_kind(r.type) != "Tensor" for r in returns):
+        raise CustomOpError(
+            f"custom_op: schema {schema_text!r} returns {len(returns)} value(s) but the op "
+            f"returns {len(outputs)} tensor(s) (outputs={tuple(outputs)!r}); {hint}"
+        )
+
+
+def _mutated_in_schema(parsed) -> set[str]:
+    return {a.name for a in parsed.arguments if a.alias_info is not None and a.alias_info.is_write}
+
+
+def _normalize_dims(value):
+    """A grid/block value as a tuple (for the zero-size check); ints stay ints."""
+    if type(value) is int:
+        return value, value == 0
+    try:
+        dims = tuple(value)
+    except TypeError:
+        return value, False
+    return dims, any(type(d) is int and d == 0 for d in dims)
+
+
+def _binder(parsed):
+    """A function (args, kwargs) -> list of argument values in schema order."""
+    arguments = list(parsed.arguments)
+    n = len(arguments)
+
+    def bind(args: tuple, kwargs: dict) -> list:
+        if not kwargs and len(args) == n:
+            return list(args)
+        values = list(args)
+        for a in arguments[len(args) :]:
+            if a.name in kwargs:
+                values.append(kwargs[a.name])
+            elif a.has_default_value():
+                values.append(a.default_value)
+            else:
+                raise TypeError(f"missing argument {a.name!r}")
+        return values
+
+    return bind
+
+
+def _out_like_fake(out_like, parsed, qualname: str, returns: int):
+    """A fake/allocation function built from ``out_like``: empty tensors (contiguous) shaped
+    like the named tensor inputs."""
+    import torch
+
+    names = [a.name for a in parsed.arguments]
+    tensors = {a.name for a in parsed.arguments if _schema_kind(a.type) == "Tensor"}
+    if isinstance(out_like, str):
+        like = [out_like] * returns
+    else:
+        try:
+            like = list(out_like)
+        except TypeError:
+            raise CustomOpError(
+                f"custom_op({qualname!r}): out_like must name a tensor argument (or one per "
+                f"output), got {type(out_like).__name__} {out_like!r}"
+            ) from None
+    if len(like) != returns:
+        raise CustomOpError(
+            f"custom_op({qualname!r}): out_like names {len(like)} argument(s) but the op returns "
+            f"{returns} tensor(s); give one name per output, or a single name for all"
+        )
+    for name in like:
+        if name not in tensors:
+            raise CustomOpError(
+                f"custom_op({qualname!r}): out_like names {name!r}, which is not a Tensor "
+                f"argument of the op (Tensor arguments: {', '.join(sorted(tensors)) or 'none'})"
+            )
+    index = [names.index(name) for name in like]
+    bind = _binder(parsed)
+    contiguous = torch.contiguous_format
+    empty_like = torch.empty_like
+
+    if returns == 1:
+        (i0,) = index
+
+        def fake_one(*args, **kwargs):
+            return empty_like(bind(args, kwargs)[i0], memory_format=contiguous)
+
+        return fake_one
+
+    def fake_many(*args, **kwargs):
+        values = bind(args, kwargs)
+        return tuple(empty_like(values[i], memory_format=contiguous) for i in index)
+
+    return fake_many
+
+
+def _returns_nothing(*args, **kwargs) -> None:
+    return None
+
+
+# -- the kernel-mode implementation -------------------------------------------------------
+
+
+def _kernel_impl(kernel, args, inputs, outputs, parsed, alloc, grid, block, shared_mem, mutates):
+    """The CUDA implementation of a kernel-mode op."""
+    bind = _binder(parsed)
+    input_pos = {a.name: i for i, a in enumerate(inputs)}
+    plan = []  # per kernel parameter: (True, input index) or (False, output index)
+    for a in args:
+        if a.name in input_pos:
+            plan.append((True, input_pos[a.name]))
+        else:
+            plan.append((False, outputs.index(a.name)))
+    # read-only tensors are made contiguous (a no-op when they are); written ones cannot be
+    readonly = [
+        i for i, a in enumerate(inputs) if a.schema_type == "Tensor" and a.name not in mutates
+    ]
+    grid_fn = grid if callable(grid) else None
+    block_fn = block if callable(block) else None
+    shm_fn = shared_mem if callable(shared_mem) else None
+    n_out = len(outputs)
+    label = f"custom_op over kernel {getattr(kernel, 'name', kernel)!r}"
+    fixed = None if (grid_fn or block_fn or shm_fn) else (grid, block, shared_mem)
+
+    def impl(*call_args, **call_kwargs):
+        values = bind(call_args, call_kwargs)
+        for i in readonly:
+            t = values[i]
+            if not t.is_contiguous():
+                values[i] = t.contiguous()
+        if n_out:
+            outs = alloc(*call_args, **call_kwargs)
+            if n_out == 1:
+                outs = (outs,)
+            elif not isinstance(outs, (tuple, list)) or len(outs) != n_out:
+                raise CustomOpError(
+                    f"{label}: the fake allocates the outputs {outputs} here, so it must return "
+                    f"{n_out} tensors, not {type(outs).__name__} {outs!r}"
+                )
+            kargs = [values[j] if is_input else outs[j] for is_input, j in plan]
+        else:
+            outs = ()
+            kargs = values
+        if fixed is not None:
+            kernel[fixed](*kargs)
+        else:
+            g = grid_fn(*kargs) if grid_fn else grid
+            g, empty = _normalize_dims(g)
+            if not empty:
+                b = block_fn(*kargs) if block_fn else block
+                s = shm_fn(*kargs) if shm_fn else shared_mem
+                kernel[g, b, s](*kargs)
+        if n_out == 0:
+            return None
+        if n_out == 1:
+            return outs[0]
+        return tuple(outs)
+
+    return impl
+
+
+def _is_kernel(obj) -> bool:
+    from cuforge.runtime.kernel import Kernel
+
+    if isinstance(obj, Kernel):
+        return True
+    return hasattr(obj, "params") and hasattr(obj, "__getitem__") and hasattr(obj, "program")
+
+
+# -- the public entry point ---------------------------------------------------------------
+
+
+def custom_op(
+    qualname: str,
+    kernel_or_launcher=None,
+    *,
+    schema: str | None = None,
+    mutates_args: Iterable[str] = (),
+    fake: Callable | None = None,
+    out_like: str | Sequence[str] | None = None,
+    outputs: Iterable[str] = (),
+    grid=None,
+    block=None,
+    shared_mem=0,
+    device_types: str | Sequence[str] = "cuda",
+    tags=None,
+):
+    """Register a cuforge kernel, or a Python launcher around kernels, as the torch custom op
+    ``torch.ops.<namespace>.<name>``; returns torch's ``CustomOpDef`` (callable like the op;
+    ``.register_autograd`` etc. work on it). Without ``kernel_or_launcher`` it is a decorator.
+
+    With a **kernel** (a :class:`cuforge.Kernel`, e.g. ``prog.kernel("saxpy")`` or a
+    ``cuforge.jit`` executor): the op's arguments are the kernel's parameters in order, minus
+    ``outputs``; the schema is derived from the C declaration (see :func:`derive_schema`) or
+    given in ``schema=`` and checked against it. ``grid`` / ``block`` / ``shared_mem``: an int, a
+    tuple, or a function of the kernel's arguments (outputs already allocated) returning one;
+    a grid with a 0 dimension launches nothing. Outputs are allocated by ``out_like`` (empty
+    contiguous tensors like the named input) or else by calling ``fake`` on the real inputs.
+
+    With a **launcher** (any other callable): the schema comes from its type hints or
+    ``schema=``; the launcher runs as the op's CUDA implementation.
+
+    ``mutates_args``: the arguments the op writes (exact: torch.compile relies on it).
+    ``fake``: the fake (meta) implementation, taking the op's arguments; required for an op
+    that returns tensors unless ``out_like`` says how outputs look. An op that only mutates
+    gets a fake returning None. ``device_types``: where the implementation is registered
+    ("cuda"). ``tags``: passed to :func:`torch.library.custom_op`.
+
+    Raises :class:`CustomOpError` for a bad qualname, a schema that does not match the kernel
+    or launcher, a missing fake, or an op that neither returns nor mutates anything.
+    """
+    if kernel_or_launcher is None:
+
+        def decorate(fn):
+            return custom_op(
+                qualname,
+                fn,
+                schema=schema,
+                mutates_args=mutates_args,
+                fake=fake,
+                out_like=out_like,
+                outputs=outputs,
+                grid=grid,
+                block=block,
+                shared_mem=shared_mem,
+                device_types=device_types,
+                tags=tags,
+            )
+
+        _check_qualname(qualname)
+        return decorate
+
+    import torch
+
+    namespace, name = _check_qualname(qualname)
+    mutates = _names(mutates_args, "mutates_args")
+    outs = _names(outputs, "outputs")
+    if fake is not None and not callable(fake):
+        raise CustomOpError(
+            f"custom_op({qualname!r}): fake must be a function of the op's arguments returning "
+            f"empty tensors shaped like the outputs, got {type(fake).__name__} {fake!r}"
+        )
+    kind = type(kernel_or_launcher).__name__
+    if kind == "JitKernel" and not _is_kernel(kernel_or_launcher):
+        raise CustomOpError(
+            f"custom_op({qualname!r}): got a cuforge.jit kernel, whose types are not fixed yet; "
+            "pass an executor (k.compile(...) or k.specialize(...)), or a launcher function "
+            "with type hints that calls k[grid, block](...)"
+        )
+
+    if _is_kernel(kernel_or_launcher):
+        kernel = kernel_or_launcher
+        label = getattr(kernel, "name", None) or repr(kernel)
+        args, inputs, derived = _plan(kernel, outs, mutates)
+        if schema is None:
+            schema_text = derived
+            _, parsed = _parse_schema(schema_text, qualname)
+        else:
+            schema_text, parsed = _parse_schema(schema, qualname)
+            _check_schema_matches_kernel(schema_text, parsed, inputs, outs, label, derived)
+        if grid is None or block is None:
+            names = ", ".join(a.name for a in args)
+            raise CustomOpError(
+                f"custom_op({qualname!r}): a kernel op needs grid= and block=: an int, a tuple, "
+                f"or a function of the kernel's arguments ({names}) returning one, e.g. "
+                f"grid=lambda {names}: ..."
+            )
+        impl_fn = None  # built below, once the fake is known
+    elif callable(kernel_or_launcher):
+        launcher = kernel_or_launcher
+        label = getattr(launcher, "__qualname__", None) or repr(launcher)
+        if outs:
+            raise CustomOpError(
+                f"custom_op({qualname!r}): outputs= is for kernels (the op allocates those "
+                f"kernel parameters); a launcher {label!r} allocates and returns its own outputs"
+            )
+        if grid is not None or block is not None:
+            raise CustomOpError(
+                f"custom_op({qualname!r}): grid= and block= are for kernels; the launcher "
+                f"{label!r} chooses its own launch configuration"
+            )
+        _check_launcher_mutates(launcher, mutates, qualname, label)
+        if schema is None:
+            try:
+                schema_text = torch.library.infer_schema(
+                    _with_resolved_hints(launcher, torch), mutates_args=mutates
+                )
+            except ValueError as exc:
+                raise CustomOpError(
+                    f"custom_op({qualname!r}): cannot derive a schema from the type hints of "
+                    f"launcher {label!r}: {exc}. Annotate every parameter (Tensor, int, float, "
+                    "bool, ...) and the return type (Tensor, a tuple of Tensors, or None), or "
+                    "pass schema="
+                ) from None
+            _, parsed = _parse_schema(schema_text, qualname)
+        else:
+            schema_text, parsed = _parse_schema(schema, qualname)
+            _check_schema_matches_launcher(schema_text, parsed, launcher, label)
+        for n in mutates:
+            if n not in {a.name for a in parsed.arguments}:
+                names = ", ".join(a.name for a in parsed.arguments) or "none"
+                raise CustomOpError(
+                    f"custom_op({qualname!r}): mutates_args names {n!r}, which is not an "
+                    f"argument of launcher {label!r} (its arguments: {names})"
+                )
+        impl_fn = launcher
+    else:
+        raise CustomOpError(
+            f"custom_op({qualname!r}): expected a cuforge Kernel (prog.kernel(name)) or a "
+            f"launcher function, got {type(kernel_or_launcher).__name__} {kernel_or_launcher!r}"
+        )
+
+    if schema is not None:
+        declared = _mutated_in_schema(parsed)
+        if declared != set(mutates):
+            raise CustomOpError(
+                f"custom_op({qualname!r}): schema {schema_text!r} marks {sorted(declared)} as "
+                f"written (Tensor(a!)) but mutates_args is {list(mutates)}; make them the same"
+            )
+    returns = len(parsed.returns)
+    if returns == 0 and not mutates:
+        raise CustomOpError(
+            f"custom_op({qualname!r}): the op returns nothing and mutates nothing, so "
+            "torch.compile may drop it: name the tensors it writes in mutates_args (or, for a "
+            "kernel, the parameters it fills in outputs=)"
+        )
+
+    # the fake (meta) implementation
+    if fake is not None:
+        fake_fn = fake
+        if out_like is not None:
+            raise CustomOpError(
+                f"custom_op({qualname!r}): give fake= or out_like=, not both (out_like builds "
+                "a fake that returns empty tensors like the named input)"
+            )
+    elif out_like is not None:
+        if returns == 0:
+            raise CustomOpError(
+                f"custom_op({qualname!r}): out_like= describes outputs, but the op returns "
+                "nothing (it only mutates); drop out_like"
+            )
+        if any(_schema_kind(r.type) != "Tensor" for r in parsed.returns):
+            raise CustomOpError(
+                f"custom_op({qualname!r}): out_like= can only describe Tensor outputs; the "
+                f"schema {schema_text!r} returns other values: pass fake= instead"
+            )
+        fake_fn = _out_like_fake(out_like, parsed, qualname, returns)
+    elif returns == 0:
+        fake_fn = _returns_nothing
+    else:
+        what = f"outputs {list(outs)}" if outs else f"{returns} value(s) (schema {schema_text!r})"
+        first = next((a.name for a in parsed.arguments if _schema_kind(a.type) == "Tensor"), "x")
+        raise CustomOpError(
+            f"custom_op({qualname!r}): the op returns {what}, so torch.compile needs a fake "
+            f"implementation that says their shapes and dtypes: pass out_like={first!r} (empty "
+            f"tensors like that input) or fake=lambda ...: torch.empty_like({first})"
+        )
+
+    if impl_fn is None:
+        impl_fn = _kernel_impl(
+            kernel_or_launcher,
+            args,
+            inputs,
+            outs,
+            parsed,
+            fake_fn,
+            grid,
+            block,
+            shared_mem,
+            set(mutates),
+        )
+        impl_fn.__name__ = name
+        impl_fn.__qualname__ = name
+        impl_fn.__module__ = getattr(kernel_or_launcher, "__module__", __name__)
+
+    options = {"mutates_args": mutates, "device_types": device_types, "schema": schema_text}
+    if tags is not None:
+        options["tags"] = tags
+    try:
+        op = torch.library.custom_op(f"{namespace}::{name}", impl_fn, **options)
+    except (RuntimeError, ValueError) as exc:
+        raise CustomOpError(
+            f"custom_op({qualname!r}): torch refused to register the op with schema "
+            f"{schema_text!r}: {str(exc).splitlines()[0] if str(exc) else exc!r}"
+        ) from exc
+    op.register_fake(fake_fn)
+    return op
+
+
+def _check_schema_matches_launcher(schema_text: str, parsed, launcher, label: str) -> None:
+    import inspect
+
+    try:
+        sig = inspect.signature(launcher)
+    except (TypeError, ValueError):
+        return  # a builtin or C callable: nothing to compare against
+    params = list(sig.parameters.values())
+    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
+        return
+    want = [p.name for p in params]
+    given = [a.name for a in parsed.arguments]
+    if want != given:
+        raise CustomOpError(
+            f"custom_op: schema {schema_text!r} has arguments ({', '.join(given)}) but launcher "
+            f"{label!r} takes ({', '.join(want)}); the schema must list the launcher's "
+            "parameters in order, with the same names"
+        )
+
+
+def _check_launcher_mutates(launcher, mutates: tuple[str, ...], qualname: str, label: str) -> None:
+    import inspect
+
+    try:
+        names = list(inspect.signature(launcher).parameters)
+    except (TypeError, ValueError):
+        return
+    for n in mutates:
+        if n not in names:
+            raise CustomOpError(
+                f"custom_op({qualname!r}): mutates_args names {n!r}, which is not a parameter "
+                f"of launcher {label!r} (its parameters: {', '.join(names) or 'none'})"
+            )
+
+
+def _with_resolved_hints(fn, torch):
+    """``fn``, or a stand-in whose signature has ``fn``'s string annotations (``from
+    __future__ import annotations``) evaluated: in ``fn``'s globals and closure, else with
+    ``Tensor`` meaning ``torch.Tensor`` (a launcher defined in a function that imports
+    ``Tensor`` locally otherwise fails in torch, whose resolution sees module globals only).
+    When an annotation cannot be evaluated, ``fn`` itself, so torch reports it."""
+    import inspect
+
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return fn
+    hints = [p.annotation for p in sig.parameters.values()] + [sig.return_annotation]
+    if not any(isinstance(h, str) for h in hints):
+        return fn
+    namespace = {"Tensor": torch.Tensor, "torch": torch}
+    namespace.update(getattr(fn, "__globals__", {}))
+    try:
+        namespace.update(inspect.getclosurevars(fn).nonlocals)
+    except (TypeError, ValueError):
+        pass
+
+    def resolve(hint):
+        if not isinstance(hint, str):
+            return hint
+        return eval(hint, namespace)  # noqa: S307 - the user's own annotation, as torch does
+
+    try:
+        params = [p.replace(annotation=resolve(p.annotation)) for p in sig.parameters.values()]
+        resolved = sig.replace(parameters=params, return_annotation=resolve(sig.return_annotation))
+    except Exception:  # noqa: BLE001 - unresolvable: torch evaluates it and says why
+        return fn
+
+    def stand_in(*args, **kwargs):
+        return fn(*args, **kwargs)
+
+    stand_in.__signature__ = resolved  # type: ignore[attr-defined]
+    stand_in.__name__ = getattr(fn, "__name__", "launcher")
+    return stand_in

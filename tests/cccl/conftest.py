@@ -1,0 +1,91 @@
+"""Fixtures of the cuforge.cccl tests: skip without cuda-cccl, a stub libcuda without a
+driver, and children that run cuda.compute code against a given cache dir.
+
+Everything that imports cuda.compute runs in a child process: the stub libcuda must be
+found at the child's start (``LD_LIBRARY_PATH``), and loading it into the test process
+would change what later tests in the same session see of "the driver"."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.conftest import child_env
+from tests.libcuda_stub import build_stub, real_driver_present, stub_env
+
+if importlib.util.find_spec("cuda") is None or importlib.util.find_spec("cuda.compute") is None:
+    pytest.skip(
+        "cuda-cccl (cuda.compute) is not installed: pip install 'cuforge[cccl]'",
+        allow_module_level=True,
+    )
+
+#: the prelude every child runs: imports, and helpers to describe the last cached call
+PRELUDE = textwrap.dedent(
+    """
+    import json, os, sys
+    import numpy as np
+    import cuda.compute as cc
+    import cuforge.cccl as cccl
+    from cuforge import blobcache
+
+    def reduce_args(dtype=np.int32, cap=90, op=None):
+        return dict(d_in=cc.ProxyArray(dtype), d_out=cc.ProxyArray(dtype),
+                    op=cc.OpKind.PLUS if op is None else op,
+                    h_init=np.zeros(1, dtype), compute_capability=cap)
+
+    def last():
+        r = cccl.last_result()
+        return {"source": r.source_of_result, "key": r.key, "reason": r.reason}
+
+    def emit(obj):
+        print(json.dumps(obj))
+    """
+)
+
+
+@pytest.fixture(scope="session")
+def cuda_env(tmp_path_factory) -> dict[str, str]:
+    """Environment additions a child needs to import cuda.compute here."""
+    if real_driver_present():
+        return {}
+    try:
+        stub = build_stub(str(tmp_path_factory.mktemp("libcuda-stub")))
+    except RuntimeError as exc:
+        pytest.skip(f"no CUDA driver and no stub libcuda could be built: {exc}")
+    return {"LD_LIBRARY_PATH": stub_env(stub)["LD_LIBRARY_PATH"]}
+
+
+@pytest.fixture(scope="module")
+def shared_cache(tmp_path_factory) -> str:
+    """One cache dir for a whole test module: builds take seconds, so tests that only read
+    what an earlier one stored share it (each says so)."""
+    return str(tmp_path_factory.mktemp("cccl-cache"))
+
+
+def run_child(
+    code: str, cuda_env: dict, cache_dir: str, *, timeout: float = 600, cwd=None, **env
+) -> dict:
+    """Run PRELUDE + ``code`` in a fresh interpreter against ``cache_dir``; the code's last
+    stdout line is JSON. Returns it, with the child's stderr under ``"_stderr"``."""
+    environ = child_env(CUFORGE_CACHE_DIR=cache_dir, **cuda_env, **env)
+    environ.pop("CUFORGE_ARCH", None)
+    done = subprocess.run(
+        [sys.executable, "-c", PRELUDE + textwrap.dedent(code)],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        cwd=cwd,
+    )
+    if done.returncode != 0:
+        raise AssertionError(f"child failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    if isinstance(result, dict):
+        result["_stderr"] = done.stderr
+    return result

@@ -1,0 +1,348 @@
+"""``cuforge.torch.custom_op`` on a GPU: results checked against torch, eagerly, under
+``torch.compile(fullgraph=True)`` with no graph break (Dynamo's counters and ``explain``),
+inside a CUDA graph capture + replay with new inputs copied into the static buffers, under
+``mode="reduce-overhead"`` (CUDA graph trees), and on a side stream.
+
+Run: ``pytest -m gpu tests/torch/test_custom_op_gpu.py``.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import cuforge  # noqa: E402
+from cuforge.torch import custom_op  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+SOURCE = r"""
+// extension-cpp's kernels, as written there
+extern "C" __global__ void muladd(int numel, const float* a, const float* b, float c,
+                                  float* result) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < numel) result[i] = a[i] * b[i] + c;
+}
+extern "C" __global__ void add(int numel, const float* a, const float* b, float* result) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < numel) result[i] = a[i] + b[i];
+}
+extern "C" __global__ void saxpy(float* y, const float* x, float a, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = a * x[i] + y[i];
+}
+"""
+
+
+def qual(name: str) -> str:
+    return f"cuforge_gpu_{uuid.uuid4().hex[:10]}::{name}"
+
+
+def blocks(n: int, block: int = 256) -> int:
+    return (n + block - 1) // block
+
+
+@pytest.fixture
+def ops():
+    """Three ops over real kernels: out-of-place and in-place kernel ops, and a launcher op
+    that runs two kernels."""
+    prog = cuforge.compile(SOURCE, name="custom_op_gpu.cu")
+    muladd = custom_op(
+        qual("muladd"),
+        prog.kernel("muladd"),
+        outputs=("result",),
+        out_like="a",
+        grid=lambda numel, a, b, c, result: blocks(numel),
+        block=256,
+    )
+    saxpy = custom_op(
+        qual("saxpy"),
+        prog.kernel("saxpy"),
+        mutates_args=("y",),
+        grid=lambda y, x, a, n: blocks(n),
+        block=256,
+    )
+    k_muladd, k_add = prog.kernel("muladd"), prog.kernel("add")
+
+    def muladd_add(a: torch.Tensor, b: torch.Tensor, c: float) -> torch.Tensor:
+        """(a * b + c) + b, in two kernel launches."""
+        a, b = a.contiguous(), b.contiguous()
+        n = a.numel()
+        tmp = torch.empty_like(a)
+        out = torch.empty_like(a)
+        k_muladd[blocks(n), 256](n, a, b, c, tmp)
+        k_add[blocks(n), 256](n, tmp, b, out)
+        return out
+
+    launcher = custom_op(qual("muladd_add"), muladd_add, out_like="a")
+    return muladd, saxpy, launcher
+
+
+def inputs(n: int = 5000, seed: int = 0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    a = torch.randn(n, device="cuda", generator=g)
+    b = torch.randn(n, device="cuda", generator=g)
+    return a, b
+
+
+def test_eager_results_match_torch(ops):
+    muladd, saxpy, launcher = ops
+    a, b = inputs()
+    torch.testing.assert_close(muladd(a.numel(), a, b, 0.5), a * b + 0.5)
+    torch.testing.assert_close(launcher(a, b, 0.5), a * b + 0.5 + b)
+    y = b.clone()
+    assert saxpy(y, a, 2.0, y.numel()) is None
+    torch.testing.assert_close(y, 2.0 * a + b)
+    # a non-contiguous read-only input is made contiguous for the kernel
+    m = torch.randn(64, 32, device="cuda")
+    torch.testing.assert_close(muladd(m.numel(), m.t(), m.t(), 1.0), m.t() * m.t() + 1.0)
+
+
+def test_compile_fullgraph_no_graph_break(ops):
+    muladd, saxpy, launcher = ops
+    from torch._dynamo.utils import counters
+
+    def f(a, b):
+        y = muladd(a.numel(), a, b, 0.5).sin()
+        saxpy(y, b, 3.0, y.numel())
+        return launcher(y, a, -1.0) * 2
+
+    def reference(a, b):
+        y = (a * b + 0.5).sin() + 3.0 * b
+        return (y * a - 1.0 + a) * 2
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(f, fullgraph=True)
+    for seed, n in ((0, 5000), (1, 5000), (2, 777)):  # new values, then a new shape
+        a, b = inputs(n, seed)
+        torch.testing.assert_close(compiled(a, b), reference(a, b))
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    a, b = inputs()
+    explained = torch._dynamo.explain(f)(a, b)
+    assert explained.graph_break_count == 0, explained.break_reasons
+    assert explained.graph_count == 1
+
+
+def test_compile_in_place_mutation_is_seen_by_the_caller(ops):
+    _, saxpy, _ = ops
+
+    def f(y, x):
+        saxpy(y, x, 2.0, y.numel())
+        return y * 3
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True)
+    a, b = inputs()
+    y = b.clone()
+    out = compiled(y, a)
+    torch.testing.assert_close(y, 2.0 * a + b)
+    torch.testing.assert_close(out, (2.0 * a + b) * 3)
+
+
+def test_cuda_graph_capture_and_replay(ops):
+    muladd, saxpy, launcher = ops
+    n = 4096
+    static_a, static_b = inputs(n, 10)
+    static_y = torch.zeros(n, device="cuda")
+
+    def step():
+        out = muladd(n, static_a, static_b, 0.25)
+        saxpy(static_y, out, 2.0, n)
+        return launcher(out, static_b, 1.0)
+
+    # warm up on a side stream (loads the kernels), as torch's CUDA graph docs ask
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+
+    graph = torch.cuda.CUDAGraph()
+    static_y.zero_()
+    with torch.cuda.graph(graph):
+        static_out = step()
+    torch.cuda.synchronize()
+
+    previous = None
+    for seed in (11, 12, 13):
+        a, b = inputs(n, seed)
+        static_a.copy_(a)
+        static_b.copy_(b)
+        static_y.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        mid = a * b + 0.25
+        torch.testing.assert_close(static_y, 2.0 * mid)
+        torch.testing.assert_close(static_out, mid * b + 1.0 + b)
+        if previous is not None:  # replay used the new inputs
+            assert not torch.allclose(static_out, previous)
+        previous = static_out.clone()
+
+
+def test_compile_reduce_overhead_cuda_graph_trees(ops):
+    muladd, _, launcher = ops
+
+    def f(a, b):
+        return launcher(muladd(a.numel(), a, b, 0.5), b, 2.0)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, mode="reduce-overhead", fullgraph=True)
+    for seed in range(5):  # the first runs record, later ones replay the graph
+        a, b = inputs(2048, seed)
+        out = compiled(a, b).clone()
+        torch.testing.assert_close(out, (a * b + 0.5) * b + 2.0 + b)
+
+
+def test_launch_follows_torch_current_stream(ops):
+    muladd, _, _ = ops
+    side = torch.cuda.Stream()
+    n = 1 << 20
+    a = torch.zeros(n, device="cuda")
+    b = torch.ones(n, device="cuda")
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(50_000_000)  # keep `side` busy, so a launch elsewhere would race
+        a.fill_(3.0)
+        out = muladd(n, a, b, 1.0)
+    side.synchronize()
+    assert torch.all(out == 4.0).item()
+
+
+# -- docs/custom_ops.md's extension-cpp equivalent, as written there ------------------------
+
+EXTENSION_CPP_KERNELS = r"""
+extern "C" __global__ void muladd_kernel(int numel, const float* a, const float* b, float c,
+                                         float* result) {
+  int idx = blockIdx.x * blockDim.x + threadIdx.x;
+  if (idx < numel) result[idx] = a[idx] * b[idx] + c;
+}
+extern "C" __global__ void mul_kernel(int numel, const float* a, const float* b, float* result) {
+  int idx = blockIdx.x * blockDim.x + threadIdx.x;
+  if (idx < numel) result[idx] = a[idx] * b[idx];
+}
+extern "C" __global__ void add_kernel(int numel, const float* a, const float* b, float* result) {
+  int idx = blockIdx.x * blockDim.x + threadIdx.x;
+  if (idx < numel) result[idx] = a[idx] + b[idx];
+}
+"""
+
+
+def extension_cpp_ops(ns: str):
+    """The three ops of pytorch/extension-cpp (mymuladd with autograd, mymul, myadd_out)."""
+    from torch import Tensor
+
+    prog = cuforge.compile(EXTENSION_CPP_KERNELS, name="muladd.cu")
+    muladd_k, mul_k, add_k = (prog.kernel(n) for n in ("muladd_kernel", "mul_kernel", "add_kernel"))
+
+    def check(a, b):  # the TORCH_CHECKs; the fakes run them too, under torch.compile
+        torch._check(a.shape == b.shape)
+        torch._check(a.dtype == torch.float32 and b.dtype == torch.float32)
+        torch._check(a.device == b.device)
+
+    def fake(a, b, c=None):
+        check(a, b)
+        return torch.empty_like(a)
+
+    @custom_op(f"{ns}::mymuladd", fake=fake)
+    def mymuladd(a: Tensor, b: Tensor, c: float) -> Tensor:
+        check(a, b)
+        a, b = a.contiguous(), b.contiguous()
+        result = torch.empty_like(a)
+        numel = a.numel()
+        muladd_k[(numel + 255) // 256, 256](numel, a, b, c, result)
+        return result
+
+    @custom_op(f"{ns}::mymul", fake=fake)
+    def mymul(a: Tensor, b: Tensor) -> Tensor:
+        check(a, b)
+        a, b = a.contiguous(), b.contiguous()
+        result = torch.empty_like(a)
+        numel = a.numel()
+        mul_k[(numel + 255) // 256, 256](numel, a, b, result)
+        return result
+
+    @custom_op(f"{ns}::myadd_out", mutates_args=("out",))
+    def myadd_out(a: Tensor, b: Tensor, out: Tensor) -> None:
+        check(a, b)
+        torch._check(out.shape == a.shape and out.is_contiguous())
+        a, b = a.contiguous(), b.contiguous()
+        numel = a.numel()
+        add_k[(numel + 255) // 256, 256](numel, a, b, out)
+
+    def backward(ctx, grad):
+        a, b = ctx.saved_tensors
+        grad_a = mymul(grad, b) if ctx.needs_input_grad[0] else None
+        grad_b = mymul(grad, a) if ctx.needs_input_grad[1] else None
+        return grad_a, grad_b, None
+
+    def setup_context(ctx, inputs, output):
+        a, b, c = inputs
+        ctx.save_for_backward(a, b)
+
+    mymuladd.register_autograd(backward, setup_context=setup_context)
+    return mymuladd, mymul, myadd_out
+
+
+def test_extension_cpp_equivalent():
+    ns = f"extension_cpp_{uuid.uuid4().hex[:8]}"
+    mymuladd, mymul, myadd_out = extension_cpp_ops(ns)
+    schema = str(getattr(torch.ops, ns).mymuladd.default._schema)
+    assert schema == f"{ns}::mymuladd(Tensor a, Tensor b, float c) -> Tensor"
+    a, b = inputs(1000, 3)
+    torch.testing.assert_close(mymuladd(a, b, 3.0), a * b + 3.0)
+    torch.testing.assert_close(mymul(a, b), a * b)
+    out = torch.empty_like(a)
+    myadd_out(a, b, out)
+    torch.testing.assert_close(out, a + b)
+    # torch's own checks: schema (undeclared mutations), fake, autograd registration, AOT
+    ga = a.clone().requires_grad_()
+    gb = b.clone().requires_grad_()
+    for op, args in (
+        (mymuladd, (a, b, 1.5)),
+        (mymuladd, (ga, gb, 1.5)),
+        (mymul, (a, b)),
+        (myadd_out, (a, b, torch.empty_like(a))),
+    ):
+        results = torch.library.opcheck(op, args)
+        assert set(results.values()) == {"SUCCESS"}, (op, results)
+    # gradients through the registered backward, eager and compiled
+    for fn in (
+        lambda x, y: mymuladd(x, y, 2.0),
+        torch.compile(lambda x, y: mymuladd(x, y, 2.0), fullgraph=True),
+    ):
+        x = a.clone().requires_grad_()
+        y = b.clone().requires_grad_()
+        fn(x, y).sum().backward()
+        torch.testing.assert_close(x.grad, b)
+        torch.testing.assert_close(y.grad, a)
+
+
+def test_cuda_graph_first_call_inside_capture():
+    # a kernel never launched before: its module is loaded during the capture
+    source = SOURCE + f"\n// fresh {uuid.uuid4().hex}\n"
+    kernel = cuforge.compile(source, name="custom_op_fresh.cu").kernel("muladd")
+    op = custom_op(
+        qual("fresh"),
+        kernel,
+        outputs=("result",),
+        out_like="a",
+        grid=lambda numel, a, b, c, result: blocks(numel),
+        block=256,
+    )
+    a, b = inputs(3000, 21)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = op(a.numel(), a, b, 0.5)
+    for seed in (22, 23):
+        new_a, new_b = inputs(3000, seed)
+        a.copy_(new_a)
+        b.copy_(new_b)
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, new_a * new_b + 0.5)
