@@ -15,6 +15,7 @@ import threading
 import numpy as np
 import pytest
 
+from cuforge import pyhash
 from cuforge.pyhash import UNHANDLED, UnstableKeyError, fingerprint, module_fingerprint
 from tests.conftest import child_env
 
@@ -320,3 +321,35 @@ def test_registered_types(monkeypatch):
 
     monkeypatch.setitem(pyhash._registry, Spec, lambda s: ("spec", s.n))
     assert fp(Spec(1)) != fp(Spec(2))
+
+
+def test_global_names_read_from_raw_bytecode_match_dis():
+    """The bytecode scan that finds the globals a function loads agrees with ``dis`` (in
+    order) on real code: the stdlib, cuforge itself, nested functions and comprehensions."""
+    import argparse
+    import dis
+    import json.decoder
+    import types
+
+    import cuforge.pipeline
+
+    def nested(code):
+        yield code
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType):
+                yield from nested(const)
+
+    checked = 0
+    for module in (argparse, json.decoder, cuforge.pipeline, pyhash):
+        for obj in vars(module).values():
+            code = getattr(obj, "__code__", None)
+            if not isinstance(code, types.CodeType):
+                continue
+            want: dict[str, None] = {}
+            for c in nested(code):
+                for ins in dis.get_instructions(c):
+                    if ins.opname in pyhash._GLOBAL_OPS:
+                        want[ins.argval] = None
+            assert list(pyhash._global_names(code)) == list(want), obj
+            checked += 1
+    assert checked > 20

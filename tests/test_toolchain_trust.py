@@ -57,8 +57,9 @@ def _build_planted(tmp_path) -> tuple[str, str]:
 def test_a_library_path_planted_in_the_memo_is_never_loaded(isolated_cache, tmp_path):
     env = child_env()
     cold = run_python(CHILD, env)  # writes toolchain.json with the real location
-    real = cold["identity"]["library"]
+    real = cold["path"]
     assert os.path.isfile(real)
+    assert cold["identity"]["library"] == os.path.basename(real)  # the key holds no path
     planted, mark = _build_planted(tmp_path)
 
     memo_path = isolated_cache / "toolchain.json"

@@ -367,12 +367,24 @@ def _global_names(code: types.CodeType) -> tuple[str, ...]:
     found = _code_globals.get(code)
     if found is not None:
         return found
-    import dis
+    # the raw bytecode, not dis.get_instructions: measured 2,024 instructions of a CuTe GEMM
+    # at ~21 ms through dis against ~1 ms here (a fresh process's cache hit recomputes this)
+    import opcode
 
+    ops = {opcode.opmap[n] for n in _GLOBAL_OPS if n in opcode.opmap}
+    load_global = opcode.opmap["LOAD_GLOBAL"]
+    shifted = sys.version_info >= (3, 11)  # LOAD_GLOBAL's arg is (index << 1) | push_null
+    extended = opcode.EXTENDED_ARG
+    raw, ext = code.co_code, 0  # co_code: the code as compiled (no specialized opcodes)
     names: dict[str, None] = {}
-    for ins in dis.get_instructions(code):
-        if ins.opname in _GLOBAL_OPS:
-            names[ins.argval] = None
+    for i in range(0, len(raw), 2):
+        op, arg = raw[i], raw[i + 1] | ext
+        if op == extended:
+            ext = arg << 8
+            continue
+        ext = 0
+        if op in ops:
+            names[code.co_names[arg >> 1 if op == load_global and shifted else arg]] = None
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             for n in _global_names(const):
