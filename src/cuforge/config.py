@@ -267,6 +267,20 @@ class Settings:
         #: strict production mode: any kernel miss raises instead of compiling
         self.offline: bool = _switch(get, "CUFORGE_OFFLINE", False)
 
+    def remote_shape(self) -> tuple:
+        """The settings that decide which remote tiers exist and how they behave: two
+        snapshots with equal shapes open the same remotes."""
+        return (
+            self.remote,
+            self.remote_backend,
+            self.remote_key,
+            self.remote_key_file,
+            self.remote_readonly,
+            self.remote_connect_timeout,
+            self.remote_timeout,
+            self.remote_ttl,
+        )
+
     def __repr__(self) -> str:
         fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
         return f"Settings({fields})"

@@ -47,6 +47,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 from cuforge.aot.executor import Executor
 from cuforge.aot.tasks import BuildTask, TaskResult
+from cuforge.config import CODEGEN_ENV_VARS
 
 TYPE_CHECKING = False  # typing costs ~15 ms to import; annotations are strings here
 if TYPE_CHECKING:
@@ -59,12 +60,7 @@ __all__ = ["RayExecutor", "FORWARDED_ENV", "RAY_MISSING"]
 #: (``cuforge.config.CODEGEN_ENV_VARS``), the arch fallbacks, and the remote tier's
 #: settings except its secret.
 FORWARDED_ENV: tuple[str, ...] = (
-    "NVCC_PREPEND_FLAGS",
-    "NVCC_APPEND_FLAGS",
-    "CUDA_HOME",
-    "CUDA_PATH",
-    "CUFORGE_EXTRA_OPTIONS",
-    "CUFORGE_NVCC",
+    *CODEGEN_ENV_VARS,
     "CUFORGE_ARCH",
     "TORCH_CUDA_ARCH_LIST",
     "CUFORGE_REMOTE",
@@ -427,16 +423,7 @@ _remotes_memo: dict[tuple, list] = {}
 def _worker_remotes(current) -> list:
     from cuforge.store.remote import open_remotes
 
-    shape = (
-        current.remote,
-        current.remote_backend,
-        current.remote_key,
-        current.remote_key_file,
-        current.remote_readonly,
-        current.remote_connect_timeout,
-        current.remote_timeout,
-        current.remote_ttl,
-    )
+    shape = current.remote_shape()
     remotes = _remotes_memo.get(shape)
     if remotes is None:
         remotes = _remotes_memo[shape] = open_remotes(current)

@@ -126,14 +126,7 @@ def default_store() -> Store | None:
         current.cache_dir,
         current.memory_max_bytes,
         current.cache_max_bytes,
-        current.remote,
-        current.remote_backend,
-        current.remote_key,
-        current.remote_key_file,
-        current.remote_readonly,
-        current.remote_connect_timeout,
-        current.remote_timeout,
-        current.remote_ttl,
+        *current.remote_shape(),
     )
     if memo[1] == shape:
         _memo = (current, shape, memo[2])
