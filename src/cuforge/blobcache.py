@@ -10,7 +10,9 @@ those files back into a ready object. :func:`get_or_build` joins them to the sto
   field, sorted by label), plus this module's blob-format version;
 * **lookup** in every tier :func:`cuforge.store.default_store` builds (memory, disk, the
   remote tiers), so it obeys ``CUFORGE_CACHE_DIR``, ``CUFORGE_DISABLE_FILE_CACHE`` and
-  ``CUFORGE_DISABLE_CACHE`` (then it always builds) exactly as kernels do;
+  ``CUFORGE_DISABLE_CACHE`` (then it always builds) exactly as kernels do; then in every
+  loaded bundle (:func:`cuforge.load_bundle`: read-only, served in place, a hit says
+  ``"bundle"``);
 * a **hit** unpacks the stored files and calls ``load`` -- never ``build``;
 * a **load error** (any exception ``load`` raises on stored bytes, or bytes that do not
   unpack) is reported in one warning naming the exception, the entry is deleted from every
@@ -93,7 +95,8 @@ class BlobResult:
     """What :func:`get_or_build` returns.
 
     * ``value``: what ``load`` returned;
-    * ``source_of_result``: ``"memory"``, ``"disk"``, ``"remote"`` (a hit in that tier),
+    * ``source_of_result``: ``"memory"``, ``"disk"``, ``"remote"``, ``"bundle"`` (a hit in
+      that tier, or in a loaded bundle),
       ``"compiled"`` (built now and stored, or built with caching off) or ``"uncached"``
       (built now and deliberately not stored: see ``reason``);
     * ``key``: the hex key; ``fields``: the labeled fields it was made of;
@@ -138,7 +141,7 @@ class BlobResult:
     @property
     def hit(self) -> bool:
         """Whether the value came from the cache (no build ran)."""
-        return self.source_of_result in ("memory", "disk", "remote")
+        return self.source_of_result in ("memory", "disk", "remote", "bundle")
 
     def __repr__(self) -> str:
         why = f", reason={self.reason!r}" if self.reason else ""
@@ -265,7 +268,7 @@ def get_or_build(
 
     store = None if cfg.disable_cache else default_store()
     if cfg.offline:
-        hit = None if store is None else _lookup(store, kind, name, key, recorded, load, started)
+        hit = _lookup(store, kind, name, key, recorded, load, started)
         if hit is None:
             raise OfflineBuildError(kind, name, key, recorded, "is not in the cache")
         return hit
@@ -285,10 +288,25 @@ def get_or_build(
         return _build_and_store(store, kind, name, key, recorded, build, load, meta, cfg, started)
 
 
+def _bundles() -> list:
+    """The loaded bundles (:func:`cuforge.load_bundle`), in lookup order. Loading one
+    imports :mod:`cuforge.pipeline`, so while it is not imported there are none (and the
+    hit path never imports it)."""
+    pipeline = sys.modules.get("cuforge.pipeline")
+    return pipeline.loaded_bundles() if pipeline is not None else []
+
+
 def _lookup(store, kind, name, key, recorded, load, started) -> BlobResult | None:
-    entry, tier = store.get_with_tier(key, kind=kind)
+    entry, tier = store.get_with_tier(key, kind=kind) if store is not None else (None, None)
     if entry is None:
-        return None
+        # loaded bundles: read-only tiers asked after the cache's own, served in place
+        for bundle in _bundles():
+            entry = bundle.get(key, kind=kind)
+            if entry is not None:
+                tier = "bundle"
+                break
+        else:
+            return None
     source = "remote" if tier and tier.startswith("remote") else tier or "disk"
     try:
         if entry.kind != kind:
@@ -300,7 +318,8 @@ def _lookup(store, kind, name, key, recorded, load, started) -> BlobResult | Non
             f"cuforge: the cached {kind} entry {name!r} (key {key[:12]}, from the {source} tier) "
             f"could not be loaded ({type(exc).__name__}: {exc}); it is deleted and rebuilt"
         )
-        store.delete(key)
+        if tier != "bundle":  # a bundle is read-only: the entry is rebuilt into the cache
+            store.delete(key)
         return None
     build_seconds = entry.meta.get("compile_seconds", 0.0)
     if not isinstance(build_seconds, (int, float)):

@@ -13,7 +13,9 @@ Guarantees:
   later, in production): with failures, :attr:`BuildReport.bundle` stays None.
 * ``strict=True``: nothing is compiled; every variant missing from the cache is a failure
   with the :class:`~cuforge.pipeline.OfflineMissError` text (a check that a cache or a
-  bundle is complete).
+  bundle is complete). A ``python`` variant is checked by calling its function in this
+  process with ``CUFORGE_OFFLINE=1``: any build it would make raises instead, and the
+  traceback is the failure's log.
 """
 
 from __future__ import annotations
@@ -26,7 +28,14 @@ from typing import Any
 
 from cuforge.aot.executor import Executor, LocalExecutor, default_jobs
 from cuforge.aot.manifest import Manifest, load_manifest
-from cuforge.aot.tasks import BuildTask, TaskResult, is_cached, store_entries, task_entries
+from cuforge.aot.tasks import (
+    BuildTask,
+    TaskResult,
+    is_cached,
+    run_task,
+    store_entries,
+    task_entries,
+)
 from cuforge.errors import CuforgeError
 
 __all__ = ["build", "BuildReport", "make_executor"]
@@ -165,7 +174,10 @@ def build(
     name = executor if isinstance(executor, str) else executor.name
     if strict:
         for i, task in misses:
-            finish(i, _strict_failure(task, m.root))
+            if task.kind == "python":
+                finish(i, _strict_python(task, m.root))
+            else:
+                finish(i, _strict_failure(task, m.root))
     elif misses:
         runner = make_executor(executor, jobs)
         name = runner.name
@@ -225,6 +237,21 @@ def _strict_failure(task: BuildTask, root: str) -> TaskResult:
         except (CuforgeError, OSError, ValueError) as exc:
             log = f"{type(exc).__name__}: {exc}"
     return TaskResult(task.label, False, False, 0.0, log, task=task)
+
+
+def _strict_python(task: BuildTask, root: str) -> TaskResult:
+    """Call the variant's function with ``CUFORGE_OFFLINE=1``: ok when every cuforge call
+    it makes is served from the cache or a loaded bundle."""
+    result = run_task(task, root, offline=True)
+    if not result.ok:
+        where = f"{task.manifest}:{task.line}" if task.manifest else "the manifest"
+        result.log = (
+            f"strict mode: {task.label} ([[python]] at {where}) needs a build that is not in "
+            "the cache or a loaded bundle; nothing was built. Run `cuforge build` (without "
+            "--strict) against this cache, or build and load a bundle of this manifest.\n"
+            + result.log
+        )
+    return result
 
 
 def _write(report: BuildReport, m: Manifest, tasks: list[BuildTask], path: str) -> None:

@@ -21,11 +21,19 @@ and expanded into one :class:`~cuforge.aot.tasks.BuildTask` per variant.
     [extension.grid]
     TILE = [16, 32]
 
+    [[python]]                                # a project function making cuforge.cccl /
+    call = "kernels:build_reduce"             # cuforge.cute calls (module relative to
+    kwargs = { dtype = "{T}" }                # the manifest's dir)
+    [python.grid]
+    T = ["int32", "float64"]
+
 Guarantees:
 
 * Expansion is the cartesian product grid x arch x name expression: each kernel variant
   has one arch (all of them in one task for ``output = "fatbin"``) and at most one name
-  expression; an extension variant builds for every arch at once (a fat module).
+  expression; an extension variant builds for every arch at once (a fat module); a python
+  variant is one grid point (times its own ``arch`` list, passed as the ``arch`` keyword
+  argument; the top-level ``arch`` does not apply to it).
 * Each variant's task makes exactly the JIT call written in :mod:`cuforge.aot.tasks`, so
   the same call made later from the manifest's directory is a cache hit.
 * A manifest cuforge cannot use raises :class:`ManifestError` naming the file and the line
@@ -42,12 +50,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from cuforge.aot.tasks import BuildTask, task_files
+from cuforge.aot.tasks import BuildTask, python_files, python_module_files, task_files
 from cuforge.errors import CuforgeError
 
 __all__ = ["Manifest", "ManifestError", "load_manifest", "parse_manifest", "find_manifest"]
 
-_TOP_KEYS = ("arch", "kernel", "extension")
+_TOP_KEYS = ("arch", "kernel", "extension", "python")
 _KERNEL_KEYS = (
     "source",
     "include_dirs",
@@ -68,6 +76,11 @@ _EXTENSION_KEYS = (
     "extra_include_paths",
     "arch",
     "grid",
+)
+_PYTHON_KEYS = ("call", "kwargs", "files", "arch", "grid")
+_CALL = re.compile(
+    r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*"
+    r"(?:\.[A-Za-z_][A-Za-z0-9_]*)*"
 )
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _SCALARS = (str, int, float, bool)
@@ -366,7 +379,7 @@ class _Expander:
         if "arch" in data:
             default_archs = self._archs(data["arch"], "arch", self.lines.key_line("arch"))
         manifest = Manifest(self.path, self.root)
-        for kind in ("kernel", "extension"):
+        for kind in ("kernel", "extension", "python"):
             entries = data.get(kind, [])
             if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
                 raise self.error(
@@ -375,10 +388,14 @@ class _Expander:
             for index, entry in enumerate(entries):
                 if kind == "kernel":
                     manifest.tasks.extend(self._kernel(entry, index, default_archs))
-                else:
+                elif kind == "extension":
                     manifest.tasks.extend(self._extension(entry, index, default_archs))
+                else:
+                    manifest.tasks.extend(self._python(entry, index))
         if not manifest.tasks:
-            raise self.error(0, "lists nothing to build: add a [[kernel]] (or [[extension]]) table")
+            raise self.error(
+                0, "lists nothing to build: add a [[kernel]] (or [[extension]], [[python]]) table"
+            )
         seen: dict[str, BuildTask] = {}
         for task in manifest.tasks:
             if task.label in seen:
@@ -397,6 +414,11 @@ class _Expander:
         return manifest
 
     def _combos(self, grid: dict[str, list], used: set[str], kind: str, index: int):
+        for _raw, rendered in self._raw_combos(grid, used, kind, index):
+            yield rendered
+
+    def _raw_combos(self, grid: dict[str, list], used: set[str], kind: str, index: int):
+        """(raw values, rendered values) of every grid point."""
         for name in grid:
             if name not in used:
                 raise self.error(
@@ -406,7 +428,8 @@ class _Expander:
                 )
         names = list(grid)
         for combo in itertools.product(*(grid[n] for n in names)):
-            yield {n: self._render(v) for n, v in zip(names, combo, strict=True)}
+            raw = dict(zip(names, combo, strict=True))
+            yield raw, {n: self._render(v) for n, v in raw.items()}
 
     def _kernel(self, entry: dict, index: int, default_archs: list[str]) -> list[BuildTask]:
         kl = self.lines.key_line
@@ -539,11 +562,120 @@ class _Expander:
             tasks.append(self._task(label, "extension", spec, name_line))
         return tasks
 
+    def _python(self, entry: dict, index: int) -> list[BuildTask]:
+        kl = self.lines.key_line
+        self._unknown(entry, _PYTHON_KEYS, "[[python]]", "python", index)
+        call_line = kl("call", "python", index)
+        call = entry.get("call")
+        if call is None:
+            raise self.error(
+                call_line,
+                'this [[python]] has no call: add call = "module:function" (a module under '
+                "the manifest's directory, a function that makes cuforge.cccl / cuforge.cute "
+                "calls)",
+            )
+        if not isinstance(call, str) or not _CALL.fullmatch(call):
+            shown = repr(call) if isinstance(call, str) else _type_name(call)
+            raise self.error(
+                call_line,
+                f'call must be "module:function" (e.g. "kernels:build_all" or '
+                f'"pkg.kernels:build"), not {shown}',
+            )
+        fline = kl("files", "python", index)
+        files = self._str_list(entry.get("files", []), "files", fline)
+        try:
+            python_module_files(call.split(":")[0], self.root)
+        except ValueError as exc:
+            raise self.error(call_line, f"call {call!r}: {exc}") from None
+        for pattern in files:
+            try:
+                python_files({"call": call, "files": [pattern]}, self.root)
+            except ValueError as exc:
+                raise self.error(fline, f"files: {exc}") from None
+        kwline = kl("kwargs", "python", index)
+        kwargs = entry.get("kwargs", {})
+        if not isinstance(kwargs, dict):
+            raise self.error(
+                kwline,
+                f'kwargs must be a table of keyword arguments, e.g. {{ dtype = "{{T}}" }}, '
+                f"not {_type_name(kwargs)}",
+            )
+        self._json_value(kwargs, "kwargs", kwline)
+        archs: list[str] = []
+        if "arch" in entry:
+            archs = self._archs(entry["arch"], "arch", kl("arch", "python", index))
+            if "arch" in kwargs:
+                raise self.error(
+                    kwline,
+                    "kwargs.arch and arch are both given: arch already passes each arch as "
+                    "the arch keyword argument; remove one",
+                )
+        grid = self._grid(entry, "python", index)
+        used: set[str] = set()
+        self._placeholders(kwargs, used)
+        tasks = []
+        for raw, values in self._raw_combos(grid, used, "python", index):
+            v_kwargs = self._subst_value(kwargs, raw, values, kwline, "kwargs")
+            for arch in archs or [None]:
+                spec: dict[str, Any] = {
+                    "call": call,
+                    "kwargs": v_kwargs,
+                    "arch": arch,
+                    "files": files,
+                }
+                variant = " ".join(f"{k}={v}" for k, v in values.items())
+                label = "  ".join(p for p in (call, variant, arch or "") if p)
+                tasks.append(self._task(label, "python", spec, call_line))
+        return tasks
+
+    def _json_value(self, value: Any, what: str, line: int) -> None:
+        """``value`` is made of JSON types (what travels to a worker), else ManifestError."""
+        if isinstance(value, dict):
+            for k, v in value.items():
+                self._json_value(v, f"{what}.{k}", line)
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                self._json_value(v, f"{what}[{i}]", line)
+        elif not isinstance(value, _SCALARS):
+            raise self.error(
+                line,
+                f"{what} is {_type_name(value)}: keyword arguments must be strings, numbers, "
+                "booleans, arrays or tables (write a date or time as a string)",
+            )
+
+    def _placeholders(self, value: Any, used: set[str]) -> None:
+        if isinstance(value, str):
+            used.update(_PLACEHOLDER.findall(value))
+        elif isinstance(value, dict):
+            for v in value.values():
+                self._placeholders(v, used)
+        elif isinstance(value, list):
+            for v in value:
+                self._placeholders(v, used)
+
+    def _subst_value(self, value: Any, raw: dict, values: dict, line: int, what: str) -> Any:
+        """``value`` with its placeholders expanded; a string that is exactly one
+        placeholder (``"{BLOCK}"``) becomes the grid value itself, type kept (``128``)."""
+        if isinstance(value, str):
+            m = _PLACEHOLDER.fullmatch(value)
+            if m and m.group(1) in raw:
+                return raw[m.group(1)]
+            return self._subst(value, values, line, what)
+        if isinstance(value, dict):
+            return {
+                k: self._subst_value(v, raw, values, line, f"{what}.{k}") for k, v in value.items()
+            }
+        if isinstance(value, list):
+            return [self._subst_value(v, raw, values, line, what) for v in value]
+        return value
+
     def _task(self, label: str, kind: str, spec: dict, line: int) -> BuildTask:
         files: dict[str, str] = {}
         if self.with_files:
             if kind == "kernel":
                 ident = (kind, spec["source"], tuple(spec["include_dirs"]))
+            elif kind == "python":
+                ident = (kind, spec["call"], tuple(spec["files"]))
             else:
                 ident = (kind, tuple(spec["sources"]), tuple(spec["extra_include_paths"]))
             files = self._files.get(ident)  # type: ignore[assignment]

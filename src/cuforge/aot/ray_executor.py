@@ -62,6 +62,7 @@ __all__ = ["RayExecutor", "FORWARDED_ENV", "RAY_MISSING"]
 FORWARDED_ENV: tuple[str, ...] = (
     *CODEGEN_ENV_VARS,
     "CUFORGE_ARCH",
+    "CUTE_DSL_ARCH",
     "TORCH_CUDA_ARCH_LIST",
     "CUFORGE_REMOTE",
     "CUFORGE_REMOTE_BACKEND",

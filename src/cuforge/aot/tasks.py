@@ -9,8 +9,10 @@ scratch dir (checking each digest again, never following a symlink).
 
 :func:`run_task` makes exactly the call a user would make from the manifest's directory
 (``cuforge.compile_file(...)`` for a ``kernel``; ``cuforge.torch.load(...)``'s build for an
-``extension``), with the working directory (the base dir of keyed paths) set to ``root``.
-So the entries it writes are the ones the user's later call finds: a hit, no compile.
+``extension``; the project's own function for a ``python`` variant, which makes
+``cuforge.cccl`` / ``cuforge.cute`` calls), with the working directory (the base dir of
+keyed paths) set to ``root``. So the entries it writes are the ones the user's later call
+finds: a hit, no compile.
 
 Task contract (shared with ``cuforge.aot.ray_executor``; fields may be added, never renamed).
 
@@ -18,12 +20,16 @@ Task contract (shared with ``cuforge.aot.ray_executor``; fields may be added, ne
 ``name_expressions``, ``defines`` (name -> str), ``options``, ``arch`` (str, or a list for a
 fatbin), ``backend``, ``output``. ``spec`` of an ``extension``: ``name``, ``sources`` (rel
 paths), ``extra_cflags``, ``extra_cuda_cflags``, ``extra_ldflags``,
-``extra_include_paths`` (rel paths), ``arch`` (list of archs).
+``extra_include_paths`` (rel paths), ``arch`` (list of archs). ``spec`` of a ``python``:
+``call`` (``"module:function"``, the module under ``root``), ``kwargs`` (JSON types),
+``arch`` (str, passed as the ``arch`` keyword argument, or None: not passed), ``files``
+(extra rel paths / globs that travel with it; the module's own file always does).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -40,11 +46,13 @@ __all__ = [
     "task_files",
     "task_entries",
     "store_entries",
+    "python_module_files",
+    "python_files",
     "KINDS",
 ]
 
 #: the task kinds :func:`run_task` knows
-KINDS = ("kernel", "extension")
+KINDS = ("kernel", "extension", "python")
 
 #: past this many files under a task's include dirs (a computed ``#include MACRO`` makes
 #: every file there a candidate), the task refuses to travel rather than guess
@@ -59,7 +67,7 @@ class TaskFileError(ValueError):
 @dataclass(frozen=True)
 class BuildTask:
     """One variant to build. ``label``: for people (``"red.cu  blk<128, float>  sm_90"``);
-    ``kind``: ``"kernel"`` or ``"extension"``; ``spec``: the JIT call's arguments (JSON
+    ``kind``: ``"kernel"``, ``"extension"`` or ``"python"``; ``spec``: the JIT call's arguments (JSON
     types; paths relative to the manifest's dir); ``files``: rel path -> SHA-256 hex of
     every file under that dir the call may read. ``collect``: ask the executor to build it
     in a private cache and return its entries (bundles of extensions); ``line``: where the
@@ -96,28 +104,40 @@ class TaskResult:
 _process_lock = threading.RLock()
 
 
-def run_task(task: BuildTask, root: str, *, collect: bool = False) -> TaskResult:
+def run_task(
+    task: BuildTask, root: str, *, collect: bool = False, offline: bool = False
+) -> TaskResult:
     """Make the JIT call of ``task`` with the working directory set to ``root`` (restored
     after), so the keys equal those of the user's later call from the manifest's dir.
 
     ``collect``: build in a private, empty cache dir (the remote tiers of
     ``CUFORGE_REMOTE`` stay configured, so workers write to a shared cache directly) and
     return every entry written, for executors whose workers cannot see the driver's cache.
+    ``offline``: run with ``CUFORGE_OFFLINE=1`` (strict mode: a miss raises, nothing is
+    built; how ``cuforge build --strict`` checks a ``python`` variant).
     Never raises for a failing build: the result says ``ok=False`` with the log."""
     start = time.perf_counter()
     with _process_lock:
         here = os.getcwd()
+        saved_offline = os.environ.get("CUFORGE_OFFLINE")
         try:
             os.chdir(root)
+            if offline:
+                os.environ["CUFORGE_OFFLINE"] = "1"
             if collect:
                 with _private_cache() as cache_dir:
-                    hit, log = _run(task)
+                    hit, log = _run(task, root)
                     entries = _entries_in(cache_dir) if log is None else None
             else:
-                hit, log = _run(task)
+                hit, log = _run(task, root)
                 entries = None
         finally:
             os.chdir(here)
+            if offline:
+                if saved_offline is None:
+                    os.environ.pop("CUFORGE_OFFLINE", None)
+                else:
+                    os.environ["CUFORGE_OFFLINE"] = saved_offline
     return TaskResult(
         label=task.label,
         ok=log is None,
@@ -131,7 +151,8 @@ def run_task(task: BuildTask, root: str, *, collect: bool = False) -> TaskResult
 
 def is_cached(task: BuildTask, root: str) -> bool:
     """Whether the task's JIT call is answered from the cache now, compiling nothing (a
-    strict lookup). Always False for an ``extension`` (its build checks its own cache)."""
+    strict lookup). Always False for an ``extension`` (its build checks its own cache) and
+    a ``python`` variant (its function is called: its cuforge calls are hits, cheap)."""
     if task.kind != "kernel":
         return False
     from cuforge.errors import CuforgeError
@@ -150,10 +171,12 @@ def is_cached(task: BuildTask, root: str) -> bool:
     return True
 
 
-def _run(task: BuildTask) -> tuple[bool, str | None]:
+def _run(task: BuildTask, root: str) -> tuple[bool, str | None]:
     """(hit, None) or (False, the log of the failure)."""
     from cuforge.errors import CompileError, CuforgeError
 
+    if task.kind == "python":
+        return _python_call(task.spec, root)
     try:
         if task.kind == "kernel":
             from cuforge.pipeline import counters
@@ -246,6 +269,149 @@ def _extension_call(spec: Mapping) -> bool:
     return not result.compiled and not result.linked
 
 
+# -- python variants ---------------------------------------------------------------------
+
+
+def _builds_so_far() -> int:
+    """Builds this process made so far: cuforge.blobcache builds (cuda.compute, CuTe DSL;
+    stored or uncached) and kernel compiles. Counts only modules already imported (none
+    imported: nothing was built)."""
+    total = 0
+    blobcache = sys.modules.get("cuforge.blobcache")
+    if blobcache is not None:
+        total += sum(
+            n for k, n in blobcache.counters.items() if k.endswith((":compiled", ":uncached"))
+        )
+    pipeline = sys.modules.get("cuforge.pipeline")
+    if pipeline is not None:
+        total += pipeline.counters.get("compiles", 0)
+    return total
+
+
+def _under(path: str | None, root: str) -> bool:
+    if not path:
+        return False
+    real = os.path.realpath(path)
+    return real == root or real.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _python_call(spec: Mapping, root: str) -> tuple[bool, str | None]:
+    """Import ``spec["call"]``'s module with ``root`` first on ``sys.path`` and call the
+    function with ``spec["kwargs"]`` (plus ``arch=`` when the spec has one). (hit, None),
+    hit = nothing was built; or (False, the traceback). The modules imported from ``root``
+    are dropped from ``sys.modules`` after (a worker process runs many tasks, each from its
+    own copy of the files); a module of the same name imported from elsewhere before is set
+    aside while the call runs and put back after."""
+    import importlib
+    import traceback
+
+    real_root = os.path.realpath(root)
+    module_name, _, attr = spec["call"].partition(":")
+    parts = module_name.split(".")
+    names = [".".join(parts[: i + 1]) for i in range(len(parts))]
+    aside = {
+        n: sys.modules.pop(n)
+        for n in names
+        if n in sys.modules and not _under(getattr(sys.modules[n], "__file__", None), real_root)
+    }
+    before = set(sys.modules)
+    sys.path.insert(0, root)
+    builds = _builds_so_far()
+    try:
+        importlib.invalidate_caches()
+        target = importlib.import_module(module_name)
+        for part in attr.split("."):
+            target = getattr(target, part)
+        if not callable(target):
+            return False, f"{spec['call']} is {type(target).__name__}, not a function"
+        kwargs = dict(spec.get("kwargs") or {})
+        if spec.get("arch") is not None:
+            kwargs["arch"] = spec["arch"]
+        target(**kwargs)
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - the project's code failed: this variant's log
+        tb = exc.__traceback__.tb_next if exc.__traceback__ else None  # from the call down
+        text = "".join(traceback.format_exception(type(exc), exc, tb))
+        return False, f"{spec['call']}(**{kwargs_text(spec)}) raised:\n{text}"
+    finally:
+        try:
+            sys.path.remove(root)
+        except ValueError:
+            pass  # the function removed it itself
+        for name in set(sys.modules) - before:
+            if _under(getattr(sys.modules[name], "__file__", None), real_root):
+                del sys.modules[name]
+        sys.modules.update(aside)
+    return _builds_so_far() == builds, None
+
+
+def kwargs_text(spec: Mapping) -> str:
+    """The keyword arguments a ``python`` variant's function gets, as text."""
+    kwargs = dict(spec.get("kwargs") or {})
+    if spec.get("arch") is not None:
+        kwargs["arch"] = spec["arch"]
+    return repr(kwargs)
+
+
+def python_module_files(module: str, root: str) -> list[str]:
+    """Rel paths under ``root`` of the files importing ``module`` (``"pkg.mod"``) reads:
+    its file (``pkg/mod.py`` or ``pkg/mod/__init__.py``), first, then the ``__init__.py``
+    of each parent package that has one. Raises ValueError when the module is not there."""
+    parts = module.split(".")
+    base = os.path.join(*parts)
+    for rel in (base + ".py", os.path.join(base, "__init__.py")):
+        if os.path.isfile(os.path.join(root, rel)):
+            break
+    else:
+        raise ValueError(
+            f"no module {module} under {root} (looked for {base}.py and "
+            f"{os.path.join(base, '__init__.py')}; modules are resolved relative to the "
+            "manifest's directory)"
+        )
+    found = [rel]
+    for i in range(1, len(parts)):
+        init = os.path.join(*parts[:i], "__init__.py")
+        if os.path.isfile(os.path.join(root, init)):
+            found.append(init)
+    return found
+
+
+def python_files(spec: Mapping, root: str) -> list[str]:
+    """Rel paths of every file a ``python`` variant needs: its module's files
+    (:func:`python_module_files`), then each of ``spec["files"]``: a file, a glob
+    (``"kernels/*.py"``, ``"**/*.py"``) or a directory (every ``*.py`` under it). Raises
+    ValueError for a pattern that names nothing or leaves ``root``."""
+    import glob
+
+    root = os.path.abspath(root)
+    out = python_module_files(spec["call"].partition(":")[0], root)
+    for pattern in spec.get("files", ()):
+        norm = os.path.normpath(pattern)
+        if os.path.isabs(pattern) or norm == ".." or norm.startswith(".." + os.sep):
+            raise TaskFileError(
+                f"{pattern!r} may not travel with the task: paths and globs must be relative "
+                "to the manifest's directory and stay inside it"
+            )
+        matches = sorted(glob.glob(pattern, root_dir=root, recursive=True))
+        if not matches:
+            raise ValueError(
+                f"{pattern!r} names no file under {root} (paths and globs are relative to "
+                "the manifest's directory)"
+            )
+        for rel in matches:
+            full = os.path.join(root, rel)
+            if os.path.isdir(full):
+                for dirpath, subdirs, names in os.walk(full):
+                    subdirs[:] = sorted(d for d in subdirs if d != "__pycache__")
+                    out.extend(
+                        os.path.relpath(os.path.join(dirpath, n), root)
+                        for n in sorted(names)
+                        if n.endswith(".py")
+                    )
+            elif os.path.isfile(full):
+                out.append(os.path.normpath(rel))
+    return list(dict.fromkeys(out))
+
+
 class _private_cache:
     """A fresh, private cache dir as ``CUFORGE_CACHE_DIR`` (file cache on) while the block
     runs; the environment and the call memo are restored / cleared around it."""
@@ -263,6 +429,11 @@ class _private_cache:
         for k in self._SWITCHES:
             os.environ.pop(k, None)
         reset_memo()  # an answer memoized from the real cache would write nothing here
+        # the same for the integrations' in-process memos (a worker runs many tasks)
+        for name in ("cuforge.cccl._wrap", "cuforge.cute.cache"):
+            module = sys.modules.get(name)
+            if module is not None:
+                module.clear_memo()
         return self.dir
 
     def __exit__(self, *exc: object) -> None:
@@ -344,12 +515,20 @@ def _check_rel(rel: str, label: str) -> str:
 def task_files(kind: str, spec: Mapping, root: str) -> dict[str, str]:
     """rel path -> SHA-256 of every file under ``root`` the JIT call of ``spec`` may read:
     its source(s) and the user headers the include scanner finds (every file under the
-    include dirs when a computed ``#include MACRO`` is seen). Files outside ``root`` do
+    include dirs when a computed ``#include MACRO`` is seen); for ``python``, the files of
+    :func:`python_files`. Files outside ``root`` do
     not travel (a worker must have them at the same path, like the CUDA toolkit)."""
     from cuforge.deps import scan_includes
     from cuforge.toolchain import toolkit_include_dirs
 
     root = os.path.abspath(root)
+    if kind == "python":
+        from cuforge._fs import read_bytes
+
+        return {
+            rel: _sha256(read_bytes(os.path.join(root, rel), follow=True))
+            for rel in python_files(spec, root)
+        }
     if kind == "kernel":
         sources = [spec["source"]]
         dirs = [os.path.join(root, d) for d in spec.get("include_dirs", ())]

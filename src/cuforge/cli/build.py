@@ -29,7 +29,7 @@ def add_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:
         "build",
         parents=[common],
         help="build every variant a manifest (cuforge.toml) lists, in parallel",
-        description="Build every kernel / extension variant of a manifest (cuforge.toml, or "
+        description="Build every kernel / extension / python variant of a manifest (cuforge.toml, or "
         "[tool.cuforge] in pyproject.toml) ahead of time. Variants already in the cache count "
         "as hits and are not rebuilt.",
     )

@@ -129,7 +129,7 @@ class CuteResult:
     @property
     def hit(self) -> bool:
         """Whether no compile ran for this call."""
-        return self.source_of_result in ("memo", "memory", "disk", "remote")
+        return self.source_of_result in ("memo", "memory", "disk", "remote", "bundle")
 
     def __repr__(self) -> str:
         why = f", reason={self.reason!r}" if self.reason else ""
