@@ -270,17 +270,24 @@ def dlpack_dtype(obj) -> tuple[int, int, int]:
     """The DLPack element type of ``obj`` (an object with ``__dlpack__``): (type code, bits,
     lanes); codes: 0 int, 1 uint, 2 float, 4 bfloat, 5 complex, 6 bool."""
     capsule = obj.__dlpack__()
+    dtype = _dltensor(capsule).dtype
+    # read while the capsule (and so the tensor it describes) is alive
+    return int(dtype.code), int(dtype.bits), int(dtype.lanes)
+
+
+def _dltensor(capsule) -> _DLTensor:
+    """The DLTensor a DLPack capsule describes (valid while ``capsule`` is alive)."""
     get_name = ctypes.pythonapi.PyCapsule_GetName
     get_name.restype, get_name.argtypes = ctypes.c_char_p, [ctypes.py_object]
     get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
     get_pointer.restype, get_pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
     name = get_name(capsule)
     address = get_pointer(capsule, name)
+    # DLManagedTensor and DLManagedTensorVersioned both lead to a DLTensor: the versioned
+    # one has a version (2 x u32) and manager_ctx, deleter, flags first.
     if name == b"dltensor_versioned":
         address += 8 + 8 + 8 + 8
-    dtype = _DLTensor.from_address(address).dtype
-    # read while the capsule (and so the tensor it describes) is alive
-    return int(dtype.code), int(dtype.bits), int(dtype.lanes)
+    return _DLTensor.from_address(address)
 
 
 def _dlpack_pointer(param: Param, obj):
@@ -294,17 +301,7 @@ def _dlpack_pointer(param: Param, obj):
             f"{param.label}: the {type(obj).__name__} lives on {where}; kernels need GPU memory"
         )
     capsule = obj.__dlpack__()
-    get_name = ctypes.pythonapi.PyCapsule_GetName
-    get_name.restype, get_name.argtypes = ctypes.c_char_p, [ctypes.py_object]
-    get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
-    get_pointer.restype, get_pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
-    name = get_name(capsule)
-    address = get_pointer(capsule, name)
-    # DLManagedTensor and DLManagedTensorVersioned both lead to a DLTensor: the versioned
-    # one has a version (2 x u32) and manager_ctx, deleter, flags first.
-    if name == b"dltensor_versioned":
-        address += 8 + 8 + 8 + 8
-    t = _DLTensor.from_address(address)
+    t = _dltensor(capsule)
     kind = (_DL_CODES.get(t.dtype.code, "?"), t.dtype.bits // 8 * max(1, t.dtype.lanes))
     _check_kind(param, kind, f"a {type(obj).__name__} (via __dlpack__)")
     if t.strides:
