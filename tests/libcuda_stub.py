@@ -128,3 +128,18 @@ def real_driver_present() -> bool:
     except OSError:
         return False
     return True
+
+
+def child_env_or_skip(tmp_path_factory) -> dict[str, str]:
+    """What a child process needs to load a libcuda here: nothing with a real driver, else
+    a stub built once into a pytest temp dir, first on ``LD_LIBRARY_PATH``. Skips (with the
+    reason) when neither is possible. For session- or module-scoped fixtures."""
+    import pytest
+
+    if real_driver_present():
+        return {}
+    try:
+        stub = build_stub(str(tmp_path_factory.mktemp("libcuda-stub")))
+    except RuntimeError as exc:
+        pytest.skip(f"no CUDA driver and no stub libcuda could be built: {exc}")
+    return {"LD_LIBRARY_PATH": stub_env(stub)["LD_LIBRARY_PATH"]}

@@ -289,11 +289,11 @@ def get_or_build(
 
 
 def _bundles() -> list:
-    """The loaded bundles (:func:`cuforge.load_bundle`), in lookup order. Loading one
-    imports :mod:`cuforge.pipeline`, so while it is not imported there are none (and the
-    hit path never imports it)."""
-    pipeline = sys.modules.get("cuforge.pipeline")
-    return pipeline.loaded_bundles() if pipeline is not None else []
+    """The loaded bundles (:func:`cuforge.load_bundle`), in lookup order: the pipeline's
+    list (already imported: ``import cuforge`` loads the pipeline)."""
+    from cuforge.pipeline import loaded_bundles
+
+    return loaded_bundles()
 
 
 def _lookup(store, kind, name, key, recorded, load, started) -> BlobResult | None:

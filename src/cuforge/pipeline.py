@@ -383,23 +383,25 @@ def call_entries(source: str, **kwargs: Any) -> list[Entry]:
     :class:`OfflineMissError`."""
     cfg = settings()
     result = compile_cached(source, strict=True, **kwargs)
-    fields = {f: kwargs.get(f) for f in CompileCall._fields}
-    fields.update(source=source, environment=None)
-    defaults = {
-        "name": "kernel.cu",
-        "options": (),
-        "include_dirs": (),
-        "backend": "nvrtc",
-        "output": "cubin",
-        "name_expressions": (),
-        "result_type": Artifact,
-    }
-    for f, value in defaults.items():
-        if fields[f] is None:
-            fields[f] = value
-    fields["defines"] = tuple(fields["defines"].items()) if fields["defines"] else ()
-    fields["headers"] = tuple(fields["headers"].items()) if fields["headers"] else ()
-    request = _normalize(CompileCall(**fields), cfg)
+    # the call as compile_cached records it, with compile_cached's own defaults
+    a = {**compile_cached.__kwdefaults__, **kwargs}
+    arch = a["arch"]
+    call = CompileCall(
+        source,
+        a["name"],
+        tuple(a["options"]),
+        tuple(a["include_dirs"]),
+        tuple(a["defines"].items()) if a["defines"] else (),
+        arch if arch is None or isinstance(arch, (str, int)) else tuple(arch),
+        a["backend"],
+        a["output"],
+        tuple(a["name_expressions"]),
+        a["source_dir"],
+        tuple(a["headers"].items()) if a["headers"] else (),
+        a["result_type"],
+        None,  # the environment: not read by _normalize
+    )
+    request = _normalize(call, cfg)
     base_digest = request.base_key().hexdigest()
     mkey = manifest_key(base_digest)
     store = None if cfg.disable_cache else default_store()
@@ -409,7 +411,7 @@ def call_entries(source: str, **kwargs: Any) -> list[Entry]:
         if kernel is not None and variants:
             meta = {"name": request.name, "variants": [variants[0].as_meta()]}
             return [kernel, Entry(mkey, "manifest", b"", meta)]
-    raise _offline_miss(request, CompileCall(**fields), store, base_digest)
+    raise _offline_miss(request, call, store, base_digest)
 
 
 def _still_valid(header_sigs: list[tuple[str, Any]], probes: list[str]) -> bool:

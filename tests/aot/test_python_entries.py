@@ -330,15 +330,9 @@ def cccl_env(tmp_path_factory) -> dict[str, str]:
     """What a child needs to import cuda.compute here (a stub libcuda without a driver)."""
     if importlib.util.find_spec("cuda") is None or importlib.util.find_spec("cuda.compute") is None:
         pytest.skip("cuda-cccl (cuda.compute) is not installed: pip install 'cuforge[cccl]'")
-    from tests.libcuda_stub import build_stub, real_driver_present, stub_env
+    from tests.libcuda_stub import child_env_or_skip
 
-    if real_driver_present():
-        return {}
-    try:
-        stub = build_stub(str(tmp_path_factory.mktemp("libcuda-stub")))
-    except RuntimeError as exc:
-        pytest.skip(f"no CUDA driver and no stub libcuda could be built: {exc}")
-    return {"LD_LIBRARY_PATH": stub_env(stub)["LD_LIBRARY_PATH"]}
+    return child_env_or_skip(tmp_path_factory)
 
 
 def test_cccl_variants_build_hit_bundle_and_serve_offline(tmp_path, cccl_env):

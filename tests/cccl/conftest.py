@@ -16,7 +16,7 @@ import textwrap
 import pytest
 
 from tests.conftest import child_env
-from tests.libcuda_stub import build_stub, real_driver_present, stub_env
+from tests.libcuda_stub import child_env_or_skip
 
 if importlib.util.find_spec("cuda") is None or importlib.util.find_spec("cuda.compute") is None:
     pytest.skip(
@@ -51,13 +51,7 @@ PRELUDE = textwrap.dedent(
 @pytest.fixture(scope="session")
 def cuda_env(tmp_path_factory) -> dict[str, str]:
     """Environment additions a child needs to import cuda.compute here."""
-    if real_driver_present():
-        return {}
-    try:
-        stub = build_stub(str(tmp_path_factory.mktemp("libcuda-stub")))
-    except RuntimeError as exc:
-        pytest.skip(f"no CUDA driver and no stub libcuda could be built: {exc}")
-    return {"LD_LIBRARY_PATH": stub_env(stub)["LD_LIBRARY_PATH"]}
+    return child_env_or_skip(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -200,15 +200,14 @@ def _run(task: BuildTask, root: str) -> tuple[bool, str | None]:
 def _kernel_args(spec: Mapping) -> tuple[str, dict]:
     """(source text, keyword arguments of ``compile_cached``) of the call
     ``cuforge.compile_file(spec["source"], ...)`` makes from the working directory."""
+    from cuforge.api import read_source
     from cuforge.program import Program
 
     path = spec["source"]
-    with open(path, "rb") as f:
-        raw = f.read()
     arch = spec.get("arch")
     if isinstance(arch, list):
         arch = tuple(arch)
-    return raw.decode("utf-8"), {
+    return read_source(path), {
         "name": os.path.basename(path),
         "options": tuple(spec.get("options", ())),
         "include_dirs": tuple(spec.get("include_dirs", ())),

@@ -40,16 +40,8 @@ __all__ = [
     "available",
 ]
 
-_API = (
-    "enable",
-    "disable",
-    "is_enabled",
-    "key_of",
-    "last_result",
-    "clear_memo",
-    "factory_names",
-    "oneshot_names",
-)
+#: the names served by cuforge.cccl._wrap (the rest of __all__ is defined here)
+_API = frozenset(__all__) - {"available"}
 
 
 def available() -> str | None:
