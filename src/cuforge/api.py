@@ -192,7 +192,7 @@ def load_binary(
         )
     if kind is not None and kind != found:
         raise ValueError(f"{label}: kind={kind!r} was given but the contents are a {found}")
-    import hashlib
+    from cuforge.key import bytes_digest
 
     return Program(
         name=label,
@@ -204,7 +204,7 @@ def load_binary(
         lowered_names={},
         name_expressions=(),
         log="",
-        key="loaded-" + hashlib.sha256(binary).hexdigest(),
+        key="loaded-" + bytes_digest(binary),
         key_fields=None,
         source_of_result="loaded",
         compile_seconds=0.0,

@@ -35,6 +35,8 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from cuforge.key import bytes_digest
+
 __all__ = [
     "BuildTask",
     "TaskResult",
@@ -467,7 +469,7 @@ def store_entries(results: Iterable[TaskResult]) -> int:
     stored. Entries are checked against :mod:`cuforge.store.schema` first (a malformed one
     raises ``ValueError`` naming the task)."""
     from cuforge.store import default_store
-    from cuforge.store.base import Entry
+    from cuforge.store.base import Entry, is_entry_key
     from cuforge.store.schema import entry_problem
 
     store = default_store()
@@ -477,7 +479,7 @@ def store_entries(results: Iterable[TaskResult]) -> int:
     for result in results:
         for key, kind, payload, meta in result.entries or ():
             problem = entry_problem(kind, meta)
-            if problem is not None or not _is_key(key):
+            if problem is not None or not is_entry_key(key):
                 raise ValueError(
                     f"{result.label}: the worker returned a malformed entry {key[:16]!r} "
                     f"({problem or 'not a hex key'}); nothing of it was stored"
@@ -487,17 +489,7 @@ def store_entries(results: Iterable[TaskResult]) -> int:
     return stored
 
 
-def _is_key(text: str) -> bool:
-    return 16 <= len(text) <= 128 and all(c in "0123456789abcdef" for c in text)
-
-
 # -- files that travel ----------------------------------------------------------------
-
-
-def _sha256(data: bytes) -> str:
-    import hashlib
-
-    return hashlib.sha256(data).hexdigest()
 
 
 def _check_rel(rel: str, label: str) -> str:
@@ -525,7 +517,7 @@ def task_files(kind: str, spec: Mapping, root: str) -> dict[str, str]:
         from cuforge._fs import read_bytes
 
         return {
-            rel: _sha256(read_bytes(os.path.join(root, rel), follow=True))
+            rel: bytes_digest(read_bytes(os.path.join(root, rel), follow=True))
             for rel in python_files(spec, root)
         }
     if kind == "kernel":
@@ -566,7 +558,7 @@ def task_files(kind: str, spec: Mapping, root: str) -> dict[str, str]:
         if rel not in files:
             from cuforge._fs import read_bytes
 
-            files[rel] = _sha256(read_bytes(full, follow=True))
+            files[rel] = bytes_digest(read_bytes(full, follow=True))
     return files
 
 
@@ -586,7 +578,7 @@ def read_blobs(tasks: Iterable[BuildTask], root: str) -> dict[str, bytes]:
                 data = read_bytes(path, follow=True)
             except OSError as exc:
                 raise TaskFileError(f"{task.label}: cannot read {path}: {exc}") from None
-            if _sha256(data) != sha:
+            if bytes_digest(data) != sha:
                 raise TaskFileError(
                     f"{task.label}: {path} changed since the manifest was expanded; "
                     "run the build again"
@@ -606,7 +598,7 @@ def materialize(task: BuildTask, blobs: Mapping[str, bytes], dest_root: str) -> 
         data = blobs.get(sha)
         if data is None:
             raise TaskFileError(f"{task.label}: no content for {rel} (sha256 {sha[:16]}...)")
-        if _sha256(bytes(data)) != sha:
+        if bytes_digest(bytes(data)) != sha:
             raise TaskFileError(f"{task.label}: the content sent for {rel} has the wrong sha256")
         path = os.path.join(dest_root, norm)
         parent = os.path.dirname(path)

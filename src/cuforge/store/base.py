@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 
-__all__ = ["Entry", "EntryInfo", "StoreStats", "Store", "ENTRY_KINDS"]
+__all__ = ["Entry", "EntryInfo", "StoreStats", "Store", "ENTRY_KINDS", "is_entry_key"]
 
 #: What an entry holds. "kernel": a compiled cubin/PTX/fatbin; "manifest": the headers a
 #: compile read (the direct-mode lookup); "object": a compiled translation unit;
@@ -40,6 +40,17 @@ ENTRY_KINDS = (
     "cccl",
     "cute",
 )  # = cuforge.store.schema.KINDS
+
+
+def is_entry_key(text: Any) -> bool:
+    """Whether ``text`` has the shape of an entry key (16 to 128 lowercase hex digits): the
+    check for a key read from something that may be damaged or planted (an index, a
+    bundle, an entry list), before it names a file or a lookup."""
+    return (
+        isinstance(text, str)
+        and 16 <= len(text) <= 128
+        and all(c in "0123456789abcdef" for c in text)
+    )
 
 
 class Entry:

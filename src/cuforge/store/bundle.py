@@ -40,7 +40,7 @@ from __future__ import annotations
 import os
 
 from cuforge.errors import CuforgeError
-from cuforge.store.base import Entry, EntryInfo, Store, StoreStats
+from cuforge.store.base import Entry, EntryInfo, Store, StoreStats, is_entry_key
 
 TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs ~10 ms
 if TYPE_CHECKING:  # pragma: no cover
@@ -68,14 +68,6 @@ def _sha256(data) -> bytes:
     return hashlib.sha256(data).digest()
 
 
-def _is_key(text: Any) -> bool:
-    return (
-        isinstance(text, str)
-        and 16 <= len(text) <= 128
-        and all(c in "0123456789abcdef" for c in text)
-    )
-
-
 def write_bundle_file(path: str, entries: Iterable[Entry], info: dict[str, Any]) -> int:
     """Write ``entries`` (each key once; a repeated key must have the same kind and payload)
     and ``info`` (JSON types) as a bundle at ``path``, atomically (mode 0644: a bundle is
@@ -97,7 +89,7 @@ def write_bundle_file(path: str, entries: Iterable[Entry], info: dict[str, Any])
                 raise ValueError(f"two different entries have the key {entry.key[:16]}...")
             continue
         problem = entry_problem(entry.kind, entry.meta)
-        if problem is not None or not _is_key(entry.key):
+        if problem is not None or not is_entry_key(entry.key):
             raise ValueError(
                 f"entry {entry.key[:16]!r} cannot go into a bundle: {problem or 'not a hex key'}"
             )
@@ -201,7 +193,7 @@ class BundleStore(Store):
         self.info: dict[str, Any] = info if isinstance(info, dict) else {}
         rows: dict[str, dict[str, Any]] = {}
         for i, row in enumerate(doc["entries"]):
-            if not isinstance(row, dict) or not _is_key(row.get("key")):
+            if not isinstance(row, dict) or not is_entry_key(row.get("key")):
                 raise self._error(f"index row {i} has no valid key")
             o, n, sha = row.get("offset"), row.get("size"), row.get("sha256")
             if not (

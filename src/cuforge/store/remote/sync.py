@@ -242,6 +242,8 @@ def index_key(name: str) -> str:
 def _parse_index(payload: bytes) -> list[tuple[str, str]]:
     import json
 
+    from cuforge.store.base import is_entry_key
+
     doc = json.loads(payload.decode("utf-8"))
     if not isinstance(doc, dict) or doc.get("format") != 1:
         raise ValueError("not a cuforge push index (format 1)")
@@ -252,16 +254,12 @@ def _parse_index(payload: bytes) -> list[tuple[str, str]]:
             and len(item) == 2
             and item[0] in _ORDER
             and isinstance(item[1], str)
-            and _is_key(item[1])
+            and is_entry_key(item[1])
         ):
             pairs.append((item[0], item[1]))
         else:
             raise ValueError(f"malformed index item {str(item)[:80]!r}")
     return pairs
-
-
-def _is_key(text: str) -> bool:
-    return 16 <= len(text) <= 128 and all(c in "0123456789abcdef" for c in text)
 
 
 def read_index(remote: Store, name: str = DEFAULT_INDEX) -> list[tuple[str, str]] | None:
