@@ -103,7 +103,9 @@ class OfflineMissError(CuforgeError):
     in the cache nor in a loaded bundle; nothing was compiled. The message names the
     kernel, the arch, the variant (name expressions, defines, options) and the
     ``cuforge.toml`` entry that would build it. Attributes: ``name``, ``arch``,
-    ``name_expressions``, ``defines``, ``options``, ``include_dirs``, ``manifest_entry``."""
+    ``name_expressions``, ``defines``, ``options``, ``include_dirs``, ``manifest_entry``.
+    Another kind of build (a torch extension) passes its own ``manifest_entry`` and
+    ``message``."""
 
     def __init__(
         self,
@@ -118,12 +120,19 @@ class OfflineMissError(CuforgeError):
         output: str = "cubin",
         why: str = "",
         bundles: tuple[str, ...] = (),
+        manifest_entry: str | None = None,
+        message: str | None = None,
     ) -> None:
         self.name, self.arch = name, arch
         self.name_expressions = tuple(name_expressions)
         self.defines = dict(defines)
         self.options = tuple(options)
         self.include_dirs = tuple(include_dirs)
+        if manifest_entry is not None and message is not None:
+            # another kind of build (a torch extension) with its own entry and message
+            self.manifest_entry = manifest_entry
+            super().__init__(message)
+            return
         self.manifest_entry = _manifest_entry(
             name, arch, self.name_expressions, self.defines, self.options, include_dirs,
             backend, output,

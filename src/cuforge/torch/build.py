@@ -582,11 +582,10 @@ def _offline_miss(p: Plan):
     """The error of strict mode (``CUFORGE_OFFLINE=1``) for an extension that is neither
     in the cache nor in a loaded bundle: it names the extension, its archs and sources,
     and the ``[[extension]]`` manifest entry that would build it."""
-    from cuforge.errors import CuforgeError
     from cuforge.pipeline import OfflineMissError, loaded_bundles
 
     spec = p.spec
-    archs = getattr(p, "archs", None) or []
+    archs = " ".join(map(str, getattr(p, "archs", None) or []))
     sources = [os.path.relpath(s) for s in spec.sources]
     entry = "\n".join(
         [
@@ -596,19 +595,18 @@ def _offline_miss(p: Plan):
         ]
     )
     bundles = ", ".join(getattr(b, "path", str(b)) for b in loaded_bundles()) or "none loaded"
-    err = OfflineMissError.__new__(OfflineMissError)
-    CuforgeError.__init__(
-        err,
-        f"strict mode: the torch extension {spec.name} (archs {' '.join(map(str, archs)) or '?'}"
-        f"; sources {', '.join(sources)}) is not in the cache or a loaded bundle (bundles: "
-        f"{bundles}); nothing was compiled. To ship it, list it in cuforge.toml:\n\n{entry}"
-        "\n\nthen run `cuforge build --bundle app.cfb` and `cuforge bundle install app.cfb` "
-        "(or cuforge.load_bundle at import). Unset CUFORGE_OFFLINE to build on a miss.",
+    return OfflineMissError(
+        spec.name,
+        archs,
+        manifest_entry=entry,
+        message=(
+            f"strict mode: the torch extension {spec.name} (archs {archs or '?'}; sources "
+            f"{', '.join(sources)}) is not in the cache or a loaded bundle (bundles: {bundles})"
+            f"; nothing was compiled. To ship it, list it in cuforge.toml:\n\n{entry}\n\nthen "
+            "run `cuforge build --bundle app.cfb` and `cuforge bundle install app.cfb` (or "
+            "cuforge.load_bundle at import). Unset CUFORGE_OFFLINE to build on a miss."
+        ),
     )
-    err.name, err.arch = spec.name, " ".join(map(str, archs))
-    err.name_expressions, err.defines, err.options, err.include_dirs = (), {}, (), ()
-    err.manifest_entry = entry
-    return err
 
 
 def _publish(p: Plan, path: str) -> None:
