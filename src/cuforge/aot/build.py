@@ -199,15 +199,7 @@ def build(
         for task in lost:
             i = by_label[task.label]
             finish(
-                i,
-                TaskResult(
-                    task.label,
-                    False,
-                    False,
-                    0.0,
-                    f"the {runner.name} executor returned no result for it",
-                    task=task,
-                ),
+                i, TaskResult.failed(task, f"the {runner.name} executor returned no result for it")
             )
     results = [done[i] for i in range(total)]
     if name == "ray" and misses:
@@ -236,7 +228,7 @@ def _strict_failure(task: BuildTask, root: str) -> TaskResult:
             log = str(exc)
         except (CuforgeError, OSError, ValueError) as exc:
             log = f"{type(exc).__name__}: {exc}"
-    return TaskResult(task.label, False, False, 0.0, log, task=task)
+    return TaskResult.failed(task, log)
 
 
 def _strict_python(task: BuildTask, root: str) -> TaskResult:

@@ -75,23 +75,11 @@ class LocalExecutor(Executor):
                 try:
                     result = future.result()
                 except BrokenProcessPool as exc:
-                    result = TaskResult(
-                        task.label,
-                        ok=False,
-                        hit=False,
-                        seconds=0.0,
-                        log=f"the worker process died ({exc}); out of memory? try fewer --jobs",
-                        task=task,
+                    result = TaskResult.failed(
+                        task, f"the worker process died ({exc}); out of memory? try fewer --jobs"
                     )
                 except Exception as exc:  # noqa: BLE001 - one task's failure never hides the others
-                    result = TaskResult(
-                        task.label,
-                        ok=False,
-                        hit=False,
-                        seconds=0.0,
-                        log=f"{type(exc).__name__}: {exc}",
-                        task=task,
-                    )
+                    result = TaskResult.failed(task, f"{type(exc).__name__}: {exc}")
                 if result.task is None:
                     result.task = task
                 yield result

@@ -186,7 +186,7 @@ class RayExecutor(Executor):
                 t0 = time.perf_counter()
                 problem = self._put_files(ray, task, root, refs)
                 if problem is not None:
-                    failed.append(TaskResult(task.label, False, False, 0.0, problem, task=task))
+                    failed.append(TaskResult.failed(task, problem))
                     continue
                 shas = tuple(sorted(set(task.files.values())))
                 ref = fn.remote(task, env, want, signs, shas, *[refs[s] for s in shas])
@@ -238,13 +238,13 @@ def _collect(ray, ref, task: BuildTask, t0: float, retries: int) -> TaskResult:
             f"{retries + 1} time(s) (out of memory, killed, or the node left the cluster): "
             f"{type(exc).__name__}: {exc}"
         )
-        return TaskResult(task.label, False, False, time.perf_counter() - t0, log, task=task)
+        return TaskResult.failed(task, log, time.perf_counter() - t0)
     except rex.RayError as exc:
         log = f"Ray could not run it: {type(exc).__name__}: {exc}"
-        return TaskResult(task.label, False, False, time.perf_counter() - t0, log, task=task)
+        return TaskResult.failed(task, log, time.perf_counter() - t0)
     if not isinstance(result, TaskResult):  # a worker with another cuforge, or none
         log = f"the Ray worker returned {type(result).__name__}, not a TaskResult"
-        return TaskResult(task.label, False, False, time.perf_counter() - t0, log, task=task)
+        return TaskResult.failed(task, log, time.perf_counter() - t0)
     result.task = task
     return result
 

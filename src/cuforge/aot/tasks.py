@@ -101,6 +101,11 @@ class TaskResult:
     entries: list[tuple[str, str, bytes, dict]] | None = None
     task: BuildTask | None = field(default=None, repr=False)
 
+    @classmethod
+    def failed(cls, task: BuildTask, log: str, seconds: float = 0.0) -> TaskResult:
+        """``task`` did not build; ``log`` says why."""
+        return cls(task.label, False, False, seconds, log, task=task)
+
 
 # os.chdir and os.environ are process-wide: tasks run in this process one at a time
 _process_lock = threading.RLock()
