@@ -1,0 +1,221 @@
+"""The cache dir's layout and its trust rule: every path under a cuforge cache dir.
+
+This is the one module that joins paths under a cache dir. :class:`cuforge.Cache` holds a
+:class:`CacheLayout`; the stores, telemetry, the miss history, the toolchain memo, the C
+launcher and the torch build are handed the paths they need from it.
+
+::
+
+    <root>/                      0700, yours
+      v1/entries/ab/cd/<key>     the disk tier's entries (fanned out by key)
+      v1/index/journal           the disk tier's journal (+ lock, evict.lock)
+      locks/                     single-flight compile locks
+      telemetry/                 hit / miss counters
+      explain/names/<digest>.jsonl, explain/misses.jsonl
+                                 key histories and the last misses (``cuforge cache explain``)
+      toolchain.json             the toolchain probe memo
+      runtime/                   the C launcher built for this machine
+      torch/build/<name>/        torch extension build dirs (ninja objects, depfiles)
+      torch/modules/<key>/       torch extension modules, by link key
+
+**The trust rule** (ssh's StrictModes, applied to every directory on the way): whoever can
+write a cache dir can make the processes that use it run their code. So a directory that
+cuforge reads code or entries from must be owned by the current user and not writable by
+group or others -- and so must every directory between the cache root and it.
+:meth:`CacheLayout.trust_problem` is that rule; the runtime and ``cuforge doctor`` both ask
+it, and its message names a recursive fix.
+"""
+
+from __future__ import annotations
+
+import os
+
+from cuforge._fs import trust_problem as _dir_problem
+
+__all__ = ["CacheLayout", "DISK_FORMAT", "is_entry_key"]
+
+#: The disk tier's format directory: bump it when the entry format changes (old entries
+#: are then simply not seen).
+DISK_FORMAT = "v1"
+
+_HEX = frozenset("0123456789abcdef")
+
+
+def is_entry_key(text: object) -> bool:
+    """Whether ``text`` is an entry key: 64 lowercase hex digits (a SHA-256)."""
+    return isinstance(text, str) and len(text) == 64 and _HEX.issuperset(text)
+
+
+class CacheLayout:
+    """Every path under one cache dir (see the module doc). Cheap to build: it joins
+    strings and touches no file until asked."""
+
+    __slots__ = (
+        "root",
+        "entries",
+        "index",
+        "journal",
+        "index_lock",
+        "evict_lock",
+        "locks",
+        "telemetry",
+        "explain",
+        "explain_names",
+        "explain_misses",
+        "toolchain_memo",
+        "runtime",
+        "torch",
+        "torch_builds",
+        "torch_modules",
+        "_entry_prefix",
+    )
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = os.path.abspath(os.path.expanduser(os.fspath(root)))
+        join = os.path.join
+        fmt = join(self.root, DISK_FORMAT)
+        self.entries = join(fmt, "entries")
+        self.index = join(fmt, "index")
+        self.journal = join(self.index, "journal")
+        self.index_lock = join(self.index, "lock")
+        self.evict_lock = join(self.index, "evict.lock")
+        self.locks = join(self.root, "locks")
+        self.telemetry = join(self.root, "telemetry")
+        self.explain = join(self.root, "explain")
+        self.explain_names = join(self.explain, "names")
+        self.explain_misses = join(self.explain, "misses.jsonl")
+        self.toolchain_memo = join(self.root, "toolchain.json")
+        self.runtime = join(self.root, "runtime")
+        self.torch = join(self.root, "torch")
+        self.torch_builds = join(self.torch, "build")
+        self.torch_modules = join(self.torch, "modules")
+        self._entry_prefix = self.entries + os.sep
+
+    def __repr__(self) -> str:
+        return f"CacheLayout({self.root!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, CacheLayout) and other.root == self.root
+
+    def __hash__(self) -> int:
+        return hash(self.root)
+
+    # ------------------------------------------------------------------ paths
+    def entry_path(self, key: str) -> str:
+        """``<root>/v1/entries/<key[0:2]>/<key[2:4]>/<key>``. Raises ValueError for
+        anything but an entry key (:func:`is_entry_key`)."""
+        if not is_entry_key(key):
+            raise ValueError(f"not a valid cache key: {key!r}")
+        return f"{self._entry_prefix}{key[0:2]}/{key[2:4]}/{key}"
+
+    def explain_names_file(self, digest: str) -> str:
+        """The key history of one source name (``digest`` is the name's digest)."""
+        return os.path.join(self.explain_names, digest + ".jsonl")
+
+    def torch_build_dir(self, name: str) -> str:
+        """``<root>/torch/build/<name>``; ``name`` must be a plain directory name."""
+        _check_name(name, "an extension name")
+        return os.path.join(self.torch_builds, name)
+
+    def torch_module_dir(self, key: str) -> str:
+        """``<root>/torch/modules/<key>``; ``key`` must be an entry key."""
+        if not is_entry_key(key):
+            raise ValueError(f"{key!r} is not a cuforge key (64 lowercase hex digits)")
+        return os.path.join(self.torch_modules, key)
+
+    def own_dirs(self) -> tuple[str, ...]:
+        """The directories cuforge creates directly under the root (checked and created
+        0700 by :meth:`ensure`)."""
+        return (
+            self.root,
+            os.path.dirname(self.entries),
+            self.entries,
+            self.index,
+            self.locks,
+        )
+
+    def contains(self, path: str) -> bool:
+        """Whether ``path`` (absolute) lies under the root."""
+        return path == self.root or path.startswith(self.root + os.sep)
+
+    # ------------------------------------------------------------------ trust
+    def trust_problem(self, *paths: str) -> str | None:
+        """Why the cache dir cannot be trusted to hold code this process will run, or
+        None. Checks the root and every directory on the way from it to each of
+        ``paths`` (the paths themselves included when they are directories; for a file,
+        its parent). With no ``paths``, checks the directories cuforge creates under the
+        root (:meth:`own_dirs`). A directory that does not exist yet is no problem
+        (cuforge creates it 0700). The message names a fix that covers the whole tree."""
+        for directory in self._dirs_to_check(paths or self.own_dirs(), not paths):
+            problem = _dir_problem(directory)
+            if problem is not None:
+                return self._with_recursive_fix(problem)
+        return None
+
+    def _dirs_to_check(self, paths, are_dirs: bool) -> list[str]:
+        """The root, then every directory from it down to each path, in order."""
+        seen: dict[str, None] = {self.root: None}
+        for path in paths:
+            path = os.path.abspath(path)
+            if not self.contains(path):
+                raise ValueError(f"{path} is not under the cache dir {self.root}")
+            if not are_dirs and path != self.root and not os.path.isdir(path):
+                path = os.path.dirname(path)
+            rel = os.path.relpath(path, self.root)
+            if rel == ".":
+                continue
+            current = self.root
+            for part in rel.split(os.sep):
+                current = os.path.join(current, part)
+                seen[current] = None
+        return list(seen)
+
+    def _with_recursive_fix(self, problem: str) -> str:
+        # _fs names a fix for the one directory; any directory may have been replaced by
+        # another user, so the fix must cover the whole tree
+        head = problem.split("; ", 1)[0]
+        if "owned by" in head:
+            fix = (
+                "use a cache dir of your own (export CUFORGE_CACHE_DIR=~/.cache/cuforge), or "
+                "if you trust every file in it: "
+                f"`chown -R $(id -un) {self.root} && chmod -R go-w {self.root}`"
+            )
+        elif "writable by" in head:
+            fix = (
+                "anyone who could write it may have replaced entries: if you trust every "
+                f"file in it, `chmod -R go-w {self.root}`; otherwise remove it "
+                f"(`rm -rf {self.root}`) and let cuforge recreate it"
+            )
+        else:
+            return problem
+        return f"{head}; {fix}"
+
+    def ensure(self, *dirs: str) -> str | None:
+        """Create ``dirs`` (default: :meth:`own_dirs`) and every directory between the root
+        and them, each 0700, then apply :meth:`trust_problem` to them. Returns the
+        problem, or None. An OSError while creating is returned as a problem too."""
+        targets = dirs or self.own_dirs()
+        for directory in self._dirs_to_check(targets, True):
+            try:
+                os.mkdir(directory, 0o700)
+            except FileExistsError:
+                continue
+            except OSError as exc:
+                return f"cannot create {directory} ({exc.strerror or exc})"
+        for directory in self._dirs_to_check(targets, True):
+            problem = _dir_problem(directory)
+            if problem is not None:
+                return self._with_recursive_fix(problem)
+        return None
+
+
+def _check_name(name: str, what: str) -> None:
+    if (
+        not isinstance(name, str)
+        or not name
+        or name in (".", "..")
+        or os.sep in name
+        or (os.altsep and os.altsep in name)
+        or "\0" in name
+    ):
+        raise ValueError(f"{name!r} is not usable as {what}: use a plain name (no '/', '..')")
