@@ -93,14 +93,10 @@ def make_project(where: str, variants: int, arch: str) -> str:
 
 
 def fresh_cache(scratch: str, label: str) -> str:
-    """A new, empty cache dir as this process's cache (store and call memo reset)."""
-    from cuforge.pipeline import reset_memo
-    from cuforge.store import reset_default_store
-
+    """A new, empty cache dir as this process's cache (a new default cache: store, call
+    memo and counters are fresh)."""
     path = tempfile.mkdtemp(prefix=f"cache-{label}-", dir=scratch)
     os.environ["CUFORGE_CACHE_DIR"] = path
-    reset_default_store()
-    reset_memo()
     return path
 
 

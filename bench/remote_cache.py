@@ -68,7 +68,7 @@ HIT_CHILD = textwrap.dedent(
         out["calls"].append(time.perf_counter() - start)
         out["from"].append(p.source_of_result)
     # the remote tier alone: one GET of the kernel entry (envelope checked), no back-fill
-    remotes = [t for t in getattr(cuforge.store.default_store(), "tiers", ())
+    remotes = [t for t in getattr(cuforge.default_cache().store, "tiers", ())
                if t.tier.startswith("remote")]
     if remotes:
         gets = []

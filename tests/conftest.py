@@ -18,21 +18,18 @@ pytest_plugins = ("tests.remote_servers",)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SRC = os.path.join(ROOT, "src")
 
-_CLEARED = (
-    "CUFORGE_DISABLE_CACHE",
-    "CUFORGE_DISABLE_FILE_CACHE",
-    "CUFORGE_CACHE_MAX_BYTES",
-    "CUFORGE_MEMORY_MAX_BYTES",
-    "CUFORGE_VERBOSE",
-    "CUFORGE_EXPLAIN",
-    "CUFORGE_EXTRA_OPTIONS",
-    "CUFORGE_NVCC",
-    "CUFORGE_LOCK_TIMEOUT",
-    "CUFORGE_OFFLINE",
-    "NVCC_PREPEND_FLAGS",
-    "NVCC_APPEND_FLAGS",
-    "TORCH_CUDA_ARCH_LIST",
-)
+
+def _cleared() -> tuple[str, ...]:
+    """Every variable cuforge reads that a developer's shell may have set: all the
+    ``CUFORGE_*`` ones and the codegen / arch variables (from config, not a copied list), so
+    that an exported ``CUFORGE_REMOTE`` never points the suite at a real team cache."""
+    from cuforge.config import CODEGEN_ENV_VARS, SETTING_VARS
+
+    names = {v for v in SETTING_VARS if v.startswith("CUFORGE_")}
+    names.update(CODEGEN_ENV_VARS)
+    names.add("TORCH_CUDA_ARCH_LIST")
+    names.update(v for v in os.environ if v.startswith("CUFORGE_"))
+    return tuple(sorted(names))
 
 
 def _gpu_visible() -> bool:
@@ -60,20 +57,24 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def isolated_cache(tmp_path, monkeypatch):
-    """A fresh cache dir per test, a pinned arch when no GPU is visible, no cuforge knobs."""
-    for name in _CLEARED:
+    """A fresh cache per test: ``CUFORGE_CACHE_DIR`` names a new dir (so the default cache,
+    its memos and counters are new too; no module global is reset), a pinned arch when no
+    GPU is visible, no other cuforge knob. Yields the dir."""
+    for name in _cleared():
         monkeypatch.delenv(name, raising=False)
     cache_dir = tmp_path / "cuforge-cache"
     monkeypatch.setenv("CUFORGE_CACHE_DIR", str(cache_dir))
     if not GPU_VISIBLE:
         monkeypatch.setenv("CUFORGE_ARCH", "sm_90")
-    from cuforge.pipeline import counters, reset_memo
-
-    reset_memo()
-    for k in counters:
-        counters[k] = 0
     yield cache_dir
-    reset_memo()
+
+
+@pytest.fixture
+def cache(isolated_cache):
+    """A :class:`cuforge.Cache` of its own (``<tmp>/own-cache``), for tests that pass one."""
+    import cuforge
+
+    return cuforge.Cache(isolated_cache.parent / "own-cache")
 
 
 def child_env(**overrides: str) -> dict[str, str]:

@@ -10,10 +10,9 @@ import textwrap
 
 import pytest
 
-from cuforge import blobcache
+from cuforge import blobcache, default_cache
 from cuforge.blobcache import BlobFormatError, get_or_build, pack, unpack
 from cuforge.explain import recent_misses
-from cuforge.store import default_store
 from tests.conftest import child_env, run_python
 
 
@@ -92,7 +91,7 @@ def test_kind_is_part_of_the_key():
 
 def test_a_load_error_deletes_rebuilds_and_overwrites(isolated_cache, caplog):
     good = get_or_build("cccl", "t/sum", {"f": "1"}, Builder(b"good"), load)
-    store = default_store()
+    store = default_cache().store
     from cuforge.store.base import Entry
 
     entry = store.get(good.key)

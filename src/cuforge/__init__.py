@@ -7,7 +7,9 @@ import costs only the lookup. The launch runtime and the torch helpers load on f
 * :func:`compile`, :func:`compile_file` -> :class:`Program` (cached by content)
 * :meth:`Program.kernel` -> :class:`Kernel`, launched as ``k[grid, block](*args)``
 * :func:`explain_miss` -- why the last lookup of a source name missed the cache
-* :func:`cache` -- the cache tiers in use (memory + disk)
+* :class:`Cache` -- the cache as a value (dir, tiers, bundles, strict mode); every cached
+  entry point takes ``cache=``, default :func:`default_cache` (from ``CUFORGE_*``)
+* :func:`cache` -- the cache in use (``default_cache()``)
 * :mod:`cuforge.torch` -- drop-in ``load()`` / ``load_inline()`` for PyTorch extensions
 * errors: :class:`CompileError`, :class:`ArchError`, :class:`ConfigError`, :class:`ToolchainError`,
   :class:`LaunchError`, :class:`CuforgeError`
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 from cuforge._version import __version__
 from cuforge.api import cache, compile, compile_file, explain_miss
+from cuforge.caching import Cache, default_cache, using
 from cuforge.errors import ArchError, CompileError, ConfigError, CuforgeError, ToolchainError
 from cuforge.program import Program
 
@@ -26,6 +29,9 @@ __all__ = [
     "compile_file",
     "explain_miss",
     "cache",
+    "Cache",
+    "default_cache",
+    "using",
     "Program",
     "Kernel",
     "Pointer",
@@ -53,7 +59,7 @@ _LAZY = {
     "Options": ("cuforge.options", "Options"),
     "load_binary": ("cuforge.api", "load_binary"),
     "load_bundle": ("cuforge.aot.bundle", "load_bundle"),
-    "OfflineMissError": ("cuforge.pipeline", "OfflineMissError"),
+    "OfflineMissError": ("cuforge.errors", "OfflineMissError"),
     "SpecializationError": ("cuforge.jitkernel", "SpecializationError"),
 }
 

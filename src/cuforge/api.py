@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 
+from cuforge.caching import Cache, default_cache, resolve
 from cuforge.pipeline import compile_cached
 from cuforge.program import Program
 
@@ -35,6 +36,7 @@ def compile(
     name_expressions: Sequence[str] = (),
     headers: Mapping[str, str] | None = None,
     strict: bool = False,
+    cache: Cache | None = None,
 ) -> Program:
     """Compile CUDA C++ ``source`` (or fetch an identical earlier compile) and return a :class:`Program`.
 
@@ -56,6 +58,8 @@ def compile(
         headers: NVRTC only: in-memory headers ``{"tile.cuh": "..."}``, keyed by content.
         strict: never compile (also ``CUFORGE_OFFLINE=1``): a kernel that is neither in the
             cache nor in a loaded bundle raises :class:`OfflineMissError`.
+        cache: the :class:`cuforge.Cache` to use (default: :func:`cuforge.default_cache`,
+            built from the ``CUFORGE_*`` environment).
 
     Raises:
         CompileError: the compiler rejected the source (``str(err)`` has the log with lines).
@@ -77,6 +81,7 @@ def compile(
         headers=headers,
         result_type=Program,
         strict=strict,
+        cache=cache,
     )
 
 
@@ -91,6 +96,7 @@ def compile_file(
     output: str = "cubin",
     name_expressions: Sequence[str] = (),
     strict: bool = False,
+    cache: Cache | None = None,
 ) -> Program:
     """Compile a ``.cu`` file. Quoted includes resolve relative to the file's directory, as
     when compiled in place. Same arguments as :func:`compile`; the name is the file's name."""
@@ -109,6 +115,7 @@ def compile_file(
         source_dir=os.path.dirname(os.path.abspath(path)),
         result_type=Program,
         strict=strict,
+        cache=cache,
     )
 
 
@@ -137,6 +144,7 @@ def load_binary(
     name: str | None = None,
     *,
     source: str | None = None,
+    cache: Cache | None = None,
 ) -> Program:
     """A :class:`Program` from a binary built elsewhere: a cubin, PTX or fatbin file (or its
     bytes), as CuPy's ``RawModule(path=)`` and cuda.core's ``ObjectCode`` load them. Its
@@ -155,13 +163,16 @@ def load_binary(
     The binary is not checked further until a kernel is loaded on a GPU (the driver's error
     then names the program). ``arch`` is read from a cubin's header or PTX's ``.target``
     (None for a fatbin); ``key`` is ``"loaded-<sha256 of the bytes>"``; ``source_of_result``
-    is ``"loaded"``. Nothing is cached: the bytes are the caller's.
+    is ``"loaded"``. Nothing is stored: the bytes are the caller's. ``cache`` is the
+    :class:`cuforge.Cache` the program belongs to (default: :func:`cuforge.default_cache`),
+    checked like every entry point's.
 
     Raises:
         FileNotFoundError: the path cannot be read (or is not a regular file).
         ValueError: the contents are not a cubin, PTX or fatbin, or not the ``kind`` given.
         TypeError: ``path_or_bytes`` is neither a path nor bytes.
     """
+    resolve(cache)  # a wrong argument is named now, as for every cached entry point
     if isinstance(path_or_bytes, (bytes, bytearray, memoryview)):
         binary = bytes(path_or_bytes)
         label = name or "<bytes>"
@@ -249,8 +260,7 @@ def explain_miss(name: str | None = None) -> list[str]:
     return list(record["reasons"]) if record else []
 
 
-def cache():
-    """The cache in use: a store with get/put/delete/iterate/stats (None when disabled)."""
-    from cuforge.store import default_store
-
-    return default_store()
+def cache() -> Cache:
+    """The cache in use: :func:`cuforge.default_cache` (a :class:`cuforge.Cache`, with
+    get/put/delete/iterate/stats; its ``store`` is None when caching is disabled)."""
+    return default_cache()

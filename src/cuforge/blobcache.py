@@ -8,28 +8,26 @@ those files back into a ready object. :func:`get_or_build` joins them to the sto
 
 * **key**: :class:`cuforge.key.KeyBuilder` over ``kind`` and the fields (each a labeled text
   field, sorted by label), plus this module's blob-format version;
-* **lookup** in every tier :func:`cuforge.store.default_store` builds (memory, disk, the
-  remote tiers), so it obeys ``CUFORGE_CACHE_DIR``, ``CUFORGE_DISABLE_FILE_CACHE`` and
-  ``CUFORGE_DISABLE_CACHE`` (then it always builds) exactly as kernels do; then in every
-  loaded bundle (:func:`cuforge.load_bundle`: read-only, served in place, a hit says
-  ``"bundle"``);
+* **lookup** in every tier of the :class:`~cuforge.Cache` (``cache=``, default
+  :func:`cuforge.default_cache`): memory, disk, the remote tiers, then the bundles
+  (read-only, served in place, a hit says ``"bundle"``); a disabled cache always builds;
 * a **hit** unpacks the stored files and calls ``load`` -- never ``build``;
 * a **load error** (any exception ``load`` raises on stored bytes, or bytes that do not
   unpack) is reported in one warning naming the exception, the entry is deleted from every
   tier, and it is rebuilt and overwritten;
-* a **miss** builds under :func:`cuforge.store.single_flight.single_flight` (one build of a
-  key at a time across threads and processes; a waiter re-checks the store and loads the
-  winner's entry), calls ``load`` on the fresh files (an error there propagates and nothing
+* a **miss** builds through :meth:`cuforge.Cache.build_once` (one build of a key at a time
+  across threads and processes; a waiter re-checks the store and loads the winner's entry), calls ``load`` on the fresh files (an error there propagates and nothing
   is stored), stores the entry and records the key's fields for ``cuforge cache explain``
   (the reasons of the miss, when an earlier key of the same ``name`` differs);
 * ``uncacheable=<reason>``: nothing is looked up or stored; ``build`` and ``load`` run every
   time, the result says ``"uncached"`` with the reason, the reason is logged as a miss for
   ``cuforge cache explain`` and warned once per process;
-* ``CUFORGE_OFFLINE=1`` (strict production mode): a hit is served as always, anything that
-  would build raises :class:`OfflineBuildError` naming the build (nothing is built).
+* an offline cache (``CUFORGE_OFFLINE=1``, strict production mode): a hit is served as
+  always, anything that would build raises :class:`~cuforge.errors.OfflineMissError` naming
+  the build (nothing is built).
 
 Telemetry (hits, misses, puts per kind) is recorded by the disk tier itself, as for kernels;
-:data:`counters` counts this process's outcomes per kind.
+``cache.counters`` counts this process's outcomes per kind.
 
 Payload format: ``b"cuforge-blobs\\0"`` u32(version) u32(count) then, per file, u64(len(name))
 name u64(len(data)) data. Nothing is ever unpickled; file names are data, never paths.
@@ -38,10 +36,10 @@ name u64(len(data)) data. Nothing is ever unpickled; file names are data, never 
 from __future__ import annotations
 
 import struct
-import sys
 import time
 
-from cuforge.errors import CuforgeError
+from cuforge.caching import Cache, DefaultCounters, default_cache
+from cuforge.errors import OfflineMissError
 
 TYPE_CHECKING = False  # typing costs ~15 ms to import; annotations are strings here
 if TYPE_CHECKING:
@@ -54,6 +52,7 @@ __all__ = [
     "BlobResult",
     "BlobFormatError",
     "OfflineBuildError",
+    "OfflineMissError",
     "get_or_build",
     "make_key",
     "pack",
@@ -67,24 +66,31 @@ _MAGIC = b"cuforge-blobs\0"
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
 
-#: this process's outcomes: "<kind>:<source_of_result>" -> count, and "<kind>:load_errors"
-counters: dict[str, int] = {}
-_warned: set[str] = set()
+#: what the default cache did in this process: "<kind>:<source_of_result>" -> count, and
+#: "<kind>:load_errors" (a live view of ``cuforge.default_cache().counters``)
+counters = DefaultCounters()
 
 
-class OfflineBuildError(CuforgeError):
-    """``CUFORGE_OFFLINE=1`` (strict production mode) and the entry is not in the cache:
-    nothing is built. ``kind``, ``name``, ``key`` and ``fields`` say which build it is."""
+def offline_error(
+    kind: str, name: str, key: str, fields: dict[str, str], why: str
+) -> OfflineMissError:
+    """The :class:`~cuforge.errors.OfflineMissError` of a blob build (nothing is built in
+    strict mode); ``kind``, ``name``, ``key`` and ``fields`` say which build it is."""
+    shown = ", ".join(f"{k}={v}" for k, v in fields.items() if not k.startswith("version:"))
+    return OfflineMissError(
+        f"strict mode (CUFORGE_OFFLINE=1): the {kind} build {name!r} (key {key[:16]}; "
+        f"{shown}) {why}, and nothing may be built in offline mode. Run the same call once "
+        "where building is allowed (unset CUFORGE_OFFLINE) against this cache, or bring the "
+        "entry here with `cuforge cache export`/`import` or `push`/`pull`.",
+        kind=kind,
+        name=name,
+        key=key,
+        fields=fields,
+    )
 
-    def __init__(self, kind: str, name: str, key: str, fields: dict[str, str], why: str) -> None:
-        self.kind, self.name, self.key, self.fields = kind, name, key, fields
-        shown = ", ".join(f"{k}={v}" for k, v in fields.items() if not k.startswith("version:"))
-        super().__init__(
-            f"CUFORGE_OFFLINE=1: the {kind} build {name!r} (key {key[:16]}; {shown}) {why}, "
-            "and nothing may be built in offline mode. Run the same call once where building "
-            "is allowed (unset CUFORGE_OFFLINE) against this cache, or bring the entry here "
-            "with `cuforge cache export`/`import` or `push`/`pull`."
-        )
+
+#: The name it had when blob builds had their own offline error: the same class.
+OfflineBuildError = OfflineMissError
 
 
 class BlobFormatError(ValueError):
@@ -243,6 +249,7 @@ def get_or_build(
     *,
     uncacheable: str | None = None,
     meta: Mapping[str, Any] | None = None,
+    cache: Cache | None = None,
 ) -> BlobResult[T]:
     """The value for ``fields``: loaded from the cache, else built, loaded and stored.
 
@@ -250,81 +257,59 @@ def get_or_build(
     ``name``: what the entry is called in ``cuforge cache ls`` and ``explain`` (keys of the
     same name are compared to explain a miss); ``fields``: label -> str, everything that
     changes what ``build`` makes. ``meta``: extra JSON fields to store (e.g. ``"arch"``).
+    ``cache``: the :class:`~cuforge.Cache` (default: :func:`cuforge.default_cache`).
     See the module doc for the guarantees. Exceptions from ``build`` (and from ``load`` on
     freshly built files) propagate; nothing is stored then."""
-    from cuforge.config import settings
     from cuforge.store.base import ENTRY_KINDS
 
     if kind not in ENTRY_KINDS:
         raise ValueError(f"unknown entry kind {kind!r}; expected one of {', '.join(ENTRY_KINDS)}")
+    if cache is None:
+        cache = default_cache()
     started = time.perf_counter()
     key, recorded = make_key(kind, fields)
-    cfg = settings()
     if uncacheable is not None:
-        if cfg.offline:
-            raise OfflineBuildError(kind, name, key, recorded, f"cannot be cached ({uncacheable})")
-        return _uncached(kind, name, key, recorded, build, load, uncacheable, cfg, started)
-    from cuforge.store import default_store, lock_dir
-
-    store = None if cfg.disable_cache else default_store()
-    if cfg.offline:
-        hit = _lookup(store, kind, name, key, recorded, load, started)
-        if hit is None:
-            raise OfflineBuildError(kind, name, key, recorded, "is not in the cache")
-        return hit
-    if store is None:
+        if cache.offline:
+            raise offline_error(kind, name, key, recorded, f"cannot be cached ({uncacheable})")
+        return _uncached(cache, kind, name, key, recorded, build, load, uncacheable, started)
+    if not cache.enabled and not cache.offline:
         value, seconds = _build_and_load(kind, name, build, load)
-        return _done(kind, name, value, "compiled", key, recorded, None, seconds, started)
-    hit = _lookup(store, kind, name, key, recorded, load, started)
-    if hit is not None:
-        return hit
-    from cuforge.store.single_flight import single_flight
-
-    with single_flight(lock_dir(), key, cfg.lock_timeout, what=f"{kind} {name}"):
-        # another thread or process may have built it while we waited
-        hit = _lookup(store, kind, name, key, recorded, load, started)
-        if hit is not None:
-            return hit
-        return _build_and_store(store, kind, name, key, recorded, build, load, meta, cfg, started)
+        return _done(cache, kind, name, value, "compiled", key, recorded, None, seconds, started)
+    return cache.build_once(
+        key,
+        what=f"{kind} {name}",
+        lookup=lambda: _lookup(cache, kind, name, key, recorded, load, started),
+        build=lambda: _build_and_store(
+            cache, kind, name, key, recorded, build, load, meta, started
+        ),
+        offline_error=lambda: offline_error(kind, name, key, recorded, "is not in the cache"),
+    )
 
 
-def _bundles() -> list:
-    """The loaded bundles (:func:`cuforge.load_bundle`), in lookup order: the pipeline's
-    list (already imported: ``import cuforge`` loads the pipeline)."""
-    from cuforge.pipeline import loaded_bundles
-
-    return loaded_bundles()
-
-
-def _lookup(store, kind, name, key, recorded, load, started) -> BlobResult | None:
-    entry, tier = store.get_with_tier(key, kind=kind) if store is not None else (None, None)
+def _lookup(cache: Cache, kind, name, key, recorded, load, started) -> BlobResult | None:
+    # every tier: memory, disk, remotes, then the bundles (read-only, served in place)
+    entry, tier = cache.get_with_tier(key, kind=kind)
     if entry is None:
-        # loaded bundles: read-only tiers asked after the cache's own, served in place
-        for bundle in _bundles():
-            entry = bundle.get(key, kind=kind)
-            if entry is not None:
-                tier = "bundle"
-                break
-        else:
-            return None
+        return None
     source = "remote" if tier and tier.startswith("remote") else tier or "disk"
     try:
         if entry.kind != kind:
             raise BlobFormatError(f"the entry is of kind {entry.kind!r}, not {kind!r}")
         value = load(unpack(entry.payload))
     except Exception as exc:  # noqa: BLE001 - any failure to load stored bytes means a bad entry: rebuild
-        _count(kind, "load_errors")
+        cache.count(f"{kind}:load_errors")
         _warn(
             f"cuforge: the cached {kind} entry {name!r} (key {key[:12]}, from the {source} tier) "
             f"could not be loaded ({type(exc).__name__}: {exc}); it is deleted and rebuilt"
         )
-        if tier != "bundle":  # a bundle is read-only: the entry is rebuilt into the cache
-            store.delete(key)
+        cache.delete(key)  # a bundle is read-only: the entry is rebuilt into the cache
         return None
     build_seconds = entry.meta.get("compile_seconds", 0.0)
     if not isinstance(build_seconds, (int, float)):
         build_seconds = 0.0
-    return _done(kind, name, value, source, key, recorded, None, float(build_seconds), started)
+    return _done(
+        cache, kind, name, value, source, key, recorded, None, float(build_seconds), started
+    )
 
 
 def _build_and_load(kind, name, build, load) -> tuple[Any, float]:
@@ -334,23 +319,13 @@ def _build_and_load(kind, name, build, load) -> tuple[Any, float]:
     return load(files), seconds
 
 
-def _build_and_store(
-    store, kind, name, key, recorded, build, load, meta, cfg, started
-) -> BlobResult:
-    from cuforge import explain as _explain
-    from cuforge.store import is_untrusted
+def _build_and_store(cache: Cache, kind, name, key, recorded, build, load, meta, started):
     from cuforge.store.base import Entry
 
-    cache_dir = None if cfg.disable_file_cache or is_untrusted(cfg.cache_dir) else cfg.cache_dir
     t0 = time.perf_counter()
     files = _check_files(kind, name, build())
     seconds = time.perf_counter() - t0
     value = load(files)  # a build that cannot be loaded is never stored
-    reasons = _explain.explain(cache_dir, name, recorded)
-    if reasons:
-        _explain.log_miss(cache_dir, name, key, reasons)
-        if cfg.explain:
-            print(f"cuforge: miss for {name}: " + "; ".join(reasons), file=sys.stderr)
     entry_meta: dict[str, Any] = {
         "name": name,
         "backend": kind,
@@ -361,47 +336,28 @@ def _build_and_store(
     }
     if meta:
         entry_meta.update(meta)
-    store.put(Entry(key, kind, pack(files), entry_meta))
-    _explain.remember(cache_dir, name, key, recorded)
-    return _done(kind, name, value, "compiled", key, recorded, None, seconds, started)
+    cache.record_build(name, key, recorded, [Entry(key, kind, pack(files), entry_meta)])
+    return _done(cache, kind, name, value, "compiled", key, recorded, None, seconds, started)
 
 
-def _uncached(kind, name, key, recorded, build, load, reason, cfg, started) -> BlobResult:
+def _uncached(cache: Cache, kind, name, key, recorded, build, load, reason, started):
     value, seconds = _build_and_load(kind, name, build, load)
-    if not cfg.disable_cache:
-        from cuforge import explain as _explain
-        from cuforge.store import default_store, is_untrusted
-
-        default_store()  # decides whether the cache dir is trusted
-        trusted = not (cfg.disable_file_cache or is_untrusted(cfg.cache_dir))
-        _explain.log_miss(cfg.cache_dir if trusted else None, name, key, [f"not cached: {reason}"])
-        if cfg.explain:
-            print(f"cuforge: {name} not cached: {reason}", file=sys.stderr)
-    warning = f"cuforge: {kind} {name!r} is built but not cached: {reason}"
-    if warning not in _warned:
-        _warned.add(warning)
-        _warn(warning)
-    return _done(kind, name, value, "uncached", key, recorded, reason, seconds, started)
+    if cache.enabled:
+        cache.record_build(name, key, recorded, uncached=reason)
+    cache.warn_once(f"cuforge: {kind} {name!r} is built but not cached: {reason}")
+    return _done(cache, kind, name, value, "uncached", key, recorded, reason, seconds, started)
 
 
-def _done(kind, name, value, source, key, recorded, reason, seconds, started) -> BlobResult:
-    _count(kind, source)
+def _done(cache: Cache, kind, name, value, source, key, recorded, reason, seconds, started):
+    cache.count(f"{kind}:{source}")
     elapsed = time.perf_counter() - started
     built = source in ("compiled", "uncached")
     result = BlobResult(
         value, source, key, recorded, reason, seconds, elapsed - seconds if built else elapsed
     )
-    from cuforge.config import settings
-
-    if settings().verbose:
-        timing = f"built in {seconds:.3f} s" if built else f"{source} hit in {elapsed * 1e3:.2f} ms"
-        print(f"cuforge: {kind} {name} {timing} key {key[:12]}", file=sys.stderr)
+    timing = f"built in {seconds:.3f} s" if built else f"{source} hit in {elapsed * 1e3:.2f} ms"
+    cache.verbose(f"cuforge: {kind} {name} {timing} key {key[:12]}")
     return result
-
-
-def _count(kind: str, what: str) -> None:
-    label = f"{kind}:{what}"
-    counters[label] = counters.get(label, 0) + 1
 
 
 def _warn(message: str) -> None:

@@ -81,6 +81,8 @@ __all__ = [
     "settings",
     "codegen_environment",
     "result_environment",
+    "memo_environment",
+    "SETTING_VARS",
     "parse_size",
     "raw_env_get",
     "raw_env_key",
@@ -136,8 +138,12 @@ _SETTING_VARS: tuple[str, ...] = (
     "HOME",
 )
 _WATCHED = _SETTING_VARS + CODEGEN_ENV_VARS
+#: Every environment variable cuforge reads (the tests clear the ``CUFORGE_*`` ones).
+SETTING_VARS: tuple[str, ...] = _WATCHED
 #: The variables that can change what an identical compile() call returns.
 _RESULT_VARS = ("CUFORGE_DISABLE_CACHE", "CUFORGE_ARCH", "TORCH_CUDA_ARCH_LIST") + CODEGEN_ENV_VARS
+#: Those, plus what picks the default cache: the call memo of the default caches keys on them.
+_MEMO_VARS = _RESULT_VARS + ("CUFORGE_CACHE_DIR", "CUFORGE_DISABLE_FILE_CACHE")
 
 # os.environ keeps its real data in a plain dict; reading it directly is what makes the
 # change check cheap enough for the hot path. Fall back to the public mapping elsewhere.
@@ -160,6 +166,7 @@ else:  # pragma: no cover - non-posix
 #: in well under a microsecond. For change detection only; read values through Settings.
 _WATCHED_KEYS: tuple = tuple(map(raw_env_key, _WATCHED))
 _RESULT_KEYS: tuple = tuple(map(raw_env_key, _RESULT_VARS))
+_MEMO_KEYS: tuple = tuple(map(raw_env_key, _MEMO_VARS))
 _env_get = raw_env_get
 
 
@@ -305,6 +312,12 @@ def result_environment() -> tuple:
     """The raw values of the variables that can change an identical compile's result
     (codegen variables, arch fallbacks, the cache switch): the hot path's memo keys on it."""
     return tuple(map(_env_get, _RESULT_KEYS))
+
+
+def memo_environment() -> tuple:
+    """:func:`result_environment` plus the raw values that pick the default cache
+    (``CUFORGE_CACHE_DIR``, ``CUFORGE_DISABLE_FILE_CACHE``): the call memo's environment."""
+    return tuple(map(_env_get, _MEMO_KEYS))
 
 
 def codegen_environment() -> tuple[tuple[str, str], ...]:

@@ -8,6 +8,7 @@ __all__ = [
     "ArchError",
     "ConfigError",
     "ToolchainError",
+    "OfflineMissError",
     "Diagnostic",
 ]
 
@@ -28,6 +29,36 @@ class ArchError(CuforgeError, ValueError):
 
 class ToolchainError(CuforgeError):
     """A compiler or library cuforge needs could not be found or run; the message says how to fix it."""
+
+
+class OfflineMissError(CuforgeError):
+    """Strict mode (``strict=True``, ``Cache(offline=True)`` or ``CUFORGE_OFFLINE=1``) met a
+    build that is neither in the cache nor in a loaded bundle; nothing was built. The one
+    offline error, for every kind of build.
+
+    Attributes: ``kind`` (``"kernel"``, ``"torch"``, ``"cccl"``, ``"cute"``...), ``name``,
+    ``key`` (hex, when known), ``fields`` (the labeled key fields, when known) and
+    ``manifest_entry`` (the ``cuforge.toml`` stanza that would build it ahead of time, or
+    None). A kernel's error also has ``arch``, ``name_expressions``, ``defines``,
+    ``options`` and ``include_dirs``."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        kind: str,
+        name: str,
+        key: str = "",
+        fields: dict[str, str] | None = None,
+        manifest_entry: str | None = None,
+        **details: object,
+    ) -> None:
+        self.kind, self.name, self.key = kind, name, key
+        self.fields = dict(fields or {})
+        self.manifest_entry = manifest_entry
+        for attr, value in details.items():
+            setattr(self, attr, value)
+        super().__init__(message)
 
 
 # nvrtc:  saxpy.cu(3): error: identifier "foo" is undefined

@@ -193,15 +193,14 @@ class CacheLayout:
     def ensure(self, *dirs: str) -> str | None:
         """Create ``dirs`` (default: :meth:`own_dirs`) and every directory between the root
         and them, each 0700, then apply :meth:`trust_problem` to them. Returns the
-        problem, or None. An OSError while creating is returned as a problem too."""
+        problem, or None. A directory that cannot be created is no trust problem (nothing
+        can be planted where nothing exists): whoever writes there reports the error."""
         targets = dirs or self.own_dirs()
         for directory in self._dirs_to_check(targets, True):
             try:
                 os.mkdir(directory, 0o700)
-            except FileExistsError:
-                continue
-            except OSError as exc:
-                return f"cannot create {directory} ({exc.strerror or exc})"
+            except OSError:
+                break  # exists (checked below), or cannot be made (nor anything below it)
         for directory in self._dirs_to_check(targets, True):
             problem = _dir_problem(directory)
             if problem is not None:

@@ -35,24 +35,24 @@ import time
 from collections import namedtuple
 from collections.abc import Mapping, Sequence
 
-# The tiers default_store() builds, loaded with this module so the first lookup pays no import.
+# The tiers a Cache builds, loaded with this module so the first lookup pays no import.
 import cuforge.store.disk  # noqa: F401
 import cuforge.store.memory  # noqa: F401
 import cuforge.store.tiered  # noqa: F401
 from cuforge._progress import spinner_after
+from cuforge.caching import DEFAULT_CALL_MEMO, Cache, DefaultCounters, default_cache
+from cuforge.caching import _override as _cache_override
 from cuforge.compiler.base import Backend, CompileJob
 from cuforge.compiler.nvcc import NvccBackend
 from cuforge.compiler.nvrtc import NvrtcBackend
 from cuforge.compiler.outputs import OUTPUT_KINDS, Artifact, CompileOutput
-from cuforge.config import Settings, result_environment, settings
+from cuforge.config import Settings, memo_environment, settings
 from cuforge.deps import file_digest, scan_includes, settled, stat_signature
-from cuforge.errors import CuforgeError
+from cuforge.errors import OfflineMissError
 from cuforge.key import KeyBuilder, text_digest
 from cuforge.manifest import Variant, manifest_key, match, read_variants, write_variant
-from cuforge.paths import base_dir, keyed_path, real_path
-from cuforge.store import default_store, is_untrusted, lock_dir
+from cuforge.paths import keyed_path, real_path
 from cuforge.store.base import Entry
-from cuforge.store.single_flight import single_flight
 from cuforge.toolchain import resolve_archs, toolkit_include_dirs, toolkit_root
 
 TYPE_CHECKING = False  # typing costs ~15 ms to import; annotations are strings here
@@ -68,9 +68,6 @@ __all__ = [
     "CompileRequest",
     "BACKENDS",
     "OfflineMissError",
-    "add_bundle",
-    "remove_bundle",
-    "loaded_bundles",
     "call_entries",
 ]
 
@@ -87,75 +84,64 @@ CompileCall = namedtuple(
     "source_dir headers result_type environment",
 )
 
-#: What this process did, for tests and ``CUFORGE_VERBOSE``: compiles run, hits per tier.
-counters: dict[str, int] = {
-    "compiles": 0,
-    "memory_hits": 0,
-    "disk_hits": 0,
-    "remote_hits": 0,
-    "call_memo_hits": 0,
-    "bundle_hits": 0,
-}
+#: What the default cache did in this process (a live view of
+#: ``cuforge.default_cache().counters``; a :class:`~cuforge.Cache` keeps its own): compiles
+#: run, hits per tier, call-memo hits.
+counters = DefaultCounters()
 
 
-class OfflineMissError(CuforgeError):
-    """Strict mode (``strict=True`` or ``CUFORGE_OFFLINE=1``) met a kernel that is neither
-    in the cache nor in a loaded bundle; nothing was compiled. The message names the
-    kernel, the arch, the variant (name expressions, defines, options) and the
-    ``cuforge.toml`` entry that would build it. Attributes: ``name``, ``arch``,
-    ``name_expressions``, ``defines``, ``options``, ``include_dirs``, ``manifest_entry``.
-    Another kind of build (a torch extension) passes its own ``manifest_entry`` and
-    ``message``."""
-
-    def __init__(
-        self,
-        name: str,
-        arch: str,
-        *,
-        name_expressions: tuple[str, ...] = (),
-        defines: tuple = (),
-        options: tuple[str, ...] = (),
-        include_dirs: tuple[str, ...] = (),
-        backend: str = "nvrtc",
-        output: str = "cubin",
-        why: str = "",
-        bundles: tuple[str, ...] = (),
-        manifest_entry: str | None = None,
-        message: str | None = None,
-    ) -> None:
-        self.name, self.arch = name, arch
-        self.name_expressions = tuple(name_expressions)
-        self.defines = dict(defines)
-        self.options = tuple(options)
-        self.include_dirs = tuple(include_dirs)
-        if manifest_entry is not None and message is not None:
-            # another kind of build (a torch extension) with its own entry and message
-            self.manifest_entry = manifest_entry
-            super().__init__(message)
-            return
-        self.manifest_entry = _manifest_entry(
-            name, arch, self.name_expressions, self.defines, self.options, include_dirs,
-            backend, output,
-        )  # fmt: skip
-        variant = []
-        if self.name_expressions:
-            variant.append("name_expressions " + ", ".join(self.name_expressions))
-        if self.defines:
-            variant.append(
-                "defines " + ", ".join(f"{k}={_define_value(v)}" for k, v in self.defines.items())
-            )
-        if self.options:
-            variant.append("options " + " ".join(self.options))
-        where = "; ".join(variant) or "no name expressions, defines or options"
-        loaded = "loaded bundles: " + ", ".join(bundles) if bundles else "no bundle is loaded"
-        super().__init__(
-            f"strict mode: {name} for {arch} ({where}) is not in the cache or a loaded "
-            f"bundle ({loaded}){why}; nothing was compiled. To ship it, list this entry in "
-            f"cuforge.toml (or [tool.cuforge] in pyproject.toml):\n\n{self.manifest_entry}\n\n"
-            'then run `cuforge build --bundle app.cfb` and call cuforge.load_bundle("app.cfb") '
-            "at import (or `cuforge bundle install app.cfb`). Unset CUFORGE_OFFLINE (or "
-            "pass strict=False) to compile on a miss instead."
+def kernel_offline_error(
+    name: str,
+    arch: str,
+    *,
+    name_expressions: tuple[str, ...] = (),
+    defines: tuple = (),
+    options: tuple[str, ...] = (),
+    include_dirs: tuple[str, ...] = (),
+    backend: str = "nvrtc",
+    output: str = "cubin",
+    why: str = "",
+    bundles: tuple[str, ...] = (),
+    key: str = "",
+) -> OfflineMissError:
+    """The :class:`~cuforge.errors.OfflineMissError` of a kernel: it names the kernel, the
+    arch, the variant (name expressions, defines, options) and the ``cuforge.toml`` entry
+    that would build it. Attributes: ``name``, ``arch``, ``name_expressions``, ``defines``,
+    ``options``, ``include_dirs``, ``manifest_entry``."""
+    name_expressions = tuple(name_expressions)
+    defines_map = dict(defines)
+    options = tuple(options)
+    entry = _manifest_entry(
+        name, arch, name_expressions, defines_map, options, include_dirs, backend, output
+    )
+    variant = []
+    if name_expressions:
+        variant.append("name_expressions " + ", ".join(name_expressions))
+    if defines_map:
+        variant.append(
+            "defines " + ", ".join(f"{k}={_define_value(v)}" for k, v in defines_map.items())
         )
+    if options:
+        variant.append("options " + " ".join(options))
+    where = "; ".join(variant) or "no name expressions, defines or options"
+    loaded = "loaded bundles: " + ", ".join(bundles) if bundles else "no bundle is loaded"
+    return OfflineMissError(
+        f"strict mode: {name} for {arch} ({where}) is not in the cache or a loaded "
+        f"bundle ({loaded}){why}; nothing was compiled. To ship it, list this entry in "
+        f"cuforge.toml (or [tool.cuforge] in pyproject.toml):\n\n{entry}\n\n"
+        'then run `cuforge build --bundle app.cfb` and call cuforge.load_bundle("app.cfb") '
+        "at import (or `cuforge bundle install app.cfb`). Unset CUFORGE_OFFLINE (or "
+        "pass strict=False) to compile on a miss instead.",
+        kind="kernel",
+        name=name,
+        key=key,
+        manifest_entry=entry,
+        arch=arch,
+        name_expressions=name_expressions,
+        defines=defines_map,
+        options=options,
+        include_dirs=tuple(include_dirs),
+    )
 
 
 def _toml(value) -> str:
@@ -187,45 +173,15 @@ def _manifest_entry(name, arch, exprs, defines, options, include_dirs, backend, 
     return "\n".join("    " + line for line in lines)
 
 
-# Loaded bundles: read-only stores asked after the cache (cuforge.load_bundle adds them).
-_bundles: list = []
-
-
-def add_bundle(bundle) -> None:
-    """Serve ``bundle`` (a read-only :class:`~cuforge.store.base.Store`, e.g.
-    :class:`cuforge.store.bundle.BundleStore`) after the cache's tiers. Idempotent."""
-    if bundle not in _bundles:
-        _bundles.append(bundle)
-
-
-def remove_bundle(bundle) -> bool:
-    """Stop serving ``bundle``; True when it was loaded."""
-    if bundle in _bundles:
-        _bundles.remove(bundle)
-        reset_memo()  # answers it gave must not outlive it
-        return True
-    return False
-
-
-def loaded_bundles() -> list:
-    """The loaded bundles, in lookup order."""
-    return list(_bundles)
-
-
-# call memo: request tuple -> (artifact answering "memory", [(path, stat sig)], [absent paths])
-_memo: dict[tuple, tuple[Artifact, list[tuple[str, Any]], list[str]]] = {}
-_memo_bytes = 0
-
 #: Files a computed ``#include MACRO`` might reach are keyed by listing whole include
 #: directories; past this many files cuforge refuses to cache rather than guess.
 MAX_FILES_FOR_COMPUTED_INCLUDES = 2000
 
 
 def reset_memo() -> None:
-    """Forget this process's call memo (the memory tier of the store is separate)."""
-    global _memo_bytes
-    _memo.clear()
-    _memo_bytes = 0
+    """Forget the default caches' call memo (the memory tier of the store is separate; a
+    :class:`~cuforge.Cache` forgets its own with ``cache.clear_memos()``)."""
+    DEFAULT_CALL_MEMO.clear()
 
 
 class CompileRequest:
@@ -245,6 +201,7 @@ class CompileRequest:
         "headers",
         "compiler",
         "base_dir",
+        "cache_dir",
     )
 
     def __init__(
@@ -261,6 +218,7 @@ class CompileRequest:
         source_dir: str | None,
         headers: Mapping[str, str] | None,
         base_dir: str,
+        cache_dir: str = "",
     ) -> None:
         self.source = source
         self.name = name
@@ -274,6 +232,8 @@ class CompileRequest:
         self.headers = dict(headers) if headers else None
         #: paths under it enter the key relative to it (:mod:`cuforge.paths`)
         self.base_dir = base_dir
+        #: the cache dir (never keyed as a header dir: a computed include's listing skips it)
+        self.cache_dir = cache_dir
         self.compiler: Backend = BACKENDS[backend]
         self.compiler_options = tuple(self.compiler.compiler_options(options, archs, output))
 
@@ -335,6 +295,7 @@ def compile_cached(
     headers: Mapping[str, str] | None = None,
     result_type: type[Artifact] = Artifact,
     strict: bool = False,
+    cache: Cache | None = None,
 ) -> Artifact:
     """Compile ``source`` or fetch the result of an identical earlier compile.
 
@@ -342,8 +303,9 @@ def compile_cached(
     :class:`Artifact` or subclass) whose ``source_of_result`` says where it came from
     (``"bundle"`` for a loaded bundle).
 
-    ``strict`` (or ``CUFORGE_OFFLINE=1``): never compile; a miss raises
-    :class:`OfflineMissError`. Hits are served as usual.
+    ``strict`` (or an offline cache: ``CUFORGE_OFFLINE=1``): never compile; a miss raises
+    :class:`OfflineMissError`. Hits are served as usual. ``cache``: the
+    :class:`~cuforge.Cache` to use (default: :func:`cuforge.default_cache`).
     """
     # The hot path: an identical call answered from the call memo. Everything here is
     # cheap on purpose (no settings object, no key hashing): ~1 us plus a stat per header.
@@ -362,26 +324,31 @@ def compile_cached(
         source_dir,
         tuple(headers.items()) if headers else (),
         result_type,
-        result_environment(),
+        memo_environment(),
     )
-    memo = _memo.get(memo_key)
+    # the default caches share one memo table (its keys hold CUFORGE_CACHE_DIR), so a hit
+    # needs no cache object: the counters to bump travel with the answer
+    if cache is None:
+        cache = _cache_override.get()
+    table = DEFAULT_CALL_MEMO if cache is None else cache.call_memo
+    memo = table.get(memo_key)
     if memo is not None and ((not memo[1] and not memo[2]) or _still_valid(memo[1], memo[2])):
-        counters["call_memo_hits"] += 1
+        memo[3]["call_memo_hits"] += 1
         return memo[0]
+    if cache is None:
+        cache = default_cache()
+    elif not isinstance(cache, Cache):
+        raise TypeError(f"cache must be a cuforge.Cache or None, not {type(cache).__name__}")
     cfg = settings()
     started = time.perf_counter()
-    request = _normalize(CompileCall._make(memo_key), cfg)
+    request = _normalize(CompileCall._make(memo_key), cfg, cache)
     result, header_sigs, probes = _lookup_or_compile(
-        request, cfg, result_type, started, (strict or cfg.offline) and memo_key
+        request, cache, result_type, started, (strict or cache.offline) and memo_key
     )
-    if (
-        not cfg.disable_cache
-        and header_sigs is not None
-        and all(settled(sig) for _, sig in header_sigs)
-    ):
+    if cache.enabled and header_sigs is not None and all(settled(sig) for _, sig in header_sigs):
         # a header edited in the last seconds may change again within one timestamp tick:
         # such calls take the (digest-checking) store path until the header settles
-        _remember_call(memo_key, result, header_sigs, probes, cfg)
+        _remember_call(table, memo_key, result, header_sigs, probes, cache)
     return result
 
 
@@ -391,7 +358,8 @@ def call_entries(source: str, **kwargs: Any) -> list[Entry]:
     (what a bundle must hold for the call to hit). Compiles nothing: a miss raises
     :class:`OfflineMissError`."""
     cfg = settings()
-    result = compile_cached(source, strict=True, **kwargs)
+    cache = kwargs.pop("cache", None) or default_cache()
+    result = compile_cached(source, strict=True, cache=cache, **kwargs)
     # the call as compile_cached records it, with compile_cached's own defaults
     a = {**compile_cached.__kwdefaults__, **kwargs}
     arch = a["arch"]
@@ -410,17 +378,16 @@ def call_entries(source: str, **kwargs: Any) -> list[Entry]:
         a["result_type"],
         None,  # the environment: not read by _normalize
     )
-    request = _normalize(call, cfg)
+    request = _normalize(call, cfg, cache)
     base_digest = request.base_key().hexdigest()
     mkey = manifest_key(base_digest)
-    store = None if cfg.disable_cache else default_store()
-    for where in (s for s in (store, *_bundles) if s is not None):
+    for where in cache.chain:
         kernel = where.get(result.key, kind="kernel")
         variants = [v for v in read_variants(where, mkey) if v.target == result.key]
         if kernel is not None and variants:
             meta = {"name": request.name, "variants": [variants[0].as_meta()]}
             return [kernel, Entry(mkey, "manifest", b"", meta)]
-    raise _offline_miss(request, call, store, base_digest)
+    raise _offline_miss(request, call, cache, base_digest)
 
 
 def _still_valid(header_sigs: list[tuple[str, Any]], probes: list[str]) -> bool:
@@ -433,20 +400,21 @@ def _still_valid(header_sigs: list[tuple[str, Any]], probes: list[str]) -> bool:
     return True
 
 
-def _remember_call(memo_key: tuple, result: Artifact, header_sigs, probes, cfg: Settings) -> None:
-    global _memo_bytes
+def _remember_call(
+    table, memo_key: tuple, result: Artifact, header_sigs, probes, cache: Cache
+) -> None:
     size = len(result.binary or b"")
-    while _memo and _memo_bytes + size > cfg.memory_max_bytes:
-        oldest = next(iter(_memo))
-        _memo_bytes -= len(_memo.pop(oldest)[0].binary or b"")
-    old = _memo.pop(memo_key, None)
+    while table and table.bytes + size > cache.memory_max_bytes:
+        oldest = next(iter(table))
+        table.bytes -= len(table.pop(oldest)[0].binary or b"")
+    old = table.pop(memo_key, None)
     if old is not None:
-        _memo_bytes -= len(old[0].binary or b"")
-    _memo[memo_key] = (result.with_source("memory"), header_sigs, probes)
-    _memo_bytes += size
+        table.bytes -= len(old[0].binary or b"")
+    table[memo_key] = (result.with_source("memory"), header_sigs, probes, cache.counters)
+    table.bytes += size
 
 
-def _normalize(call: CompileCall, cfg: Settings) -> CompileRequest:
+def _normalize(call: CompileCall, cfg: Settings, cache: Cache) -> CompileRequest:
     """Check a call's arguments (each error names the argument) and turn it into what the
     compiler will receive."""
     source, name, backend, output = call.source, call.name, call.backend, call.output
@@ -489,7 +457,8 @@ def _normalize(call: CompileCall, cfg: Settings) -> CompileRequest:
         include_dirs=tuple(dirs),
         source_dir=os.path.abspath(call.source_dir) if call.source_dir else None,
         headers=dict(call.headers) if call.headers else None,
-        base_dir=base_dir(cfg.base_dir),
+        base_dir=cache.keyed_base_dir(),
+        cache_dir=cache.directory,
     )
 
 
@@ -535,43 +504,41 @@ def _keyed(paths, base: str) -> list[str]:
 
 
 def _lookup_or_compile(
-    request: CompileRequest, cfg: Settings, result_type, started: float, strict=None
+    request: CompileRequest, cache: Cache, result_type, started: float, strict=None
 ):
-    """``strict``: falsy, or the call's memo key (a miss then raises OfflineMissError)."""
-    store = None if cfg.disable_cache else default_store()
+    """``strict``: falsy, or the call's memo key (a miss then raises OfflineMissError).
+    Returns ``(result, header stat signatures or None, probes)``."""
     base = request.base_key()
     base_digest = base.hexdigest()
-    if store is not None:
-        hit = _lookup(store, base, base_digest, result_type, started, request)
-        if hit is not None:
-            return hit
+    if not cache.enabled:
         if strict:
-            raise _offline_miss(request, CompileCall._make(strict), store, base_digest)
-        with single_flight(lock_dir(), base_digest, cfg.lock_timeout, what=request.name):
-            # another thread or process may have compiled it while we waited
-            hit = _lookup(store, base, base_digest, result_type, started, request)
-            if hit is not None:
-                return hit
-            return _compile_and_store(request, cfg, store, base, base_digest, result_type, started)
-    if strict:
-        raise _offline_miss(
-            request, CompileCall._make(strict), None, base_digest, " (CUFORGE_DISABLE_CACHE is set)"
-        )
-    return _compile_and_store(request, cfg, None, base, base_digest, result_type, started)
+            raise _offline_miss(
+                request, CompileCall._make(strict), cache, base_digest,
+                " (CUFORGE_DISABLE_CACHE is set)",
+            )  # fmt: skip
+        return _compile_and_store(request, cache, base, base_digest, result_type, started)
+    return cache.build_once(
+        base_digest,
+        what=request.name,
+        lookup=lambda: _lookup(cache, base, base_digest, result_type, started, request),
+        build=lambda: _compile_and_store(request, cache, base, base_digest, result_type, started),
+        offline_error=lambda: _offline_miss(request, CompileCall._make(strict), cache, base_digest),
+        strict=bool(strict),
+    )
 
 
 def _offline_miss(
-    request: CompileRequest, call: CompileCall, store, base_digest: str, why: str = ""
+    request: CompileRequest, call: CompileCall, cache: Cache, base_digest: str, why: str = ""
 ) -> OfflineMissError:
-    if not why and store is not None:
+    if not why:
         mkey = manifest_key(base_digest)
-        if any(read_variants(s, mkey) for s in (store, *_bundles)):
+        if any(read_variants(s, mkey) for s in cache.chain):
             why = (
                 " (an entry for this call exists, built from other header contents: a "
                 "header changed since it was built)"
             )
     user_dirs = tuple(os.path.abspath(os.fspath(d)) for d in call.include_dirs)
-    return OfflineMissError(
+    return kernel_offline_error(
         request.name,
         ",".join(request.archs),
         name_expressions=request.name_expressions,
@@ -581,17 +548,23 @@ def _offline_miss(
         backend=request.backend,
         output=request.output,
         why=why,
-        bundles=tuple(getattr(b, "path", repr(b)) for b in _bundles),
+        bundles=tuple(getattr(b, "path", None) or repr(b) for b in cache.bundles),
     )
 
 
 def _lookup(
-    store, base: KeyBuilder, base_digest: str, result_type, started: float, request: CompileRequest
+    cache: Cache,
+    base: KeyBuilder,
+    base_digest: str,
+    result_type,
+    started: float,
+    request: CompileRequest,
 ):
     root = request.base_dir
     mkey = manifest_key(base_digest)
     entry = None
-    for where in (store, *_bundles) if _bundles else (store,):
+    # the writable chain, then each bundle: a manifest and its entry come from one place
+    for where in cache.chain:
         found = match(read_variants(where, mkey), lambda p: real_path(p, root))
         if found is None:
             continue  # no manifest, or every header set it remembers has changed since
@@ -607,8 +580,7 @@ def _lookup(
     # "memory", "disk", "remote" (a shared tier; the entry is now in the local tiers too)
     # or "bundle" (a loaded bundle, served in place)
     source_of_result = "remote" if tier and tier.startswith("remote") else tier or "disk"
-    hits = source_of_result + "_hits"
-    counters[hits] = counters.get(hits, 0) + 1
+    cache.count(source_of_result + "_hits")
     meta = entry.meta
     result = request.result(
         result_type,
@@ -649,7 +621,7 @@ def _scan_headers(request: CompileRequest) -> tuple[list[str], list[str], str | 
     if scan.computed:
         # an #include MACRO the scan could not follow may name any file in the search
         # path: key every file there, and the absence of each one's would-be shadows
-        listed = _all_files_under((here, *user_dirs), skip=settings().cache_dir)
+        listed = _all_files_under((here, *user_dirs), skip=request.cache_dir)
         if listed is None:
             return (
                 headers,
@@ -721,19 +693,15 @@ def _user_dependencies(deps: Sequence[str]) -> list[str]:
     return user
 
 
-def _compile_and_store(
-    request, cfg: Settings, store, base: KeyBuilder, base_digest, result_type, started
-):
-    cache_dir = cfg.cache_dir
-    if store is None or cfg.disable_file_cache or is_untrusted(cache_dir):
-        cache_dir = None  # the miss history is not written where entries are not
+def _compile_and_store(request, cache: Cache, base: KeyBuilder, base_digest, result_type, started):
+    store = cache.store if cache.enabled else None
     probes: list[str] = []
     before: dict[str, str] = {}
     uncacheable = None
     if not request.compiler.reports_dependencies:
         paths, probes, uncacheable = _scan_headers(request)
         before, _ = _digests(paths)
-    counters["compiles"] += 1
+    cache.count("compiles")
     arch = ",".join(request.archs)
     with spinner_after(f"cuforge: compiling {request.name} ({request.backend}, {arch})"):
         out = request.compile()
@@ -763,13 +731,6 @@ def _compile_and_store(
         if store is not None:
             _warn(uncacheable)
     elif store is not None:
-        from cuforge import explain as _explain  # json + re: only on the compile path
-
-        reasons = _explain.explain(cache_dir, request.name, final.fields)
-        if reasons:
-            _explain.log_miss(cache_dir, request.name, key, reasons)
-            if cfg.explain:
-                print(f"cuforge: miss for {request.name}: " + "; ".join(reasons), file=sys.stderr)
         if stable:
             meta = {
                 "name": request.name,
@@ -789,8 +750,9 @@ def _compile_and_store(
                 request.name,
                 Variant(keyed, _keyed(probes, request.base_dir), key),
             )
-            _explain.remember(cache_dir, request.name, key, final.fields)
+            cache.record_build(request.name, key, final.fields)
         else:
+            cache.record_build(request.name, key, final.fields, remember=False)
             _warn(
                 f"{request.name}: a header changed while it compiled; the result is used but not cached"
             )

@@ -38,17 +38,6 @@ T = ["float", "double"]
 """
 
 
-@pytest.fixture(autouse=True)
-def no_bundles():
-    """No bundle loaded by one test survives into the next."""
-    yield
-    from cuforge import pipeline
-    from cuforge.aot.bundle import unload_bundle
-
-    for b in pipeline.loaded_bundles():
-        unload_bundle(b)
-
-
 @pytest.fixture
 def project(tmp_path):
     """A project dir with red.cu, include/tile.cuh and the issue's cuforge.toml."""
@@ -107,7 +96,7 @@ for c in calls:
         sources.append(cuforge.compile_file(path, **c).source_of_result)
     except cuforge.CuforgeError as exc:
         errors.append(type(exc).__name__ + ": " + str(exc))
-print(json.dumps({"counters": counters, "sources": sources, "errors": errors}))
+print(json.dumps({"counters": dict(counters), "sources": sources, "errors": errors}))
 """
 
 

@@ -148,14 +148,14 @@ def test_verify_false_checks_each_entry_when_first_served(project, bundle):
 
 
 def test_loading_twice_returns_the_same_tier_and_unload_stops_serving(project, bundle):
-    from cuforge import pipeline
+    import cuforge
     from cuforge.aot.bundle import load_bundle, unload_bundle
 
     a = load_bundle(bundle)
     assert load_bundle(str(bundle)) is a
-    assert pipeline.loaded_bundles() == [a]
+    assert cuforge.default_cache().bundles == (a,)
     assert a.put(next(a.entries())) is False and a.delete("0" * 64) is False  # read-only
-    assert unload_bundle(a) and pipeline.loaded_bundles() == []
+    assert unload_bundle(a) and cuforge.default_cache().bundles == ()
 
 
 def test_bundle_is_not_written_when_a_variant_fails(project, tmp_path):

@@ -380,7 +380,7 @@ def test_cccl_variants_build_hit_bundle_and_serve_offline(tmp_path, cccl_env):
     assert out == {"sources": ["bundle", "bundle"], "builds": 0}, out
     # and --strict checks the [[python]] variants against the cache dir
     done = cli(root, "build", "--strict", CUFORGE_CACHE_DIR=empty, **cccl_env)
-    assert done.returncode == 1 and "OfflineBuildError" in done.stderr
+    assert done.returncode == 1 and "OfflineMissError" in done.stderr  # the one offline error
 
 
 # -- the CuTe DSL, for real ---------------------------------------------------------------

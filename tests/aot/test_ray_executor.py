@@ -52,13 +52,9 @@ def local_ray(tmp_path_factory):
 
 
 def use_cache(monkeypatch, path) -> None:
-    """Point this process at the cache dir ``path`` (fresh store, fresh call memo)."""
-    from cuforge.pipeline import reset_memo
-    from cuforge.store import reset_default_store
-
+    """Point this process at the cache dir ``path`` (a new default cache: fresh store,
+    call memo and counters)."""
     monkeypatch.setenv("CUFORGE_CACHE_DIR", str(path))
-    reset_default_store()
-    reset_memo()
 
 
 def cache_contents(path) -> dict[tuple[str, str], bytes]:

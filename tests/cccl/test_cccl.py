@@ -234,11 +234,11 @@ def test_a_blob_that_does_not_deserialize_is_rebuilt_and_overwritten(cuda_env, s
     out = run_child(
         """
         from cuforge.blobcache import pack
-        from cuforge.store import default_store
+        from cuforge import default_cache
         from cuforge.store.base import Entry
         cccl.make_reduce_into(**reduce_args())       # make sure the entry exists
         key = last()["key"]
-        store = default_store()
+        store = default_cache().store
         meta = store.get(key).meta
         store.put(Entry(key, "cccl", pack({"algorithm": b"not a cccl blob"}), meta))
         cccl.clear_memo()

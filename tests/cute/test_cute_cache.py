@@ -299,9 +299,9 @@ def test_in_process_memo_and_store():
 
 
 def _stored_entry(key: str):
-    from cuforge.store import default_store
+    from cuforge import default_cache
 
-    store = default_store()
+    store = default_cache().store
     entry, _tier = store.get_with_tier(key, kind="cute")
     assert entry is not None
     return store, entry

@@ -73,7 +73,6 @@ COMPILE_TWICE = f"""
     from cuforge.pipeline import counters
     for i in range(2):
         cuforge.compile({KERNEL!r} + "\\n" * i, name="k.cu", arch="sm_90")
-        cuforge.store.reset_default_store()  # the trust check runs again: no 2nd warning
     print(json.dumps({{"compiles": counters["compiles"]}}))
 """
 
@@ -101,7 +100,7 @@ def test_an_untrusted_cache_dir_is_never_read(tmp_path, how):
     assert warm["compiles"] == 0 and warm["from"] == "disk"  # the planted entry is valid
     if how == "chmod-0777":
         os.chmod(cache, 0o777)
-        fix = "chmod go-w"
+        fix = "chmod -R go-w"  # the fix covers the whole tree
     else:
         if os.geteuid() != 0:
             pytest.skip("chown to another user needs root")
@@ -122,7 +121,7 @@ def test_an_untrusted_cache_dir_is_never_read(tmp_path, how):
 
 
 def test_untrusted_subdir_means_memory_only_at_store_level(tmp_path, monkeypatch, caplog):
-    from cuforge import store as store_pkg
+    import cuforge
     from cuforge.store.memory import MemoryStore
 
     cache = tmp_path / "cache"
@@ -133,16 +132,13 @@ def test_untrusted_subdir_means_memory_only_at_store_level(tmp_path, monkeypatch
     monkeypatch.setenv("CUFORGE_CACHE_DIR", str(cache))
     monkeypatch.delenv("CUFORGE_DISABLE_FILE_CACHE", raising=False)
     monkeypatch.delenv("CUFORGE_DISABLE_CACHE", raising=False)
-    store_pkg.reset_default_store()
-    try:
-        with caplog.at_level(logging.WARNING, logger="cuforge"):
-            store = store_pkg.default_store()
-            assert isinstance(store, MemoryStore)
-            assert store.get(e.key) is None
-            assert store_pkg.lock_dir() is None  # no locks in an untrusted dir either
-        assert any("not using the disk cache" in r.getMessage() for r in caplog.records)
-    finally:
-        store_pkg.reset_default_store()
+    with caplog.at_level(logging.WARNING, logger="cuforge"):
+        cache = cuforge.default_cache()
+        store = cache.store
+        assert isinstance(store, MemoryStore)
+        assert store.get(e.key) is None
+        assert cache.lock_dir is None  # no locks in an untrusted dir either
+    assert any("not using the disk cache" in r.getMessage() for r in caplog.records)
 
 
 def test_a_new_cache_dir_is_private(tmp_path):
@@ -150,9 +146,9 @@ def test_a_new_cache_dir_is_private(tmp_path):
     DiskStore(str(cache), 1 << 30).put(_entry(1))
     for d in (cache, cache / "v1" / "entries", cache / "v1" / "index"):
         assert os.stat(d).st_mode & 0o077 == 0, d
-    from cuforge.store import trust_problem
+    import cuforge
 
-    assert trust_problem(str(cache)) is None
+    assert cuforge.Cache(cache).trust_problem() is None
 
 
 # ---------------------------------------------------------------------- §3 odd files

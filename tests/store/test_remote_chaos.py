@@ -67,7 +67,7 @@ WORKER = r"""
 import hashlib, json, os, time
 import cuforge
 from cuforge import pipeline
-from cuforge.store import default_store
+from cuforge import default_cache
 
 expected = json.loads(os.environ["CHAOS_EXPECTED"])
 pause = float(os.environ.get("CHAOS_PAUSE", "0"))
@@ -80,7 +80,7 @@ for name in sorted(expected):
     results.append([name, ok, prog.source_of_result])
     print("DONE " + name, flush=True)
     time.sleep(pause)
-store = default_store()
+store = default_cache().store
 remotes = []
 for tier in getattr(store, "tiers", [store]):
     if tier.tier == "remote":

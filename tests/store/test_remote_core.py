@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-import cuforge.store as store_pkg
+import cuforge
 from cuforge.config import settings
 from cuforge.errors import ConfigError
 from cuforge.store.base import Entry
@@ -48,9 +48,7 @@ def _fresh_warnings(monkeypatch):
 
     monkeypatch.setattr(tier, "_warned", set())
     monkeypatch.setattr(breaker_mod, "_warned", set())
-    store_pkg.reset_default_store()
     yield
-    store_pkg.reset_default_store()
 
 
 def _warnings(caplog) -> list[str]:
@@ -345,14 +343,14 @@ def test_default_store_read_through_and_backfill(tmp_path, monkeypatch):
     (tmp_path / "shared").mkdir()
     monkeypatch.setenv("CUFORGE_REMOTE", f"file://{tmp_path / 'shared'}")
     monkeypatch.setenv("CUFORGE_CACHE_DIR", str(tmp_path / "a"))
-    a = store_pkg.default_store()
+    a = cuforge.default_cache().store
     assert isinstance(a, TieredStore)
     assert [t.tier for t in a.tiers] == ["memory", "disk", "remote"]
     e = _entry()
     assert a.put(e)
 
     monkeypatch.setenv("CUFORGE_CACHE_DIR", str(tmp_path / "b"))
-    b = store_pkg.default_store()
+    b = cuforge.default_cache().store
     assert b is not a
     mem, disk, remote = b.tiers
     assert b.get_with_tier(e.key) == (None, None)  # no kind: the remote is not asked
@@ -372,10 +370,10 @@ def test_default_store_remotes_without_disk(tmp_path, monkeypatch):
     (tmp_path / "shared").mkdir()
     monkeypatch.setenv("CUFORGE_REMOTE", f"file://{tmp_path / 'shared'}")
     monkeypatch.setenv("CUFORGE_DISABLE_FILE_CACHE", "1")
-    s = store_pkg.default_store()
+    s = cuforge.default_cache().store
     assert [t.tier for t in s.tiers] == ["memory", "remote"]
     monkeypatch.setenv("CUFORGE_REMOTE_READONLY", "1")
-    s = store_pkg.default_store()
+    s = cuforge.default_cache().store
     assert s.tiers[1].readonly and not s.tiers[1].put(_entry())
 
 

@@ -72,9 +72,9 @@ def test_missing_share_is_an_error_not_a_local_write(tmp_path):
 
 STORE_CHILD = """
 import json, os
-from cuforge.store import default_store
+from cuforge import default_cache
 from cuforge.store.base import Entry
-s = default_store()
+s = default_cache().store
 key = {key!r}
 if {write!r}:
     s.put(Entry(key, "kernel", b"payload-" + key.encode(), {{"name": "k.cu"}}))

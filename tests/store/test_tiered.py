@@ -1,4 +1,4 @@
-"""The tiered store, default_store() and lock_dir()."""
+"""The tiered store, and the default cache's store and lock dir."""
 
 from __future__ import annotations
 
@@ -6,13 +6,21 @@ import logging
 import os
 
 import cuforge.store as store_pkg
-from cuforge.store import default_store, lock_dir
+from cuforge import default_cache
 from cuforge.store.base import Entry
 from cuforge.store.disk import DiskStore
 from cuforge.store.memory import MemoryStore
 from cuforge.store.tiered import TieredStore
 
 from .helpers import key_of
+
+
+def default_store():
+    return default_cache().store
+
+
+def lock_dir():
+    return default_cache().lock_dir
 
 
 def _entry(i: int, size: int = 1000) -> Entry:

@@ -283,9 +283,9 @@ print(json.dumps({"source": last_build["source"], "path": last_build["path"], "o
 
 
 def _module_entry_payload(key: str) -> bytes:
-    from cuforge.store import default_store
+    from cuforge import default_cache
 
-    entry = default_store().get(key)
+    entry = default_cache().store.get(key)
     assert entry is not None and entry.kind == "module"
     return entry.payload
 

@@ -14,7 +14,7 @@ from tests.torch.conftest import Ext
 def test_an_extension_built_on_one_machine_loads_on_another_without_compiling(
     tmp_path, torch_env, monkeypatch
 ):
-    from cuforge.store import default_store
+    from cuforge import default_cache
     from cuforge.torch import build_extension
 
     shared = tmp_path / "shared"
@@ -32,5 +32,5 @@ def test_an_extension_built_on_one_machine_loads_on_another_without_compiling(
     loaded = build_extension(dev.spec())
     assert torch_env.compiles() == 0 and torch_env.links() == 0
     assert loaded.key == built.key
-    stats = default_store().stats().extra["tiers"]
+    stats = default_cache().store.stats().extra["tiers"]
     assert stats["remote"]["hits"] >= 1, stats

@@ -36,6 +36,7 @@ from cuforge.aot.tasks import (
     store_entries,
     task_entries,
 )
+from cuforge.caching import Cache
 from cuforge.errors import CuforgeError
 
 __all__ = ["build", "BuildReport", "make_executor"]
@@ -133,11 +134,13 @@ def build(
     bundle: str | os.PathLike[str] | None = None,
     strict: bool = False,
     on_result: Callable[[TaskResult, int], None] | None = None,
+    cache: Cache | None = None,
 ) -> BuildReport:
     """Build every variant of ``manifest`` (a path, a directory, or a read
     :class:`Manifest`; default: the working directory's). ``jobs``: worker processes for
     the local executor (default: the count ``cuforge env`` recommends). ``on_result(result,
-    total)`` is called once per variant as it finishes (hits first). Raises
+    total)`` is called once per variant as it finishes (hits first). ``cache``: the
+    :class:`cuforge.Cache` to build into (default: :func:`cuforge.default_cache`). Raises
     :class:`~cuforge.aot.manifest.ManifestError` for a bad manifest; a failing variant is
     reported in the result, never raised."""
     start = time.perf_counter()
@@ -161,13 +164,13 @@ def build(
         done[i] = result
         if result.ok and result.entries:
             # stored as it arrives: the driver's writes overlap the compiles still running
-            stored += store_entries([result])
+            stored += store_entries([result], cache=cache)
         if on_result is not None:
             on_result(result, total)
 
     for i, task in enumerate(tasks):
         t0 = time.perf_counter()
-        if is_cached(task, m.root):
+        if is_cached(task, m.root, cache=cache):
             finish(i, TaskResult(task.label, True, True, time.perf_counter() - t0, "", task=task))
         else:
             misses.append((i, task))
@@ -175,16 +178,16 @@ def build(
     if strict:
         for i, task in misses:
             if task.kind == "python":
-                finish(i, _strict_python(task, m.root))
+                finish(i, _strict_python(task, m.root, cache))
             else:
-                finish(i, _strict_failure(task, m.root))
+                finish(i, _strict_failure(task, m.root, cache))
     elif misses:
         runner = make_executor(executor, jobs)
         name = runner.name
         index = {id(t): i for i, t in misses}
         by_label = {t.label: i for i, t in misses}
         try:
-            for result in runner.run([t for _, t in misses], m.root):
+            for result in runner.run([t for _, t in misses], m.root, cache):
                 i = index.get(id(result.task), by_label.get(result.label))
                 if i is None or i in done:
                     raise CuforgeError(
@@ -207,13 +210,13 @@ def build(
     report = BuildReport(m.path, m.root, name, jobs, why, results, 0.0)
     report.stored = stored
     if bundle is not None and report.ok:
-        _write(report, m, tasks, os.fspath(bundle))
+        _write(report, m, tasks, os.fspath(bundle), cache)
     report.seconds = time.perf_counter() - start
     return report
 
 
-def _strict_failure(task: BuildTask, root: str) -> TaskResult:
-    from cuforge.pipeline import OfflineMissError
+def _strict_failure(task: BuildTask, root: str, cache: Cache | None) -> TaskResult:
+    from cuforge.errors import OfflineMissError
 
     if task.kind != "kernel":
         log = (
@@ -222,7 +225,7 @@ def _strict_failure(task: BuildTask, root: str) -> TaskResult:
         )
     else:
         try:
-            task_entries(task, root)
+            task_entries(task, root, cache=cache)
             log = "it was built while this check ran; run the check again"
         except OfflineMissError as exc:
             log = str(exc)
@@ -231,10 +234,10 @@ def _strict_failure(task: BuildTask, root: str) -> TaskResult:
     return TaskResult.failed(task, log)
 
 
-def _strict_python(task: BuildTask, root: str) -> TaskResult:
-    """Call the variant's function with ``CUFORGE_OFFLINE=1``: ok when every cuforge call
-    it makes is served from the cache or a loaded bundle."""
-    result = run_task(task, root, offline=True)
+def _strict_python(task: BuildTask, root: str, cache: Cache | None) -> TaskResult:
+    """Call the variant's function against an offline copy of the cache: ok when every
+    cuforge call it makes is served from the cache or a loaded bundle."""
+    result = run_task(task, root, cache=cache, offline=True)
     if not result.ok:
         where = f"{task.manifest}:{task.line}" if task.manifest else "the manifest"
         result.log = (
@@ -246,14 +249,16 @@ def _strict_python(task: BuildTask, root: str) -> TaskResult:
     return result
 
 
-def _write(report: BuildReport, m: Manifest, tasks: list[BuildTask], path: str) -> None:
+def _write(
+    report: BuildReport, m: Manifest, tasks: list[BuildTask], path: str, cache: Cache | None
+) -> None:
     from cuforge.aot.bundle import write_bundle
     from cuforge.store.base import Entry
 
     entries: list[Entry] = []
     for task, result in zip(tasks, report.results, strict=True):
         if task.kind == "kernel":
-            entries.extend(task_entries(task, m.root))
+            entries.extend(task_entries(task, m.root, cache=cache))
         else:
             entries.extend(Entry(k, kind, p, meta) for k, kind, p, meta in result.entries or ())
     report.bundle_bytes = write_bundle(

@@ -19,7 +19,8 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from cuforge.store.base import Entry
+from cuforge.caching import Cache, resolve
+from cuforge.store.base import Entry, Store
 from cuforge.store.bundle import BundleError, BundleStore, write_bundle_file
 
 __all__ = [
@@ -33,34 +34,29 @@ __all__ = [
 ]
 
 
-def load_bundle(path: str | os.PathLike[str], *, verify: bool = True) -> BundleStore:
-    """Serve the bundle at ``path`` to every later compile in this process: a read-only
-    tier asked after the cache's own tiers, memory-mapped, nothing copied into the cache
-    dir. ``verify`` (default): check every entry's SHA-256 now (a 100 MB bundle costs
-    ~0.1 s); False: check each entry the first time it is served. Loading the same file
-    twice returns the bundle already loaded. Returns the :class:`BundleStore`.
+def load_bundle(
+    path: str | os.PathLike[str], *, verify: bool = True, cache: Cache | None = None
+) -> Store:
+    """Serve the bundle at ``path`` to every later lookup of ``cache`` (default: the
+    default cache, i.e. every call that passes no ``cache=``): a read-only tier asked after
+    the cache's own tiers, memory-mapped, nothing copied into the cache dir. ``verify``
+    (default): check every entry's SHA-256 now (a 100 MB bundle costs ~0.1 s); False: check
+    each entry the first time it is served. Loading the same file twice returns the tier
+    already loaded. Returns the tier (a read-only view of the
+    :class:`~cuforge.store.bundle.BundleStore`: ``path``, ``info``, ``entries()``).
 
     Raises :class:`BundleError` (naming the file) for a missing, damaged or foreign file.
 
     Combine with ``CUFORGE_OFFLINE=1`` for production: every kernel comes from the bundle
     or the cache, and a kernel the bundle lacks raises ``OfflineMissError`` instead of
     compiling."""
-    from cuforge import pipeline
-
-    real = os.path.realpath(os.fspath(path))
-    for loaded in pipeline.loaded_bundles():
-        if getattr(loaded, "path", None) == real:
-            return loaded
-    bundle = BundleStore(real, verify=verify)
-    pipeline.add_bundle(bundle)
-    return bundle
+    return resolve(cache).add_bundle(path, verify=verify)
 
 
-def unload_bundle(bundle: BundleStore) -> bool:
-    """Stop serving ``bundle`` (and unmap it); True when it was loaded."""
-    from cuforge import pipeline
-
-    removed = pipeline.remove_bundle(bundle)
+def unload_bundle(bundle: Store, *, cache: Cache | None = None) -> bool:
+    """Stop serving ``bundle`` (the tier :func:`load_bundle` returned) and unmap it; True
+    when it was loaded."""
+    removed = resolve(cache).remove_bundle(bundle)
     if removed:
         bundle.close()
     return removed
@@ -103,14 +99,12 @@ def write_bundle(
     return write_bundle_file(os.fspath(path), entries, info)
 
 
-def install_bundle(path: str | os.PathLike[str]) -> dict[str, int]:
-    """Verify the bundle at ``path`` (every checksum) and put each entry into the cache
-    (``cuforge.cache()``'s tiers). Returns ``{"entries", "bytes", "stored"}``. Raises
-    :class:`BundleError` for a damaged bundle (then nothing is installed), ``ValueError``
-    when the cache is disabled."""
-    from cuforge.store import default_store
-
-    store = default_store()
+def install_bundle(path: str | os.PathLike[str], *, cache: Cache | None = None) -> dict[str, int]:
+    """Verify the bundle at ``path`` (every checksum) and put each entry into ``cache``'s
+    writable tiers (default: the default cache). Returns ``{"entries", "bytes",
+    "stored"}``. Raises :class:`BundleError` for a damaged bundle (then nothing is
+    installed), ``ValueError`` when the cache is disabled."""
+    store = resolve(cache).store
     if store is None:
         raise ValueError(
             "the cache is disabled (CUFORGE_DISABLE_CACHE=1): there is nowhere to install "

@@ -12,6 +12,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 
 from cuforge.aot.tasks import BuildTask, TaskResult, run_task
+from cuforge.caching import Cache
 
 __all__ = ["Executor", "LocalExecutor", "default_jobs"]
 
@@ -22,9 +23,12 @@ class Executor(ABC):
     name: str = "?"
 
     @abstractmethod
-    def run(self, tasks: Sequence[BuildTask], root: str) -> Iterator[TaskResult]:
+    def run(
+        self, tasks: Sequence[BuildTask], root: str, cache: Cache | None = None
+    ) -> Iterator[TaskResult]:
         """Run every task with ``root`` (the manifest's dir) as the base of its relative
-        paths; yield each result as it finishes. Exactly one result per task."""
+        paths, against ``cache`` (None: the default cache where the task runs); yield
+        each result as it finishes. Exactly one result per task."""
 
     def close(self) -> None:  # noqa: B027 - an optional hook; most executors hold nothing
         """Release what the executor holds (workers, connections). Idempotent."""
@@ -55,13 +59,15 @@ class LocalExecutor(Executor):
             raise ValueError(f"jobs must be a whole number >= 1, not {jobs!r}")
         self.jobs = jobs
 
-    def run(self, tasks: Sequence[BuildTask], root: str) -> Iterator[TaskResult]:
+    def run(
+        self, tasks: Sequence[BuildTask], root: str, cache: Cache | None = None
+    ) -> Iterator[TaskResult]:
         tasks = list(tasks)
         if not tasks:
             return
         if self.jobs == 1 or len(tasks) == 1:
             for task in tasks:
-                yield run_task(task, root, collect=task.collect)
+                yield run_task(task, root, cache=cache, collect=task.collect)
             return
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -69,7 +75,10 @@ class LocalExecutor(Executor):
 
         workers = min(self.jobs, len(tasks))
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-            futures = {pool.submit(run_task, t, root, collect=t.collect): t for t in tasks}
+            # a Cache travels as its arguments: each worker opens the same dir itself
+            futures = {
+                pool.submit(run_task, t, root, cache=cache, collect=t.collect): t for t in tasks
+            }
             for future in as_completed(futures):
                 task = futures[future]
                 try:

@@ -10,7 +10,7 @@ task the object refs of exactly its files. Ray moves an object to a node once an
 it there between workers. The worker writes the files under a fresh private temp dir
 (:func:`~cuforge.aot.tasks.materialize`, which checks every SHA-256 again and follows no
 symlink), makes the task's JIT call with that dir as the base dir, and deletes it after.
-Ray's ``runtime_env`` / ``working_dir`` is not used: a worker needs only cuforge and a
+Ray's ``working_dir`` is not used (``runtime_env`` carries only variables): a worker needs only cuforge and a
 CUDA compiler.
 
 What comes back: the :class:`~cuforge.aot.tasks.TaskResult`, as tasks finish
@@ -23,8 +23,8 @@ return ``entries=None`` for a result the remote confirmed; if the remote did not
 entry, the payloads come back to the driver as without a remote.
 
 What the worker sees of the driver's environment: the variables that enter cache keys or
-pick the arch (:data:`FORWARDED_ENV`), set exactly as on the driver (set or unset) while
-the task runs, so the worker makes the entries the driver's later JIT call looks up. The
+pick the arch (:data:`FORWARDED_ENV`), set as on the driver (unset ones sent empty, which
+cuforge reads as unset) through Ray's ``runtime_env={"env_vars": ...}``, so the worker makes the entries the driver's later JIT call looks up. The
 remote tier's HMAC key (``CUFORGE_REMOTE_KEY`` / ``_FILE``) is never sent: a worker that
 must sign needs it in its own environment, else its entries come back to the driver.
 Before building, a worker compares its compiler identity (what the key records about
@@ -47,6 +47,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 from cuforge.aot.executor import Executor
 from cuforge.aot.tasks import BuildTask, TaskResult
+from cuforge.caching import Cache
 from cuforge.config import CODEGEN_ENV_VARS
 
 TYPE_CHECKING = False  # typing costs ~15 ms to import; annotations are strings here
@@ -163,8 +164,12 @@ class RayExecutor(Executor):
 
     # -- running --------------------------------------------------------------------------
 
-    def run(self, tasks: Sequence[BuildTask], root: str) -> Iterator[TaskResult]:
+    def run(
+        self, tasks: Sequence[BuildTask], root: str, cache: Cache | None = None
+    ) -> Iterator[TaskResult]:
         """Submit every task, then yield each result as it finishes (exactly one per task).
+        ``cache`` is not sent: a worker builds into a private cache dir with the remote
+        tiers its environment (the driver's, through ``runtime_env``) names.
         A task whose files cannot be read, whose worker fails, or whose node is lost yields
         ``ok=False`` with the reason; nothing here raises for one variant's problem."""
         tasks = list(tasks)
@@ -172,11 +177,17 @@ class RayExecutor(Executor):
             return
         ray = _import_ray()
         self._connect(ray)
-        env = {name: os.environ.get(name) for name in FORWARDED_ENV}
         want = _driver_identities(tasks)
         signs = _driver_signs()
+        # the driver's key-relevant environment, through Ray's own runtime_env (workers are
+        # started with it; cuforge writes no os.environ): an unset variable is sent empty,
+        # which every one of them reads as unset
+        env_vars = {name: os.environ.get(name) or "" for name in FORWARDED_ENV}
         fn = _remote_function(ray).options(
-            num_cpus=self.num_cpus, max_retries=self.max_retries, retry_exceptions=False
+            num_cpus=self.num_cpus,
+            max_retries=self.max_retries,
+            retry_exceptions=False,
+            runtime_env={"env_vars": env_vars},
         )
         refs: dict[str, Any] = {}  # sha256 -> ObjectRef: each content put once
         pending: dict[Any, tuple[BuildTask, float]] = {}
@@ -189,7 +200,7 @@ class RayExecutor(Executor):
                     failed.append(TaskResult.failed(task, problem))
                     continue
                 shas = tuple(sorted(set(task.files.values())))
-                ref = fn.remote(task, env, want, signs, shas, *[refs[s] for s in shas])
+                ref = fn.remote(task, want, signs, shas, *[refs[s] for s in shas])
                 pending[ref] = (task, t0)
             yield from failed
             while pending:
@@ -291,38 +302,39 @@ def _remote_function(ray):
 
 def _build_on_worker(
     task: BuildTask,
-    env: dict[str, str | None],
     want: dict[str, dict[str, str]],
     signs: bool,
     shas: tuple[str, ...],
     *blobs: bytes,
 ) -> TaskResult:
-    """Run ``task`` here: the driver's key-relevant environment, the files written under a
-    private temp dir, ``run_task(collect=True)``; entries confirmed by a writable remote
-    tier are dropped from the result (the driver need not receive them)."""
+    """Run ``task`` here (a worker started with the driver's key-relevant environment):
+    the files written under a private temp dir, ``run_task(collect=True)``; entries
+    confirmed by a writable remote tier are dropped from the result (the driver need not
+    receive them)."""
     import shutil
     import tempfile
 
     from cuforge.aot.tasks import materialize, run_task
+    from cuforge.caching import default_cache
 
     start = time.perf_counter()
     try:
-        with _environment(env):
-            if signs and not _worker_has_key():
-                # the remote would refuse (or be polluted by) unsigned entries: read it,
-                # write nothing; the entries go back to the driver, which signs them
-                os.environ["CUFORGE_REMOTE_READONLY"] = "1"  # restored with the rest
-            problem = _identity_problem(want)
-            if problem is not None:
-                return TaskResult(task.label, False, False, time.perf_counter() - start, problem)
-            root = tempfile.mkdtemp(prefix="cuforge-ray-")
-            try:
-                materialize(task, dict(zip(shas, blobs, strict=True)), root)
-                result = run_task(task, root, collect=True)
-            finally:
-                shutil.rmtree(root, ignore_errors=True)
-            if result.ok and result.entries and _remote_holds(result.entries, signs):
-                result.entries = None
+        cache = default_cache()
+        if signs and not _worker_has_key():
+            # the remote would refuse (or be polluted by) unsigned entries: read it, write
+            # nothing; the entries go back to the driver, which signs them
+            cache = cache.replace(read_only=True)
+        problem = _identity_problem(want)
+        if problem is not None:
+            return TaskResult(task.label, False, False, time.perf_counter() - start, problem)
+        root = tempfile.mkdtemp(prefix="cuforge-ray-")
+        try:
+            materialize(task, dict(zip(shas, blobs, strict=True)), root)
+            result = run_task(task, root, cache=cache, collect=True)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        if result.ok and result.entries and _remote_holds(result.entries, signs):
+            result.entries = None
     except Exception as exc:  # noqa: BLE001 - a worker-side failure is this variant's result, never a crash
         import traceback
 
@@ -339,29 +351,6 @@ def _where() -> str:
     import socket
 
     return f"on Ray node {socket.gethostname()} (pid {os.getpid()})"
-
-
-class _environment:
-    """Set the variables of ``env`` (None: unset) while the block runs; restore after."""
-
-    def __init__(self, env: Mapping[str, str | None]) -> None:
-        self.env = dict(env)
-        self.saved: dict[str, str | None] = {}
-
-    def __enter__(self) -> None:
-        for name, value in self.env.items():
-            self.saved[name] = os.environ.get(name)
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-    def __exit__(self, *exc: object) -> None:
-        for name, value in self.saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def _identity_problem(want: Mapping[str, Mapping[str, str]]) -> str | None:

@@ -10,9 +10,10 @@ scratch dir (checking each digest again, never following a symlink).
 :func:`run_task` makes exactly the call a user would make from the manifest's directory
 (``cuforge.compile_file(...)`` for a ``kernel``; ``cuforge.torch.load(...)``'s build for an
 ``extension``; the project's own function for a ``python`` variant, which makes
-``cuforge.cccl`` / ``cuforge.cute`` calls), with the working directory (the base dir of
-keyed paths) set to ``root``. So the entries it writes are the ones the user's later call
-finds: a hit, no compile.
+``cuforge.cccl`` / ``cuforge.cute`` calls) against a :class:`cuforge.Cache` whose base dir
+of keyed paths is ``root``, with relative paths resolved against ``root``. So the entries it
+writes are the ones the user's later call finds: a hit, no compile. It changes nothing
+process-wide (no working directory, no environment variable), so tasks may run in threads.
 
 Task contract (shared with ``cuforge.aot.ray_executor``; fields may be added, never renamed).
 
@@ -30,11 +31,12 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
+from cuforge.caching import Cache, resolve, using
 from cuforge.key import bytes_digest
 
 __all__ = [
@@ -107,44 +109,53 @@ class TaskResult:
         return cls(task.label, False, False, seconds, log, task=task)
 
 
-# os.chdir and os.environ are process-wide: tasks run in this process one at a time
-_process_lock = threading.RLock()
+def task_cache(cache: Cache | None, root: str, **changes: Any) -> Cache:
+    """The cache a task's call runs against: ``cache`` (default: the default cache) with
+    keyed paths relative to ``root`` -- the key of the user's later call made from the
+    manifest's directory -- unless the cache names its own base dir. ``changes``: more
+    :meth:`~cuforge.Cache.replace` arguments (``offline=True``, a private ``directory``)."""
+    cache = resolve(cache)
+    if cache.base_dir is None:
+        changes.setdefault("base_dir", root)
+    return cache.replace(**changes) if changes else cache
 
 
 def run_task(
-    task: BuildTask, root: str, *, collect: bool = False, offline: bool = False
+    task: BuildTask,
+    root: str,
+    *,
+    cache: Cache | None = None,
+    collect: bool = False,
+    offline: bool = False,
 ) -> TaskResult:
-    """Make the JIT call of ``task`` with the working directory set to ``root`` (restored
-    after), so the keys equal those of the user's later call from the manifest's dir.
+    """Make the JIT call of ``task`` as the user would from ``root`` (the manifest's
+    directory: relative paths are resolved against it and keyed paths are relative to it),
+    against ``cache`` (default: the default cache), so the entries it writes are the ones
+    the user's later call finds. Nothing process-wide changes: no working directory, no
+    environment variable.
 
-    ``collect``: build in a private, empty cache dir (the remote tiers of
-    ``CUFORGE_REMOTE`` stay configured, so workers write to a shared cache directly) and
-    return every entry written, for executors whose workers cannot see the driver's cache.
-    ``offline``: run with ``CUFORGE_OFFLINE=1`` (strict mode: a miss raises, nothing is
-    built; how ``cuforge build --strict`` checks a ``python`` variant).
-    Never raises for a failing build: the result says ``ok=False`` with the log."""
+    ``collect``: build in a private, empty cache dir (with ``cache``'s remote tiers, so
+    workers write to a shared cache directly) and return every entry written, for
+    executors whose workers cannot see the driver's cache. ``offline``: strict mode (a
+    miss raises, nothing is built; how ``cuforge build --strict`` checks a ``python``
+    variant). Never raises for a failing build: the result says ``ok=False`` with the log."""
     start = time.perf_counter()
-    with _process_lock:
-        here = os.getcwd()
-        saved_offline = os.environ.get("CUFORGE_OFFLINE")
+    root = os.path.abspath(root)
+    if collect:
+        import shutil
+        import tempfile
+
+        private = tempfile.mkdtemp(prefix="cuforge-task-")  # 0700, ours
         try:
-            os.chdir(root)
-            if offline:
-                os.environ["CUFORGE_OFFLINE"] = "1"
-            if collect:
-                with _private_cache() as cache_dir:
-                    hit, log = _run(task, root)
-                    entries = _entries_in(cache_dir) if log is None else None
-            else:
-                hit, log = _run(task, root)
-                entries = None
+            run_in = task_cache(cache, root, directory=private, disk=True, enabled=True)
+            hit, log = _run(task, root, run_in)
+            entries = _entries_in(private) if log is None else None
         finally:
-            os.chdir(here)
-            if offline:
-                if saved_offline is None:
-                    os.environ.pop("CUFORGE_OFFLINE", None)
-                else:
-                    os.environ["CUFORGE_OFFLINE"] = saved_offline
+            shutil.rmtree(private, ignore_errors=True)
+    else:
+        run_in = task_cache(cache, root, offline=True) if offline else task_cache(cache, root)
+        hit, log = _run(task, root, run_in)
+        entries = None
     return TaskResult(
         label=task.label,
         ok=log is None,
@@ -156,43 +167,45 @@ def run_task(
     )
 
 
-def is_cached(task: BuildTask, root: str) -> bool:
-    """Whether the task's JIT call is answered from the cache now, compiling nothing (a
+def is_cached(task: BuildTask, root: str, *, cache: Cache | None = None) -> bool:
+    """Whether the task's JIT call is answered from ``cache`` now, compiling nothing (a
     strict lookup). Always False for an ``extension`` (its build checks its own cache) and
     a ``python`` variant (its function is called: its cuforge calls are hits, cheap)."""
     if task.kind != "kernel":
         return False
     from cuforge.errors import CuforgeError
 
-    with _process_lock:
-        here = os.getcwd()
-        try:
-            os.chdir(root)
-            _kernel_call(task.spec, strict=True)
-        except (CuforgeError, OSError, ValueError):
-            # OfflineMissError: not cached; anything else is a real problem that the
-            # build itself reports, with its log, when it runs the task
-            return False
-        finally:
-            os.chdir(here)
+    try:
+        _kernel_call(task.spec, root, task_cache(cache, root), strict=True)
+    except (CuforgeError, OSError, ValueError):
+        # OfflineMissError: not cached; anything else is a real problem that the
+        # build itself reports, with its log, when it runs the task
+        return False
     return True
 
 
-def _run(task: BuildTask, root: str) -> tuple[bool, str | None]:
+def _builds(cache: Cache) -> int:
+    """Builds ``cache`` made so far: kernel compiles and blob builds (cuda.compute, CuTe
+    DSL; stored or uncached)."""
+    counters = cache.counters
+    return counters.get("compiles", 0) + sum(
+        n for k, n in counters.items() if k.endswith((":compiled", ":uncached"))
+    )
+
+
+def _run(task: BuildTask, root: str, cache: Cache) -> tuple[bool, str | None]:
     """(hit, None) or (False, the log of the failure)."""
     from cuforge.errors import CompileError, CuforgeError
 
     if task.kind == "python":
-        return _python_call(task.spec, root)
+        return _python_call(task.spec, root, cache)
     try:
         if task.kind == "kernel":
-            from cuforge.pipeline import counters
-
-            before = counters["compiles"]
-            _kernel_call(task.spec, strict=False)
-            return counters["compiles"] == before, None
+            before = _builds(cache)
+            _kernel_call(task.spec, root, cache, strict=False)
+            return _builds(cache) == before, None
         if task.kind == "extension":
-            return _extension_call(task.spec), None
+            return _extension_call(task.spec, root, cache), None
         return False, f"unknown task kind {task.kind!r}: expected one of {', '.join(KINDS)}"
     except CompileError as exc:
         return False, str(exc)
@@ -204,23 +217,28 @@ def _run(task: BuildTask, root: str) -> tuple[bool, str | None]:
         return False, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
 
 
-def _kernel_args(spec: Mapping) -> tuple[str, dict]:
+def _kernel_args(spec: Mapping, root: str) -> tuple[str, dict]:
     """(source text, keyword arguments of ``compile_cached``) of the call
-    ``cuforge.compile_file(spec["source"], ...)`` makes from the working directory."""
+    ``cuforge.compile_file(spec["source"], ...)`` makes from the directory ``root``."""
     from cuforge.api import read_source
+    from cuforge.pipeline import BACKENDS
     from cuforge.program import Program
 
-    path = spec["source"]
+    path = os.path.join(root, spec["source"])
     arch = spec.get("arch")
     if isinstance(arch, list):
         arch = tuple(arch)
+    backend = spec.get("backend", "nvrtc")
+    options = tuple(spec.get("options", ()))
+    if backend in BACKENDS:  # else compile_cached names the argument
+        options = tuple(BACKENDS[backend].absolute_options(options, root))
     return read_source(path), {
         "name": os.path.basename(path),
-        "options": tuple(spec.get("options", ())),
-        "include_dirs": tuple(spec.get("include_dirs", ())),
+        "options": options,
+        "include_dirs": tuple(os.path.join(root, d) for d in spec.get("include_dirs", ())),
         "defines": dict(spec.get("defines") or {}) or None,
         "arch": arch,
-        "backend": spec.get("backend", "nvrtc"),
+        "backend": backend,
         "output": spec.get("output", "cubin"),
         "name_expressions": tuple(spec.get("name_expressions", ())),
         "source_dir": os.path.dirname(os.path.abspath(path)),
@@ -228,16 +246,16 @@ def _kernel_args(spec: Mapping) -> tuple[str, dict]:
     }
 
 
-def _kernel_call(spec: Mapping, *, strict: bool):
-    """``cuforge.compile_file(spec["source"], ...)`` from the working directory, exactly
-    as :func:`cuforge.api.compile_file` makes it (plus ``strict``)."""
+def _kernel_call(spec: Mapping, root: str, cache: Cache, *, strict: bool):
+    """``cuforge.compile_file(spec["source"], ...)`` from ``root``, exactly as
+    :func:`cuforge.api.compile_file` makes it (plus ``strict``), against ``cache``."""
     from cuforge.pipeline import compile_cached
 
-    source, kwargs = _kernel_args(spec)
-    return compile_cached(source, strict=strict, **kwargs)
+    source, kwargs = _kernel_args(spec, root)
+    return compile_cached(source, strict=strict, cache=cache, **kwargs)
 
 
-def task_entries(task: BuildTask, root: str) -> list:
+def task_entries(task: BuildTask, root: str, *, cache: Cache | None = None) -> list:
     """The store entries (:class:`~cuforge.store.base.Entry`) that answer ``task``'s JIT
     call now: for a kernel, its entry and its direct-mode manifest (what a bundle needs
     for the call to hit). Compiles nothing; a miss raises ``OfflineMissError``. Not for
@@ -246,52 +264,33 @@ def task_entries(task: BuildTask, root: str) -> list:
         raise ValueError(f"{task.label}: only kernel tasks can be looked up in place")
     from cuforge.pipeline import call_entries
 
-    with _process_lock:
-        here = os.getcwd()
-        try:
-            os.chdir(root)
-            source, kwargs = _kernel_args(task.spec)
-            return call_entries(source, **kwargs)
-        finally:
-            os.chdir(here)
+    source, kwargs = _kernel_args(task.spec, root)
+    return call_entries(source, cache=task_cache(cache, root), **kwargs)
 
 
-def _extension_call(spec: Mapping) -> bool:
-    """The build ``cuforge.torch.load(name, sources, ...)`` makes; True when nothing was
-    compiled or linked."""
+def _extension_call(spec: Mapping, root: str, cache: Cache) -> bool:
+    """The build ``cuforge.torch.load(name, sources, ...)`` makes from ``root``; True when
+    nothing was compiled or linked."""
     from cuforge.torch.build import BuildSpec, build
 
     result = build(
         BuildSpec(
             spec["name"],
-            list(spec["sources"]),
+            [os.path.join(root, s) for s in spec["sources"]],
             extra_cflags=list(spec.get("extra_cflags", ())),
             extra_cuda_cflags=list(spec.get("extra_cuda_cflags", ())),
             extra_ldflags=list(spec.get("extra_ldflags", ())),
-            extra_include_paths=list(spec.get("extra_include_paths", ())),
+            extra_include_paths=[
+                os.path.join(root, d) for d in spec.get("extra_include_paths", ())
+            ],
             arch=list(spec["arch"]) if spec.get("arch") else None,
+            cache=cache,
         )
     )
     return not result.compiled and not result.linked
 
 
 # -- python variants ---------------------------------------------------------------------
-
-
-def _builds_so_far() -> int:
-    """Builds this process made so far: cuforge.blobcache builds (cuda.compute, CuTe DSL;
-    stored or uncached) and kernel compiles. Counts only modules already imported (none
-    imported: nothing was built)."""
-    total = 0
-    blobcache = sys.modules.get("cuforge.blobcache")
-    if blobcache is not None:
-        total += sum(
-            n for k, n in blobcache.counters.items() if k.endswith((":compiled", ":uncached"))
-        )
-    pipeline = sys.modules.get("cuforge.pipeline")
-    if pipeline is not None:
-        total += pipeline.counters.get("compiles", 0)
-    return total
 
 
 def _under(path: str | None, root: str) -> bool:
@@ -301,9 +300,10 @@ def _under(path: str | None, root: str) -> bool:
     return real == root or real.startswith(root.rstrip(os.sep) + os.sep)
 
 
-def _python_call(spec: Mapping, root: str) -> tuple[bool, str | None]:
+def _python_call(spec: Mapping, root: str, cache: Cache) -> tuple[bool, str | None]:
     """Import ``spec["call"]``'s module with ``root`` first on ``sys.path`` and call the
-    function with ``spec["kwargs"]`` (plus ``arch=`` when the spec has one). (hit, None),
+    function with ``spec["kwargs"]`` (plus ``arch=`` when the spec has one), with ``cache``
+    as the cache of every cuforge call that passes none (:func:`cuforge.using`). (hit, None),
     hit = nothing was built; or (False, the traceback). The modules imported from ``root``
     are dropped from ``sys.modules`` after (a worker process runs many tasks, each from its
     own copy of the files); a module of the same name imported from elsewhere before is set
@@ -322,7 +322,7 @@ def _python_call(spec: Mapping, root: str) -> tuple[bool, str | None]:
     }
     before = set(sys.modules)
     sys.path.insert(0, root)
-    builds = _builds_so_far()
+    builds = _builds(cache)
     try:
         importlib.invalidate_caches()
         target = importlib.import_module(module_name)
@@ -333,7 +333,8 @@ def _python_call(spec: Mapping, root: str) -> tuple[bool, str | None]:
         kwargs = dict(spec.get("kwargs") or {})
         if spec.get("arch") is not None:
             kwargs["arch"] = spec["arch"]
-        target(**kwargs)
+        with using(cache):
+            target(**kwargs)
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - the project's code failed: this variant's log
         tb = exc.__traceback__.tb_next if exc.__traceback__ else None  # from the call down
         text = "".join(traceback.format_exception(type(exc), exc, tb))
@@ -347,7 +348,7 @@ def _python_call(spec: Mapping, root: str) -> tuple[bool, str | None]:
             if _under(getattr(sys.modules[name], "__file__", None), real_root):
                 del sys.modules[name]
         sys.modules.update(aside)
-    return _builds_so_far() == builds, None
+    return _builds(cache) == builds, None
 
 
 def kwargs_text(spec: Mapping) -> str:
@@ -418,44 +419,6 @@ def python_files(spec: Mapping, root: str) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-class _private_cache:
-    """A fresh, private cache dir as ``CUFORGE_CACHE_DIR`` (file cache on) while the block
-    runs; the environment and the call memo are restored / cleared around it."""
-
-    _SWITCHES = ("CUFORGE_DISABLE_CACHE", "CUFORGE_DISABLE_FILE_CACHE")
-
-    def __enter__(self) -> str:
-        import tempfile
-
-        from cuforge.pipeline import reset_memo
-
-        self.dir = tempfile.mkdtemp(prefix="cuforge-task-")  # 0700, ours
-        self.saved = {k: os.environ.get(k) for k in ("CUFORGE_CACHE_DIR", *self._SWITCHES)}
-        os.environ["CUFORGE_CACHE_DIR"] = self.dir
-        for k in self._SWITCHES:
-            os.environ.pop(k, None)
-        reset_memo()  # an answer memoized from the real cache would write nothing here
-        # the same for the integrations' in-process memos (a worker runs many tasks)
-        for name in ("cuforge.cccl._wrap", "cuforge.cute.cache"):
-            module = sys.modules.get(name)
-            if module is not None:
-                module.clear_memo()
-        return self.dir
-
-    def __exit__(self, *exc: object) -> None:
-        import shutil
-
-        from cuforge.pipeline import reset_memo
-
-        for k, v in self.saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        reset_memo()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
 def _entries_in(cache_dir: str) -> list[tuple[str, str, bytes, dict]]:
     """Every entry of the disk cache at ``cache_dir``."""
     from cuforge.store.disk import DiskStore
@@ -469,15 +432,15 @@ def _entries_in(cache_dir: str) -> list[tuple[str, str, bytes, dict]]:
     return out
 
 
-def store_entries(results: Iterable[TaskResult]) -> int:
-    """Put every collected entry of ``results`` into this process's store tiers; the number
-    stored. Entries are checked against :mod:`cuforge.store.schema` first (a malformed one
-    raises ``ValueError`` naming the task)."""
-    from cuforge.store import default_store
+def store_entries(results: Iterable[TaskResult], *, cache: Cache | None = None) -> int:
+    """Put every collected entry of ``results`` into ``cache``'s writable tiers (default:
+    the default cache); the number stored. Entries are checked against
+    :mod:`cuforge.store.schema` first (a malformed one raises ``ValueError`` naming the
+    task)."""
     from cuforge.store.base import Entry, is_entry_key
     from cuforge.store.schema import entry_problem
 
-    store = default_store()
+    store = resolve(cache).store
     if store is None:
         return 0
     stored = 0

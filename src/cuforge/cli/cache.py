@@ -44,11 +44,11 @@ _KINDS = ENTRY_KINDS
 
 def _store():
     from cuforge.config import settings
-    from cuforge.store import trust_problem
+    from cuforge.layout import CacheLayout
     from cuforge.store.disk import DiskStore
 
     st = settings()
-    problem = trust_problem(st.cache_dir)
+    problem = CacheLayout(st.cache_dir).trust_problem()
     if problem is not None:
         output.warn(f"{problem} (until then, compiles do not read or write this cache)")
     # telemetry=False: the CLI's own reads and writes are not cache traffic.

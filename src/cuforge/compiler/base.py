@@ -172,6 +172,23 @@ class Backend(ABC):
             tuple(found["pre_include"]),
         )
 
+    def absolute_options(self, options: Sequence[str], cwd: str) -> list[str]:
+        """``options`` with every include dir made absolute against ``cwd``, each in its
+        own spelling (``-Iinc`` -> ``-I/abs/inc``): the same compile from another working
+        directory. Pre-included files keep their names (the compiler finds them on the
+        include path). The key is unchanged (:meth:`keyed_options` makes paths absolute)."""
+        items = [str(o) for o in options]
+        out = list(items)
+        for first, last, kind, value in self._path_options(items):
+            if kind == "pre_include":
+                continue
+            absolute = ",".join(_absolute(v, cwd) for v in self._values(value))
+            if last > first:  # "-I", "dir"
+                out[last] = absolute
+            else:  # -Idir, -I=dir, --include-path=dir
+                out[first] = items[first][: len(items[first]) - len(value)] + absolute
+        return out
+
     def keyed_options(
         self, options: Sequence[str], base: str, cwd: str | None = None
     ) -> tuple[str, ...]:

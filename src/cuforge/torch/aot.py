@@ -76,6 +76,8 @@ class BuildExtension(build_ext):
         for key, value in options.items():
             if key == "no_python_abi_suffix":
                 known[key] = bool(value)
+            elif key == "cuforge_cache":
+                known["_cuforge_cache"] = value
             elif key == "use_ninja":
                 if not value:
                     warn_ignored(
@@ -92,6 +94,9 @@ class BuildExtension(build_ext):
     def initialize_options(self) -> None:
         super().initialize_options()
         self.cuforge_preset = "release"
+        #: the cuforge.Cache the build uses (None: cuforge.default_cache());
+        #: ``BuildExtension.with_options(cuforge_cache=cuforge.Cache(...))`` sets it
+        self.cuforge_cache = getattr(type(self), "_cuforge_cache", None)
 
     def get_ext_filename(self, ext_name: str) -> str:
         """setuptools' file name, without the Python ABI tag when
@@ -128,6 +133,7 @@ class BuildExtension(build_ext):
             with_cuda=with_cuda,
             is_python_module=True,
             preset=self.cuforge_preset,
+            cache=self.cuforge_cache,
         )
         result = build(spec)
         from cuforge._fs import atomic_write, read_bytes

@@ -59,6 +59,7 @@ def load(
     fast_math=False,
     launcher=None,
     split=None,
+    cache=None,
 ):
     """Drop-in for ``torch.utils.cpp_extension.load``: same arguments, same return value.
 
@@ -72,7 +73,9 @@ def load(
     ``fast_math`` (adds ``--use_fast_math``) and ``launcher`` (``"ccache"``,
     ``"sccache"``, ``"auto"``; default ``CUFORGE_TORCH_LAUNCHER``) and ``split`` (run
     nvcc's host and device pipelines in parallel; default: for a ``.cu`` that includes
-    torch's headers when 2+ jobs run, or ``CUFORGE_TORCH_SPLIT=0/1``).
+    torch's headers when 2+ jobs run, or ``CUFORGE_TORCH_SPLIT=0/1``) and ``cache``
+    (the :class:`cuforge.Cache` that holds the objects, the module and the build dir;
+    default :func:`cuforge.default_cache`).
 
     Build directory, highest precedence first (as torch's): ``build_directory``, else
     ``$TORCH_EXTENSIONS_DIR/<name>`` when that variable is set and not empty, else
@@ -106,6 +109,7 @@ def load(
         fast_math=fast_math,
         launcher=launcher,
         split=split,
+        cache=cache,
     )
     result = build(spec)
     if is_standalone:
@@ -153,6 +157,7 @@ def load_inline(
     fast_math=False,
     launcher=None,
     split=None,
+    cache=None,
 ):
     """Drop-in for ``torch.utils.cpp_extension.load_inline`` (same sources written the
     same way: ``main.cpp`` with ``#include <torch/extension.h>`` and the generated
@@ -171,7 +176,7 @@ def load_inline(
         _warn_keep_intermediates()
     if sycl_sources or extra_sycl_cflags or with_sycl:
         raise NotImplementedError("cuforge.torch builds CUDA and C++ extensions, not SYCL")
-    build_directory = os.path.abspath(build_directory or default_build_directory(name))
+    build_directory = os.path.abspath(build_directory or default_build_directory(name, cache))
     os.makedirs(build_directory, exist_ok=True)
     cpp_sources = [cpp_sources] if isinstance(cpp_sources, str) else list(cpp_sources)
     cuda_sources = cuda_sources or []
@@ -227,4 +232,5 @@ def load_inline(
         fast_math=fast_math,
         launcher=launcher,
         split=split,
+        cache=cache,
     )

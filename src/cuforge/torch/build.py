@@ -37,10 +37,12 @@ import sys
 import time
 
 from cuforge import manifest
-from cuforge._fs import atomic_write, locked, read_bytes, trust_problem, write_if_changed
+from cuforge._fs import atomic_write, locked, read_bytes, write_if_changed
+from cuforge.caching import Cache, resolve
 from cuforge.config import settings
 from cuforge.deps import file_digest
 from cuforge.key import KeyBuilder
+from cuforge.layout import is_entry_key
 from cuforge.torch import flags as _flags
 
 __all__ = [
@@ -97,6 +99,7 @@ class BuildSpec:
         fast_math: bool = False,
         launcher: str | None = None,
         split: bool | None = None,
+        cache: Cache | None = None,
     ) -> None:
         if is_python_module and is_standalone:
             raise ValueError("`is_python_module` and `is_standalone` are mutually exclusive.")
@@ -109,12 +112,16 @@ class BuildSpec:
             if not os.path.isfile(s):
                 raise FileNotFoundError(f"extension source {s} does not exist")
         self.name = name
+        #: the cuforge.Cache the objects, the module and the build dir live in
+        self.cache: Cache = resolve(cache)
         self.sources = sources
         self.extra_cflags = list(extra_cflags or ())
         self.extra_cuda_cflags = list(extra_cuda_cflags or ())
         self.extra_ldflags = list(extra_ldflags or ())
         self.extra_include_paths = list(extra_include_paths or ())
-        self.build_directory = os.path.abspath(build_directory or default_build_directory(name))
+        self.build_directory = os.path.abspath(
+            build_directory or default_build_directory(name, self.cache)
+        )
         self.verbose = verbose
         self.with_cuda = (
             any(map(_flags.is_cuda_file, sources)) if with_cuda is None else bool(with_cuda)
@@ -345,12 +352,6 @@ def plan(spec: BuildSpec) -> Plan:
 # ------------------------------------------------------------------ manifests
 
 
-def _store():
-    from cuforge.store import default_store
-
-    return default_store()
-
-
 def _resolve(p: Plan, path: str) -> str:
     """A recorded header path (placeholders for the sources' root and the build dir) on
     this machine."""
@@ -375,9 +376,9 @@ def _match(p: Plan, store, base_digest: str) -> manifest.Variant | None:
 #
 # Whoever can write the cache dir can make this process run their code (a module file is
 # imported, i.e. executed). So a module file is imported from the cache dir only when:
-#   * the cache dir and the directories cuforge made in it pass cuforge._fs.trust_problem
-#     (owned by this user, not writable by group or others); otherwise modules are
-#     written to and imported from a private temp dir of this process;
+#   * the cache dir and every directory on the way to the module pass the cache's trust
+#     check (cuforge.layout: owned by this user, not writable by group or others);
+#     otherwise modules are written to and imported from a private temp dir of this process;
 #   * its path is derived again from the link key (never read from an entry or a memo),
 #     and the key is checked to be a key (64 hex digits: no path can hide in it);
 #   * it is a regular file (not a symlink), owned by this user, not group/other-writable,
@@ -388,14 +389,8 @@ def _match(p: Plan, store, base_digest: str) -> manifest.Variant | None:
 # Within a trusted dir only this user can change a file between the check and the import.
 # Module files are not fsynced: a torn one fails the check and is written again.
 
-_HEX = frozenset("0123456789abcdef")
-
 _private: list[str] = []  # this process's private temp dir, made on first use
-_warned: set[str] = set()
-
-
-def _is_key(text: str) -> bool:
-    return len(text) == 64 and _HEX.issuperset(text)
+_is_key = is_entry_key
 
 
 def _private_dir() -> str:
@@ -411,62 +406,49 @@ def _private_dir() -> str:
     return _private[0]
 
 
-def _trusted_path(*parts: str) -> str:
-    """``<cache_dir>/<parts...>`` when the cache dir and each directory below it on the
-    way pass :func:`cuforge._fs.trust_problem`; else the same path under this process's
-    private temp dir (and a warning, once per cache dir)."""
-    cache = settings().cache_dir
-    path = cache
-    problem = trust_problem(path)
-    for part in parts[:-1]:
-        if problem is not None:
-            break
-        path = os.path.join(path, part)
-        problem = trust_problem(path)
+def _trusted_dir(cache: Cache, path: str, what: str) -> str:
+    """``path`` (under the cache dir) when it and every directory between the cache root
+    and it pass the cache's trust check (they are created 0700 on the way); else the same
+    place under this process's private temp dir, with a warning once per cache."""
+    problem = cache.layout.ensure(path)
     if problem is None:
-        return os.path.join(cache, *parts)
-    if cache not in _warned:
-        _warned.add(cache)
-        import logging
-
-        logging.getLogger("cuforge").warning(
-            "cuforge.torch: not using %s for extension builds and modules: %s. Building "
-            "and loading from a private temp dir instead (nothing is reused across "
-            "processes until this is fixed).",
-            cache,
-            problem,
-        )
-    return os.path.join(_private_dir(), *parts)
+        return path
+    cache.warn_once(
+        f"cuforge.torch: not using {cache.directory} for extension builds and modules: "
+        f"{problem}. Building and loading from a private temp dir instead (nothing is "
+        "reused across processes until this is fixed)."
+    )
+    return os.path.join(_private_dir(), what, os.path.basename(path))
 
 
-def default_build_directory(name: str) -> str:
+def default_build_directory(name: str, cache: Cache | None = None) -> str:
     """Where an extension builds when no ``build_directory`` is given. Precedence, as
     torch's ``_get_build_directory``:
 
     1. ``$TORCH_EXTENSIONS_DIR/<name>`` when ``TORCH_EXTENSIONS_DIR`` is set and not
        empty (torch also takes it as given, with no per-Python / per-CUDA subfolder);
-    2. else ``<cache_dir>/torch/build/<name>`` (torch's own default is a per-user dir
-       under ``~/.cache/torch_extensions/py<ver>_cu<ver>``; cuforge keeps its builds in
-       its cache dir), or a private temp dir when the cache dir cannot be trusted.
+    2. else ``<cache_dir>/torch/build/<name>`` of ``cache`` (default: the default cache;
+       torch's own default is a per-user dir under ``~/.cache/torch_extensions/...``;
+       cuforge keeps its builds in its cache dir, where the size cap covers them), or a
+       private temp dir when the cache dir cannot be trusted.
 
     An explicit ``build_directory=`` argument always wins over both."""
     root = os.environ.get("TORCH_EXTENSIONS_DIR")
     if root:
         return os.path.join(os.path.abspath(root), name)
-    return _cache_build_directory(name)
+    return _cache_build_directory(name, resolve(cache))
 
 
-def _cache_build_directory(name: str) -> str:
-    return _trusted_path("torch", "build", name)
+def _cache_build_directory(name: str, cache: Cache) -> str:
+    return _trusted_dir(cache, cache.layout.torch_build_dir(name), "build")
 
 
-def module_dir(key: str) -> str:
+def module_dir(key: str, cache: Cache | None = None) -> str:
     """The directory of the module built for link key ``key``:
     ``<cache_dir>/torch/modules/<key>``, or under a private temp dir when the cache dir
     cannot be trusted. Raises ValueError when ``key`` is not a key."""
-    if not _is_key(key):
-        raise ValueError(f"{key!r} is not a cuforge key (64 lowercase hex digits)")
-    return _trusted_path("torch", "modules", key)
+    cache = resolve(cache)
+    return _trusted_dir(cache, cache.layout.torch_module_dir(key), "modules")
 
 
 def _safe_module_bytes(path: str) -> bytes | None:
@@ -514,7 +496,7 @@ def _materialized(p: Plan, link_key: str, store, digest: str = "") -> str | None
     None when the store has no such entry."""
     from cuforge.key import bytes_digest
 
-    path = os.path.join(module_dir(link_key), p.target)
+    path = os.path.join(module_dir(link_key, p.spec.cache), p.target)
     if digest:
         data = _safe_module_bytes(path)
         if data is not None and bytes_digest(data) == digest:
@@ -529,16 +511,13 @@ def _materialized(p: Plan, link_key: str, store, digest: str = "") -> str | None
     return _write_module(path, entry.payload)
 
 
-def direct_lookup(p: Plan, store=None) -> tuple[str, str] | None:
+def direct_lookup(p: Plan) -> tuple[str, str] | None:
     """(module path, link key) when the load key's manifest matches, else None. No
     subprocess, no compiler: stat (and, for changed files, hash) the recorded headers,
     then check the module file (see "modules on disk")."""
-    store = _store() if store is None else store
-    from cuforge.pipeline import loaded_bundles
-
-    # the cache first, then each loaded bundle (cuforge.load_bundle): read in place; the
-    # module file is written from the bundle's checked entry, as from a cache entry
-    for where in (s for s in (store, *loaded_bundles()) if s is not None):
+    # the cache's writable tiers first, then each bundle (read in place; the module file
+    # is written from the bundle's checked entry, as from a cache entry)
+    for where in p.spec.cache.chain:
         variant = _match(p, where, p.load_key)
         if variant is None:
             continue
@@ -555,17 +534,14 @@ def build(spec: BuildSpec) -> BuildResult:
     """Build (or find) the module of ``spec``. Raises CompileError / ArchError."""
     start = time.perf_counter()
     p = plan(spec)
-    store = _store()
-    result = _cached(p, store)
-    if result is None and settings().offline:
-        raise _offline_miss(p)
-    if result is None:
-        from cuforge.store import lock_dir
-        from cuforge.store.single_flight import single_flight
-
-        with single_flight(lock_dir(), p.load_key, settings().lock_timeout):
-            # re-check: the holder before us may have built it
-            result = _cached(p, store) or _build_locked(p, store)
+    cache = spec.cache
+    result = cache.build_once(
+        p.load_key,
+        what=f"torch extension {spec.name}",
+        lookup=lambda: _cached(p),
+        build=lambda: _build_locked(p, cache.store),
+        offline_error=lambda: _offline_miss(p),
+    )
     result.seconds = time.perf_counter() - start
     _say(
         spec,
@@ -582,7 +558,7 @@ def _offline_miss(p: Plan):
     """The error of strict mode (``CUFORGE_OFFLINE=1``) for an extension that is neither
     in the cache nor in a loaded bundle: it names the extension, its archs and sources,
     and the ``[[extension]]`` manifest entry that would build it."""
-    from cuforge.pipeline import OfflineMissError, loaded_bundles
+    from cuforge.errors import OfflineMissError
 
     spec = p.spec
     archs = " ".join(map(str, getattr(p, "archs", None) or []))
@@ -594,18 +570,21 @@ def _offline_miss(p: Plan):
             "sources = [" + ", ".join(f'"{s}"' for s in sources) + "]",
         ]
     )
-    bundles = ", ".join(getattr(b, "path", str(b)) for b in loaded_bundles()) or "none loaded"
+    loaded = spec.cache.bundles
+    bundles = ", ".join(str(getattr(b, "path", None) or b) for b in loaded) or "none loaded"
     return OfflineMissError(
-        spec.name,
-        archs,
-        manifest_entry=entry,
-        message=(
+        (
             f"strict mode: the torch extension {spec.name} (archs {archs or '?'}; sources "
             f"{', '.join(sources)}) is not in the cache or a loaded bundle (bundles: {bundles})"
             f"; nothing was compiled. To ship it, list it in cuforge.toml:\n\n{entry}\n\nthen "
             "run `cuforge build --bundle app.cfb` and `cuforge bundle install app.cfb` (or "
             "cuforge.load_bundle at import). Unset CUFORGE_OFFLINE to build on a miss."
         ),
+        kind="torch",
+        name=spec.name,
+        key=p.load_key,
+        manifest_entry=entry,
+        arch=archs,
     )
 
 
@@ -620,7 +599,7 @@ def _publish(p: Plan, path: str) -> None:
 
     spec = p.spec
     bdir = spec.build_directory
-    if bdir == os.path.abspath(_cache_build_directory(spec.name)):
+    if bdir == os.path.abspath(_cache_build_directory(spec.name, spec.cache)):
         return  # cuforge's own build dir: nobody looks for the module there
     dest = os.path.join(bdir, p.target)
     if dest == path:
@@ -683,8 +662,8 @@ def warn_ignored(argument: str, why: str) -> None:
     )
 
 
-def _cached(p: Plan, store) -> BuildResult | None:
-    hit = direct_lookup(p, store)
+def _cached(p: Plan) -> BuildResult | None:
+    hit = direct_lookup(p)
     if hit is None:
         return None
     counters["warm"] += 1
@@ -827,7 +806,7 @@ def _build_in_dir(p: Plan, store) -> BuildResult:
         _record_object(p, tu, store, seconds / max(1, len(todo)))
     link_key = _link_key(p)
     payload = read_bytes(os.path.join(bdir, p.target))
-    path = _write_module(os.path.join(module_dir(link_key), p.target), payload)
+    path = _write_module(os.path.join(module_dir(link_key, p.spec.cache), p.target), payload)
     if store is not None:
         from cuforge.store.base import Entry
 
