@@ -193,18 +193,19 @@ def test_a_lost_worker_is_a_failed_result_not_an_exception(
             assert r.ok and r.entries, r.log
 
 
-def _wait_for_marker(task, env, *args):
+def _wait_for_marker(task, *args):
     """A worker body that holds the ``256, double`` variants until the test has received
-    the other results (a file appears), then builds as usual."""
+    the other results (a file appears), then builds as usual. The marker's path is in the
+    worker's environment (the forwarded variables reach it through Ray's runtime_env)."""
     if "256, double" in task.label:
         deadline = time.monotonic() + 60
-        while not os.path.exists(env["CUFORGE_TEST_MARKER"]):
+        while not os.path.exists(os.environ["CUFORGE_TEST_MARKER"]):
             if time.monotonic() > deadline:
                 break
             time.sleep(0.05)
     from cuforge.aot import ray_executor as real
 
-    return real._build_on_worker(task, env, *args)
+    return real._build_on_worker(task, *args)
 
 
 def test_results_come_back_as_they_finish(project, local_ray, tmp_path, monkeypatch):
