@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 
-from cuforge.pipeline import compile_cached
+from cuforge.pipeline import compile_cached, read_source
 from cuforge.program import Program
 
 TYPE_CHECKING = False  # typing costs ~15 ms to import; annotations are strings here
@@ -110,25 +110,6 @@ def compile_file(
         result_type=Program,
         strict=strict,
     )
-
-
-def read_source(path: str | os.PathLike[str]) -> str:
-    """The text of a CUDA source file (UTF-8). Raises FileNotFoundError / ValueError naming
-    the file and what is wrong."""
-    path = os.fspath(path)
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError as exc:
-        raise FileNotFoundError(f"cannot read CUDA source {path!r}: {exc.strerror}") from None
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw.count(b"\n", 0, exc.start) + 1
-        raise ValueError(
-            f"{path}: not UTF-8 text: byte 0x{raw[exc.start]:02x} at offset {exc.start} "
-            f"(line {line}) cannot be decoded. Save the file as UTF-8."
-        ) from None
 
 
 def load_binary(

@@ -72,6 +72,7 @@ __all__ = [
     "remove_bundle",
     "loaded_bundles",
     "call_entries",
+    "read_source",
 ]
 
 #: The compiler backends, by their ``backend=`` name. A new backend is a
@@ -491,6 +492,25 @@ def _normalize(call: CompileCall, cfg: Settings) -> CompileRequest:
         headers=dict(call.headers) if call.headers else None,
         base_dir=base_dir(cfg.base_dir),
     )
+
+
+def read_source(path: str | os.PathLike[str]) -> str:
+    """The text of a CUDA source file (UTF-8). Raises FileNotFoundError / ValueError naming
+    the file and what is wrong."""
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as exc:
+        raise FileNotFoundError(f"cannot read CUDA source {path!r}: {exc.strerror}") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ValueError(
+            f"{path}: not UTF-8 text: byte 0x{raw[exc.start]:02x} at offset {exc.start} "
+            f"(line {line}) cannot be decoded. Save the file as UTF-8."
+        ) from None
 
 
 def _check_text(source: str, name: str) -> None:
