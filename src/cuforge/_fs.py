@@ -324,3 +324,35 @@ def trust_problem(path: str) -> str | None:
         )
         return f"{path} is writable by {who}; fix it with `chmod go-w {path}`"
     return None
+
+
+#: The largest CUDA source file cuforge reads (far above any real one; a bigger "source" is
+#: a mistake, e.g. a device node, and would only exhaust memory).
+MAX_SOURCE_BYTES = 64 << 20
+
+
+def read_source(path: str | os.PathLike[str]) -> str:
+    """The text of a CUDA source file (UTF-8). It must be a regular file (a FIFO or a
+    device is refused without blocking) of at most :data:`MAX_SOURCE_BYTES`; a symlink to
+    one is fine (the user's own file). Raises FileNotFoundError / ValueError naming the
+    file and what is wrong."""
+    path = os.fspath(path)
+    try:
+        raw = read_bytes(path, MAX_SOURCE_BYTES, follow=True)
+    except NotRegularFile:
+        raise FileNotFoundError(
+            f"cannot read CUDA source {path!r}: it is not a regular file (a FIFO, device or "
+            "directory); pass the path of a .cu file"
+        ) from None
+    except OSError as exc:
+        raise FileNotFoundError(
+            f"cannot read CUDA source {path!r}: {exc.strerror or exc}"
+        ) from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ValueError(
+            f"{path}: not UTF-8 text: byte 0x{raw[exc.start]:02x} at offset {exc.start} "
+            f"(line {line}) cannot be decoded. Save the file as UTF-8."
+        ) from None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 
+from cuforge._fs import read_source
 from cuforge.caching import Cache, default_cache, resolve
 from cuforge.pipeline import compile_cached
 from cuforge.program import Program
@@ -117,25 +118,6 @@ def compile_file(
         strict=strict,
         cache=cache,
     )
-
-
-def read_source(path: str | os.PathLike[str]) -> str:
-    """The text of a CUDA source file (UTF-8). Raises FileNotFoundError / ValueError naming
-    the file and what is wrong."""
-    path = os.fspath(path)
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError as exc:
-        raise FileNotFoundError(f"cannot read CUDA source {path!r}: {exc.strerror}") from None
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw.count(b"\n", 0, exc.start) + 1
-        raise ValueError(
-            f"{path}: not UTF-8 text: byte 0x{raw[exc.start]:02x} at offset {exc.start} "
-            f"(line {line}) cannot be decoded. Save the file as UTF-8."
-        ) from None
 
 
 def load_binary(

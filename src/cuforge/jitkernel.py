@@ -55,6 +55,7 @@ import threading
 from collections.abc import Mapping, Sequence
 
 from cuforge.errors import CuforgeError
+from cuforge.scalar_types import ELEMENT_KINDS, SCALAR_TYPES
 
 TYPE_CHECKING = False  # typing costs ~15 ms to import; annotations are strings here
 if TYPE_CHECKING:
@@ -89,44 +90,13 @@ COMPILE_KWARGS = (
 
 #: dtype names (torch, NumPy, DLPack-derived) and C++ spellings -> the C++ type cuforge uses
 _CXX = {
-    "float16": "__half",
-    "half": "__half",
-    "__half": "__half",
-    "bfloat16": "__nv_bfloat16",
-    "__nv_bfloat16": "__nv_bfloat16",
-    "nv_bfloat16": "__nv_bfloat16",
-    "float32": "float",
-    "float": "float",
-    "float64": "double",
-    "double": "double",
-    "int8": "signed char",
-    "signed char": "signed char",
-    "int16": "short",
-    "short": "short",
-    "int32": "int",
-    "int": "int",
-    "int64": "long long",
-    "long long": "long long",
-    "uint8": "unsigned char",
-    "unsigned char": "unsigned char",
-    "uint16": "unsigned short",
-    "unsigned short": "unsigned short",
-    "uint32": "unsigned int",
-    "unsigned int": "unsigned int",
-    "unsigned": "unsigned int",
-    "uint64": "unsigned long long",
-    "unsigned long long": "unsigned long long",
-    "bool": "bool",
-    "bool_": "bool",
+    name: t.cxx for t in SCALAR_TYPES for name in (t.dtype, *t.dtype_aliases, t.cxx, *t.cxx_aliases)
 }
-_SUPPORTED = (
-    "float16, bfloat16, float32, float64, int8, int16, int32, int64, uint8, uint16, uint32, "
-    "uint64, bool"
-)
+_SUPPORTED = ", ".join(t.dtype for t in SCALAR_TYPES)
 # DLPack type codes and __cuda_array_interface__ kinds -> dtype name prefix
-_DL_PREFIX = {0: "int", 1: "uint", 2: "float", 4: "bfloat", 6: "bool"}
-_TYPESTR_PREFIX = {"i": "int", "u": "uint", "f": "float", "b": "bool"}
-_HEADER_FOR = {"__half": "cuda_fp16.h", "__nv_bfloat16": "cuda_bf16.h"}
+_DL_PREFIX = {k.dlpack: k.prefix for k in ELEMENT_KINDS}
+_TYPESTR_PREFIX = {k.array_char: k.prefix for k in ELEMENT_KINDS if k.array_char}
+_HEADER_FOR = {t.cxx: t.header for t in SCALAR_TYPES if t.header}
 
 
 def _dtype_name(dtype) -> str | None:
@@ -760,7 +730,7 @@ def jit(
 
 def _source_of(source_or_path, name: str) -> tuple[str, str | None, str]:
     """(source text, the dir its quoted includes resolve in, its name)."""
-    from cuforge.api import read_source
+    from cuforge._fs import read_source
 
     is_path = isinstance(source_or_path, os.PathLike)
     if isinstance(source_or_path, str) and "\n" not in source_or_path:

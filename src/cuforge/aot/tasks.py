@@ -220,7 +220,7 @@ def _run(task: BuildTask, root: str, cache: Cache) -> tuple[bool, str | None]:
 def _kernel_args(spec: Mapping, root: str) -> tuple[str, dict]:
     """(source text, keyword arguments of ``compile_cached``) of the call
     ``cuforge.compile_file(spec["source"], ...)`` makes from the directory ``root``."""
-    from cuforge.api import read_source
+    from cuforge._fs import read_source
     from cuforge.pipeline import BACKENDS
     from cuforge.program import Program
 

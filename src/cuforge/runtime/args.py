@@ -14,6 +14,7 @@ import sys
 
 from cuforge.runtime.errors import ArgumentError, ArgumentValueError
 from cuforge.runtime.signature import SCALAR_CODES, Param
+from cuforge.scalar_types import ELEMENT_KINDS, SCALAR_TYPES, torch_dtype_for
 
 __all__ = [
     "Pointer",
@@ -69,22 +70,11 @@ class Pointer:
 # An element kind is (kind, itemsize): kind "f" float, "bf" bfloat16, "i" signed int,
 # "u" unsigned int, "b" bool, "c" complex, "?" unknown.
 
-_POINTEE_ACCEPTS: dict[str, frozenset] = {
-    "f": frozenset({("f", 4)}),
-    "d": frozenset({("f", 8)}),
-    "e": frozenset({("f", 2)}),
-    "bf16": frozenset({("bf", 2)}),
-    "b": frozenset({("i", 1), ("u", 1), ("b", 1)}),
-    "B": frozenset({("i", 1), ("u", 1), ("b", 1)}),
-    "?": frozenset({("b", 1), ("u", 1), ("i", 1)}),
-    "h": frozenset({("i", 2), ("u", 2)}),
-    "H": frozenset({("i", 2), ("u", 2)}),
-    "i": frozenset({("i", 4), ("u", 4)}),
-    "I": frozenset({("i", 4), ("u", 4)}),
-    "q": frozenset({("i", 8), ("u", 8)}),
-    "Q": frozenset({("i", 8), ("u", 8)}),
-}
-_KIND_NAMES = {"f": "float", "bf": "bfloat", "i": "int", "u": "uint", "b": "bool", "c": "complex"}
+#: pointee code -> the element kinds an array passed for it may have
+_POINTEE_ACCEPTS: dict[str, frozenset] = {t.code: t.element_kinds for t in SCALAR_TYPES}
+_KIND_NAMES = {k.letter: k.prefix for k in ELEMENT_KINDS}
+#: NumPy dtype / ``__cuda_array_interface__`` kind character -> element kind letter
+_ARRAY_KINDS = {k.array_char: k.letter for k in ELEMENT_KINDS if k.array_char}
 
 
 def element_kind_names(kind: tuple[str, int]) -> str:
@@ -96,35 +86,9 @@ def element_kind_names(kind: tuple[str, int]) -> str:
     return f"{_KIND_NAMES.get(k, k)}{size * 8}"
 
 
-_TORCH_DTYPE_NAMES = {
-    "f": "float32",
-    "d": "float64",
-    "e": "float16",
-    "bf16": "bfloat16",
-    "b": "int8",
-    "B": "uint8",
-    "?": "bool",
-    "h": "int16",
-    "H": "int16",
-    "i": "int32",
-    "I": "int32",
-    "q": "int64",
-    "Q": "int64",
-}
-
-
-#: pointee code -> the numpy (and CuPy) dtype name the fast paths expect
-NUMPY_DTYPE_NAMES = {k: v for k, v in _TORCH_DTYPE_NAMES.items() if k != "bf16"}
-
-
-def torch_dtype_for(code: str | None, torch=None):
-    """The torch dtype a pointer with pointee ``code`` most naturally takes (None if any).
-    ``torch``: the torch module to ask (default: the one imported, if any)."""
-    if torch is None:
-        torch = sys.modules.get("torch")
-    if torch is None or code is None:
-        return None
-    return getattr(torch, _TORCH_DTYPE_NAMES.get(code, ""), None)
+#: pointee code -> the numpy (and CuPy) dtype name the fast paths expect (the torch one:
+#: numpy has no bfloat16)
+NUMPY_DTYPE_NAMES = {t.code: t.torch_dtype for t in SCALAR_TYPES if t.kind != "bf"}
 
 
 _torch_kinds: dict = {}
@@ -154,14 +118,11 @@ def _torch_kind(dtype) -> tuple[str, int]:
 def _numpy_kind(dtype) -> tuple[str, int]:
     if getattr(dtype, "name", "") == "bfloat16":
         return ("bf", 2)
-    k = dtype.kind
-    return ({"f": "f", "i": "i", "u": "u", "b": "b", "c": "c"}.get(k, "?"), dtype.itemsize)
+    return (_ARRAY_KINDS.get(dtype.kind, "?"), dtype.itemsize)
 
 
 def _typestr_kind(typestr: str) -> tuple[str, int]:
-    k = typestr[1:2]
-    size = int(typestr[2:] or 0)
-    return ({"f": "f", "i": "i", "u": "u", "b": "b", "c": "c"}.get(k, "?"), size)
+    return (_ARRAY_KINDS.get(typestr[1:2], "?"), int(typestr[2:] or 0))
 
 
 def _check_kind(param: Param, kind: tuple[str, int], what: str) -> None:
@@ -263,7 +224,7 @@ _DL_NAMES = {
     3: "CUDA pinned host memory",
     13: "CUDA managed memory",
 }
-_DL_CODES = {0: "i", 1: "u", 2: "f", 4: "bf", 5: "c", 6: "b"}
+_DL_CODES = {k.dlpack: k.letter for k in ELEMENT_KINDS}
 
 
 def dlpack_dtype(obj) -> tuple[int, int, int]:

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import re
 
+from cuforge.scalar_types import BY_C_NAME, SCALAR_TYPES
+
 __all__ = [
     "Param",
     "KernelDecl",
@@ -34,69 +36,10 @@ __all__ = [
 ]
 
 #: canonical scalar code -> (struct format character, size in bytes)
-SCALAR_CODES: dict[str, tuple[str, int]] = {
-    "?": ("?", 1),
-    "b": ("b", 1),
-    "B": ("B", 1),
-    "h": ("h", 2),
-    "H": ("H", 2),
-    "i": ("i", 4),
-    "I": ("I", 4),
-    "q": ("q", 8),
-    "Q": ("Q", 8),
-    "e": ("e", 2),  # __half
-    "bf16": ("H", 2),  # __nv_bfloat16: packed from its bits
-    "f": ("f", 4),
-    "d": ("d", 8),
-}
+SCALAR_CODES: dict[str, tuple[str, int]] = {t.code: (t.fmt, t.size) for t in SCALAR_TYPES}
 
-_SCALAR_NAMES = {
-    "bool": "?",
-    "char": "b",
-    "signed char": "b",
-    "int8_t": "b",
-    "unsigned char": "B",
-    "uint8_t": "B",
-    "short": "h",
-    "short int": "h",
-    "signed short": "h",
-    "signed short int": "h",
-    "int16_t": "h",
-    "unsigned short": "H",
-    "unsigned short int": "H",
-    "uint16_t": "H",
-    "int": "i",
-    "signed": "i",
-    "signed int": "i",
-    "int32_t": "i",
-    "unsigned": "I",
-    "unsigned int": "I",
-    "uint32_t": "I",
-    "long": "q",
-    "long int": "q",
-    "signed long": "q",
-    "long long": "q",
-    "long long int": "q",
-    "signed long long": "q",
-    "int64_t": "q",
-    "ptrdiff_t": "q",
-    "intptr_t": "q",
-    "ssize_t": "q",
-    "unsigned long": "Q",
-    "unsigned long int": "Q",
-    "unsigned long long": "Q",
-    "unsigned long long int": "Q",
-    "uint64_t": "Q",
-    "size_t": "Q",
-    "uintptr_t": "Q",
-    "__half": "e",
-    "half": "e",
-    "__nv_bfloat16": "bf16",
-    "nv_bfloat16": "bf16",
-    "__nv_bfloat16_raw": "bf16",
-    "float": "f",
-    "double": "d",
-}
+#: every C spelling of a scalar parameter -> its code
+_SCALAR_NAMES = {name: t.code for name, t in BY_C_NAME.items()}
 
 _QUALIFIERS = {
     "const",

@@ -27,22 +27,29 @@ from __future__ import annotations
 
 import os
 
+from cuforge.scalar_types import SCALAR_TYPES
+
 __all__ = ["Op", "generate_binding", "parse_launchers"]
 
+#: the C pointee spellings whose input tensors get a dtype check (and every ATen spelling,
+#: ``at::Half``); tensors for other pointees are passed unchecked
+_CHECKED_POINTEES = (
+    "float",
+    "double",
+    "int",
+    "int32_t",
+    "int64_t",
+    "uint8_t",
+    "bool",
+    "__half",
+    "__nv_bfloat16",
+)
+#: pointee spelling -> the ``torch::k...`` dtype its tensor must have
 _DTYPES = {
-    "float": "torch::kFloat32",
-    "double": "torch::kFloat64",
-    "int": "torch::kInt32",
-    "int32_t": "torch::kInt32",
-    "int64_t": "torch::kInt64",
-    "at::Half": "torch::kFloat16",
-    "c10::Half": "torch::kFloat16",
-    "__half": "torch::kFloat16",
-    "at::BFloat16": "torch::kBFloat16",
-    "c10::BFloat16": "torch::kBFloat16",
-    "__nv_bfloat16": "torch::kBFloat16",
-    "uint8_t": "torch::kUInt8",
-    "bool": "torch::kBool",
+    name: t.torch_cpp
+    for t in SCALAR_TYPES
+    for name in (*t.c_names, *t.aten_names)
+    if name in _CHECKED_POINTEES or name in t.aten_names
 }
 _INTS = ("int", "int32_t", "int64_t", "long", "size_t", "unsigned", "uint32_t", "uint64_t")
 _SCHEMA_TYPES = {"double": "float", "float": "float", "bool": "bool"}

@@ -31,6 +31,7 @@ What is guaranteed:
 from __future__ import annotations
 
 from cuforge.errors import CuforgeError
+from cuforge.scalar_types import SCALAR_TYPES
 
 TYPE_CHECKING = False  # typing is slow to import; annotations are strings here
 if TYPE_CHECKING:
@@ -42,21 +43,7 @@ __all__ = ["custom_op", "derive_schema", "CustomOpError"]
 _RESERVED_NAMESPACES = frozenset({"aten", "prim", "prims", "torch", "_refs", "_c10d_functional"})
 
 #: kernel scalar code (see :data:`cuforge.runtime.signature.SCALAR_CODES`) -> schema type
-_SCALAR_SCHEMA = {
-    "?": "bool",
-    "b": "SymInt",
-    "B": "SymInt",
-    "h": "SymInt",
-    "H": "SymInt",
-    "i": "SymInt",
-    "I": "SymInt",
-    "q": "SymInt",
-    "Q": "SymInt",
-    "e": "float",
-    "bf16": "float",
-    "f": "float",
-    "d": "float",
-}
+_SCALAR_SCHEMA = {t.code: t.schema for t in SCALAR_TYPES}
 
 #: schema type spelling -> the kind it stands for ("int" and "SymInt" are both integers)
 _SCHEMA_KINDS = {
