@@ -27,6 +27,16 @@ installed; the helpers of ``tests/remote_servers.py``) and stops them at the end
    compiled); the same 8 without a remote are the anchor. ``added`` is the difference of
    the medians over ``--runs`` processes, per miss. Goal: at most the timeout, once; then
    about 0 with the circuit breaker open.
+
+3. **Warm path** (``--only warm`` runs just this). What a configured remote costs a process
+   that never needs it, and what a remote hit costs a process on a new cache dir. Each
+   figure is the *first* ``compile_file`` call of the sample in a fresh process (it pays
+   for whatever the path loads), the median of ``--runs`` processes: (a) local disk hit, no
+   remote; (b) local disk hit with ``CUFORGE_REMOTE=redis://...`` (the remote is never
+   needed); (c) Redis hit on a new, empty cache dir (that first process also identifies the
+   compiler); (d) the compile, on an empty cache dir. Reported: ``b - a`` (goal <= 1 ms),
+   ``c / d`` (goal <= 0.1), whether (b) imported redis-py and how many connections the
+   server saw during (b) (goal: none).
 """
 
 from __future__ import annotations
@@ -322,22 +332,112 @@ def render(hits: list[dict], missing: dict[str, str], down: dict, args) -> str:
     return "\n".join(lines)
 
 
+WARM_CHILD = textwrap.dedent(
+    """
+    import json, sys, time
+    import cuforge
+    start = time.perf_counter()
+    p = cuforge.compile_file({path!r}, arch={arch!r}, name_expressions={exprs!r})
+    seconds = time.perf_counter() - start
+    print(json.dumps({{"seconds": seconds, "from": p.source_of_result,
+                      "redis_imported": "redis" in sys.modules}}))
+    """
+)
+
+
+def _warm_child(env: dict[str, str], arch: str, expect: str) -> dict:
+    out = _child(WARM_CHILD.format(path=SAMPLE, arch=arch, exprs=EXPRS), env)
+    if out["from"] != expect:
+        raise RuntimeError(f"expected a {expect} result, got {out['from']}")
+    return out
+
+
+def bench_warm_path(arch: str, runs: int, workdir: str) -> dict:
+    from tests.remote_servers import RedisServer
+
+    server = RedisServer(os.path.join(workdir, "redis"))
+    try:
+        url = server.url
+        warm = os.path.join(workdir, "warm")
+        _warm_child(_env(warm), arch, "compiled")  # the disk entry (a) and (b) hit
+        _warm_child(_env(warm), arch, "disk")  # (and the toolchain memo, warm)
+        seed = os.path.join(workdir, "seed")
+        _warm_child(_env(seed, url), arch, "compiled")  # written through to Redis
+        fig: dict[str, list[float]] = {"a": [], "b": [], "c": [], "d": []}
+        redis_imported = False
+        raw = server.client()
+        before = raw.info("stats")["total_connections_received"]
+        for _ in range(runs):
+            fig["a"].append(_warm_child(_env(warm), arch, "disk")["seconds"])
+        for _ in range(runs):
+            out = _warm_child(_env(warm, url), arch, "disk")
+            fig["b"].append(out["seconds"])
+            redis_imported |= out["redis_imported"]
+        connections_b = raw.info("stats")["total_connections_received"] - before
+        for i in range(runs):
+            fresh = os.path.join(workdir, f"fresh-{i}")
+            fig["c"].append(_warm_child(_env(fresh, url), arch, "remote")["seconds"])
+        for i in range(runs):
+            cold = os.path.join(workdir, f"cold-{i}")
+            fig["d"].append(_warm_child(_env(cold), arch, "compiled")["seconds"])
+    finally:
+        server.kill()
+    med = {k: statistics.median(v) for k, v in fig.items()}
+    return {
+        "runs": runs,
+        "arch": arch,
+        "median_ms": {k: round(v * 1e3, 2) for k, v in med.items()},
+        "samples_ms": {k: [round(x * 1e3, 2) for x in v] for k, v in fig.items()},
+        "b_minus_a_ms": round((med["b"] - med["a"]) * 1e3, 2),
+        "c_over_d": round(med["c"] / med["d"], 4),
+        "b_imported_redis": redis_imported,
+        "b_connections": connections_b,
+    }
+
+
+def render_warm_path(doc: dict) -> str:
+    m = doc["median_ms"]
+    lines = [
+        f"remote warm path (CUB block_sum<256, float>, {doc['arch']}; median of "
+        f"{doc['runs']} fresh processes, one compile_file call each)",
+        f"  (a) local disk hit, no remote         {m['a']:9.2f} ms",
+        f"  (b) local disk hit, redis configured  {m['b']:9.2f} ms",
+        f"  (c) redis hit, new cache dir          {m['c']:9.2f} ms",
+        f"  (d) compile, new cache dir            {m['d']:9.2f} ms",
+        f"  b - a = {doc['b_minus_a_ms']:.2f} ms (goal <= 1 ms); c / d = {doc['c_over_d']:.4f} "
+        "(goal <= 0.1)",
+        f"  (b) imported redis-py: {doc['b_imported_redis']}; connections to the server "
+        f"during (b): {doc['b_connections']}",
+    ]
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--arch", default="sm_90")
     parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    parser.add_argument(
+        "--only", choices=("warm",), help="run one section only (warm: the warm path, 3.)"
+    )
     args = parser.parse_args()
     workdir = tempfile.mkdtemp(prefix="cuforge-bench-remote-")
+    doc: dict = {}
     try:
-        hits, missing = bench_hits(args.arch, args.runs, workdir)
-        down = bench_down(args.arch, args.runs, workdir)
+        if args.only is None:
+            hits, missing = bench_hits(args.arch, args.runs, workdir)
+            down = bench_down(args.arch, args.runs, workdir)
+            doc.update(hits=hits, unavailable=missing, down=down)
+        doc["warm_path"] = bench_warm_path(args.arch, args.runs, os.path.join(workdir, "warm"))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    print(render(hits, missing, down, args))
+    if args.only is None:
+        print(render(doc["hits"], doc["unavailable"], doc["down"], args))
+        print()
+    print(render_warm_path(doc["warm_path"]))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"hits": hits, "unavailable": missing, "down": down}, f, indent=2)
+            json.dump(doc, f, indent=2)
     return 0
 
 

@@ -379,3 +379,95 @@ def test_no_arch_anywhere_says_exactly_how_to_set_it(monkeypatch):
 def test_arch_number_orders_archs():
     archs = ["sm_90a", "sm_100", "sm_80", "sm_90"]
     assert sorted(archs, key=arch_number) == ["sm_80", "sm_90", "sm_90a", "sm_100"]
+
+
+# -- the wheel RECORD stands in for hashing an installed library --------------------------
+
+
+def _fake_site(tmp_path, content: bytes, *, recorded: bytes | None = None):
+    """A site-packages with one wheel-installed library; its RECORD line describes
+    ``recorded`` (default: ``content``)."""
+    import base64
+    import hashlib
+
+    site = tmp_path / "site-packages"
+    lib = site / "nvidia" / "cu13" / "lib"
+    lib.mkdir(parents=True)
+    (lib / "libnvrtc.so.13").write_bytes(content)
+    described = content if recorded is None else recorded
+    digest = base64.urlsafe_b64encode(hashlib.sha256(described).digest()).rstrip(b"=").decode()
+    info = site / "nvidia_cuda_nvrtc-13.0.88.dist-info"
+    info.mkdir()
+    (info / "RECORD").write_text(
+        f"nvidia/cu13/lib/libnvrtc.so.13,sha256={digest},{len(described)}\n"
+        "nvidia_cuda_nvrtc-13.0.88.dist-info/RECORD,,\n"
+    )
+    (site / "other-1.0.dist-info").mkdir()  # a RECORD-less dist beside it
+    return str(lib / "libnvrtc.so.13")
+
+
+def test_record_sha256_is_the_content_digest_without_reading_the_file(tmp_path):
+    import hashlib
+
+    from cuforge.toolchain import wheel_record
+
+    wheel_record.reset()
+    content = b"\x7fELF" + os.urandom(4096)
+    path = _fake_site(tmp_path / "a", content)
+    expected = hashlib.sha256(content).hexdigest()
+    assert wheel_record.recorded_sha256(path) == expected == wheel_record.hash_file(path)
+    # a symlink to it (as a library's soname link) resolves to the recorded file
+    link = tmp_path / "libnvrtc.so"
+    link.symlink_to(path)
+    assert wheel_record.recorded_sha256(str(link)) == expected
+    # the same wheel in another venv: the same, path-free value
+    other = _fake_site(tmp_path / "b", content)
+    assert wheel_record.recorded_sha256(other) == expected
+    # RECORD is what is trusted for a file of the recorded size (not re-read): a value
+    # that differs from the content proves the file was not hashed
+    wheel_record.reset()
+    same_size = bytes(len(content))
+    planted = _fake_site(tmp_path / "c", content, recorded=same_size)
+    assert wheel_record.recorded_sha256(planted) == hashlib.sha256(same_size).hexdigest()
+
+
+def test_record_is_not_trusted_for_a_changed_size_or_an_unlisted_file(tmp_path):
+    import hashlib
+
+    from cuforge.toolchain import wheel_record
+
+    wheel_record.reset()
+    content = b"\x7fELF" + os.urandom(1000)
+    path = _fake_site(tmp_path, content, recorded=content + b"x")  # size differs
+    assert wheel_record.recorded_sha256(path) is None
+    assert wheel_record.installed_sha256(path) == hashlib.sha256(content).hexdigest()
+    loose = tmp_path / "loose.so"
+    loose.write_bytes(b"not from a wheel")
+    assert wheel_record.recorded_sha256(str(loose)) is None
+    assert (
+        wheel_record.installed_sha256(str(loose)) == hashlib.sha256(b"not from a wheel").hexdigest()
+    )
+
+
+def test_nvrtc_identity_uses_the_wheel_record(isolated_cache):
+    """The identity's library_sha256 is the installed NVRTC wheel's RECORD digest (equal
+    to the file's SHA-256), found without hashing the library."""
+    out = run_python(
+        """
+        import json
+        from cuforge.toolchain import compiler_identity, wheel_record
+        from cuforge.toolchain import locate
+        calls = []
+        real = wheel_record.hash_file
+        wheel_record.hash_file = lambda p: calls.append(p) or real(p)
+        ident = compiler_identity("nvrtc")
+        lib = locate.find_nvrtc_library()
+        print(json.dumps({"sha": ident["library_sha256"], "recorded": wheel_record.recorded_sha256(lib),
+                          "hashed": [p for p in calls if "nvrtc" in p], "file": real(lib)}))
+        """,
+        env=child_env(),
+    )
+    if out["recorded"] is None:
+        pytest.skip("NVRTC here is not from a pip wheel")
+    assert out["sha"] == out["recorded"] == out["file"]
+    assert out["hashed"] == []

@@ -410,3 +410,111 @@ def test_docstring_plugin_example_works(tmp_path, monkeypatch):
         assert tier.put(e) and tier.get(e.key, kind="kernel").payload == e.payload
     finally:
         sys.modules.pop(name, None)
+
+
+# -- laziness: a local hit pays nothing for a configured remote ---------------------------
+
+_LAZY_CHILD = """
+    import json, sys
+    from cuforge.store import default_store
+    from cuforge.store.base import Entry
+    key, mode = sys.argv[1], sys.argv[2]
+    store = default_store()
+    if mode == "put":
+        ok = store.put(Entry(key, "kernel", b"payload" * 100, {{"name": "lazy.cu"}}))
+        print(json.dumps({{"ok": ok}}))
+    else:
+        entry, tier = store.get_with_tier(key, kind="kernel")
+        store.stats()  # stats of every tier: must not connect either
+        heavy = ("redis", "http.client", "urllib.parse", "hmac")
+        print(json.dumps({{
+            "tier": tier,
+            "payload_ok": entry is not None and entry.payload == b"payload" * 100,
+            "imported": [m for m in heavy if m in sys.modules],
+        }}))
+"""
+
+
+def _lazy_child(key: str, mode: str, env: dict) -> dict:
+    import json
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_LAZY_CHILD.format()), key, mode],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_local_hit_with_redis_remote_imports_and_connects_nothing(tmp_path, redis_server):
+    """A fresh process whose entry is on local disk gets the disk hit without importing
+    redis-py (or urllib / http.client / hmac) and without connecting to the server; a miss
+    still reaches the remote and hits there."""
+    pytest.importorskip("redis", reason="the 'redis' package (pip install 'cuforge[redis]')")
+    from tests.conftest import child_env
+
+    raw = redis_server.client()
+    key = key_of("lazy")
+    local = child_env(CUFORGE_CACHE_DIR=str(tmp_path / "a"), CUFORGE_REMOTE="")
+    assert _lazy_child(key, "put", local)["ok"]  # on local disk only
+    remote = child_env(CUFORGE_CACHE_DIR=str(tmp_path / "a"), CUFORGE_REMOTE=redis_server.url)
+    before = raw.info("stats")["total_connections_received"]
+    out = _lazy_child(key, "get", remote)
+    assert out == {"tier": "disk", "payload_ok": True, "imported": []}
+    assert raw.info("stats")["total_connections_received"] == before  # never connected
+
+    # the remote still serves a miss: written through by one cache dir, read by another
+    other = key_of("lazy-remote")
+    assert _lazy_child(other, "put", remote)["ok"]
+    fresh = child_env(CUFORGE_CACHE_DIR=str(tmp_path / "b"), CUFORGE_REMOTE=redis_server.url)
+    got = _lazy_child(other, "get", fresh)
+    assert got["tier"] == "remote" and got["payload_ok"] and "redis" in got["imported"]
+    assert raw.info("stats")["total_connections_received"] > before
+
+
+def test_bad_redis_url_still_fails_when_the_tier_is_built(monkeypatch, caplog):
+    """Checking the URL happens when the tier is built (a warning, the tier skipped), not
+    on first use, though nothing is imported or connected then."""
+    pytest.importorskip("redis", reason="the 'redis' package (pip install 'cuforge[redis]')")
+    from cuforge.store import remote
+
+    monkeypatch.setattr(remote, "_warned", set())
+    monkeypatch.setenv("CUFORGE_REMOTE", "redis://127.0.0.1:6379/notanumber")
+    with caplog.at_level(logging.WARNING, logger="cuforge"):
+        assert open_remotes(settings()) == []
+    assert any("database number" in w for w in _warnings(caplog))
+
+
+def test_unimportable_client_turns_the_tier_off_with_one_warning(tmp_path, caplog):
+    """A backend whose client library fails on first use (RemoteUnavailable): one warning,
+    a miss, and no further calls (no breaker probes)."""
+    from cuforge.store.remote.base import RemoteBackend, RemoteUnavailable
+
+    calls = []
+
+    class Broken(RemoteBackend):
+        schemes = ("broken",)
+
+        def get(self, kind, key):
+            calls.append(key)
+            raise RemoteUnavailable("the client library is missing; pip install it")
+
+        def put(self, kind, key, data):
+            calls.append(key)
+            raise RemoteUnavailable("the client library is missing; pip install it")
+
+    tier = RemoteStore(Broken("broken://x", namespace="n", connect_timeout=1, timeout=1))
+    with caplog.at_level(logging.WARNING, logger="cuforge"):
+        assert tier.get(key_of(1), kind="kernel") is None
+        assert tier.get(key_of(2), kind="kernel") is None
+        assert tier.put(_entry(3)) is False
+    assert calls == [key_of(1)]
+    warned = _warnings(caplog)
+    assert len(warned) == 1 and "pip install it" in warned[0]
+    st = tier.stats()
+    assert st.errors == 1 and st.misses == 2 and "missing" in st.extra["unavailable"]

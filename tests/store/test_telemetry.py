@@ -157,3 +157,45 @@ def test_fifo_events_file_does_not_hang(tmp_path):
     assert out["hits"] == 0  # the FIFO is refused: nothing is recorded, nothing blocks
     s = telemetry.summary(root)  # a reader in this process returns too
     assert s["tiers"] == {} and s["file_bytes"] == 0
+
+
+def test_one_cold_and_one_warm_process_read_one_hit_in_two_lookups_one_build(tmp_path):
+    """Real compiles in real processes: the chain's counts are per lookup and per build,
+    not per tier (the per-tier rows still count every tier a lookup reached)."""
+    import subprocess
+    import sys
+
+    from tests.cli.conftest import ARCH, SAXPY, base_env, compile_in_child
+
+    cache_dir = str(tmp_path / "cache")
+    job = [{"name": "saxpy.cu", "source": SAXPY, "arch": ARCH}]
+    cold = compile_in_child(cache_dir, job)
+    assert cold["compiles"] == 1 and cold["results"][0]["from"] == "compiled"
+    warm = compile_in_child(cache_dir, job)
+    assert warm["compiles"] == 0 and warm["results"][0]["from"] == "disk"
+
+    s = telemetry.summary(cache_dir)
+    assert s["lookups"] == {"lookups": 2, "hits": 1, "misses": 1, "builds": 1}
+    assert [(t["name"], t["hits"], t["puts"]) for t in s["top"]] == [("saxpy.cu", 1, 1)]
+    assert s["tiers"]["disk"]["hits"] == 2  # the manifest and the kernel, per tier
+
+    done = subprocess.run(
+        [sys.executable, "-m", "cuforge.cli.main", "cache", "stats", "--json"],
+        env=base_env(cache_dir),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["lookups"] == {"lookups": 2, "hits": 1, "misses": 1, "builds": 1}
+    human = subprocess.run(
+        [sys.executable, "-m", "cuforge.cli.main", "cache", "stats"],
+        env=base_env(cache_dir),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert "lookups     2: 1 hit (50%), 1 miss; 1 build" in human.stdout, human.stdout

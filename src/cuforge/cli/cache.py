@@ -117,6 +117,7 @@ def run_stats(args: argparse.Namespace) -> int:
         "max_bytes": store.max_bytes,
         "kinds": kinds,
         "tiers": summ.get("tiers", {}),
+        "lookups": summ.get("lookups", {"lookups": 0, "hits": 0, "misses": 0, "builds": 0}),
         "seconds_saved": summ.get("seconds_saved", 0.0),
         "top": summ.get("top", []),
         "telemetry": {
@@ -148,6 +149,15 @@ def run_stats(args: argparse.Namespace) -> int:
         print("telemetry   off (CUFORGE_TELEMETRY=0): no hit/miss counts are recorded")
     elif doc["telemetry"]["since"]:
         print(f"counting    since {output.human_time(doc['telemetry']['since'])}")
+    chain = doc["lookups"]
+    if chain["lookups"] or chain["builds"]:
+        # each lookup of the whole chain once (a miss: every tier missed), each build once
+        rate = f" ({100 * chain['hits'] / chain['lookups']:.0f}%)" if chain["lookups"] else ""
+        print(
+            f"lookups     {chain['lookups']}: {chain['hits']} hit{'s' * (chain['hits'] != 1)}"
+            f"{rate}, {chain['misses']} miss{'es' * (chain['misses'] != 1)}; "
+            f"{chain['builds']} build{'s' * (chain['builds'] != 1)}"
+        )
     tiers = doc["tiers"]
     if tiers:
         # the remote tiers count errors (timeouts, damaged values) and rejected entries
@@ -179,6 +189,9 @@ def run_stats(args: argparse.Namespace) -> int:
         if with_errors:
             headers[7:7] = ["errors", "rejected"]
         print()
+        print(
+            "per tier (a lookup counts in every tier it reached, a build in every tier it was stored in):"
+        )
         output.table(headers, rows, right=tuple(range(1, len(headers))))
     if doc["top"]:
         print()

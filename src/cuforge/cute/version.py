@@ -4,16 +4,18 @@
 
 * the name and version of every installed ``nvidia-cutlass-dsl*`` distribution (read from
   the ``*.dist-info`` directory names beside the package: no metadata scan);
-* the DSL's own version digest (``CuTeDSL.get_version()``: the contents of every ``.py``
-  file of the ``cutlass`` packages, keyed by module name, plus the build-time SHA-256 of the
-  loaded compiler library ``_cutlass_ir``) -- the digest the DSL's own cache uses, minus
-  nothing, plus nothing path-dependent. It reads every source (~25 ms), so it is remembered
-  in cuforge's toolchain memo under a stat signature (name, size, mtime, inode) of the
-  DSL's ``.py`` and library files: an edited file changes the signature and the digest is
-  computed again;
-* the SHA-256 of the *contents* of the runtime library the exported objects link against
-  (``libcute_dsl_runtime.so`` of the loaded CUDA flavor), remembered in cuforge's toolchain
-  memo by the file's stat so that a fresh process does not re-read 40 MB.
+* what the DSL's own version digest (``CuTeDSL.get_version()``) covers -- every ``.py``
+  file of the DSL's packages, keyed by module name, and the loaded compiler library
+  ``_cutlass_ir`` -- each by its SHA-256 as the wheel's ``RECORD`` gives it when the file
+  still has the recorded size (:mod:`cuforge.toolchain.wheel_record`), else by reading
+  it; so a fresh cache dir reads RECORDs (milliseconds), not every source and a 190 MB
+  library. Remembered in cuforge's toolchain memo under a stat signature (name, size,
+  mtime, inode) of the DSL's ``.py`` and library files: an edited file changes the
+  signature and the digest is computed again (an edit that keeps the size changes the
+  digest only if it changes the size; one that changes it is hashed);
+* the SHA-256 of the runtime library the exported objects link against
+  (``libcute_dsl_runtime.so`` of the loaded CUDA flavor), from its RECORD in the same way
+  (else read), remembered in cuforge's toolchain memo by the file's stat.
 
 Two virtual environments with the same wheels give the same digest; an edited DSL source
 file or a different build of a library gives a different one. The digest is computed once
@@ -66,6 +68,7 @@ def _runtime_library_digests(dsl) -> list[str]:
     """``basename:sha256`` of each runtime library the DSL links exported objects against."""
     from cuforge.key import file_digest_of
     from cuforge.toolchain import memo as _memo
+    from cuforge.toolchain.wheel_record import recorded_sha256
 
     libs = [p for p in dsl.get_shared_libs() if isinstance(p, str)]
     out = []
@@ -79,7 +82,7 @@ def _runtime_library_digests(dsl) -> list[str]:
                 continue
             data = _memo.probed(memo, "cute-runtime-lib", path, sig)
             if data is None or not isinstance(data.get("sha256"), str):
-                data = {"sha256": file_digest_of(path)}
+                data = {"sha256": recorded_sha256(path) or file_digest_of(path)}
                 _memo.remember(memo, "cute-runtime-lib", path, sig, data)
                 changed = True
             out.append(f"{os.path.basename(path)}:{data['sha256']}")
@@ -108,9 +111,53 @@ def _tree_signature(root: str) -> list[int]:
     return [int.from_bytes(h.digest()[:8], "big")]
 
 
+def _dsl_files(dsl_path: str, loaded_ir: str) -> list[tuple[str, str]]:
+    """``(name, path)`` of what ``CuTeDSL.get_version()`` digests: every ``.py`` file of the
+    regular packages under ``dsl_path`` (named by module), and the loaded ``_cutlass_ir``
+    library (named by its file name). The walk is the DSL's own (regular packages only)."""
+    files = []
+    if loaded_ir:
+        files.append((os.path.basename(loaded_ir), loaded_ir))
+    for entry in sorted(os.listdir(dsl_path)):
+        sub = os.path.join(dsl_path, entry)
+        if not os.path.isfile(os.path.join(sub, "__init__.py")):
+            continue
+        for root, dirs, names in os.walk(sub):
+            dirs[:] = sorted(
+                d
+                for d in dirs
+                if d != "__pycache__" and os.path.isfile(os.path.join(root, d, "__init__.py"))
+            )
+            for name in sorted(names):
+                if not name.endswith(".py"):
+                    continue
+                path = os.path.join(root, name)
+                module = os.path.relpath(path, dsl_path)[: -len(".py")].replace(os.sep, ".")
+                files.append((module.removesuffix(".__init__"), path))
+    return files
+
+
+def _dsl_files_digest(dsl_path: str, loaded_ir: str) -> str:
+    """SHA-256 over :func:`_dsl_files`, each file by its RECORD SHA-256 (size-checked) or,
+    when no RECORD vouches for it, by its contents."""
+    import hashlib
+
+    from cuforge.key import file_digest_of
+    from cuforge.toolchain.wheel_record import recorded_sha256
+
+    h = hashlib.sha256(b"cuforge-cute-dsl-files 1\n")
+    for name, path in _dsl_files(dsl_path, loaded_ir):
+        try:
+            digest = recorded_sha256(path) or file_digest_of(path)
+        except OSError:
+            digest = "missing"
+        h.update(f"{name}\0{digest}\n".encode())
+    return h.hexdigest()
+
+
 def _dsl_get_version(dsl) -> str:
-    """``dsl.get_version().hexdigest()`` (~25 ms: it reads every DSL source), remembered in
-    cuforge's toolchain memo under a stat signature of the DSL's files."""
+    """The digest of the DSL's sources and compiler library (:func:`_dsl_files_digest`),
+    remembered in cuforge's toolchain memo under a stat signature of the DSL's files."""
     import sys
 
     import cutlass
@@ -119,16 +166,17 @@ def _dsl_get_version(dsl) -> str:
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(cutlass.__file__)))
     loaded = sys.modules.get("cutlass._mlir._mlir_libs._cutlass_ir")
-    flavor = os.path.basename(getattr(loaded, "__file__", "") or "")
+    loaded_file = getattr(loaded, "__file__", "") or ""
+    flavor = os.path.basename(loaded_file)
     where = f"{root}|{flavor}"
     sig = _tree_signature(os.path.join(root, "cutlass"))
     with _memo.lock:
         memo = _memo.load()
-        data = _memo.probed(memo, "cute-dsl-version", where, sig)
+        data = _memo.probed(memo, "cute-dsl-files", where, sig)
         if data is not None and isinstance(data.get("digest"), str):
             return data["digest"]
-        digest = dsl.get_version().hexdigest()
-        _memo.remember(memo, "cute-dsl-version", where, sig, {"digest": digest})
+        digest = _dsl_files_digest(root, loaded_file)
+        _memo.remember(memo, "cute-dsl-files", where, sig, {"digest": digest})
         _memo.save(memo)
     return digest
 
@@ -147,7 +195,7 @@ def dsl_version() -> str:
     h = hashlib.sha256(b"cuforge-cute-dsl-version 1\n")
     for item in dsl_distributions():
         h.update(f"dist {item}\n".encode())
-    h.update(b"dsl-get-version " + _dsl_get_version(dsl).encode() + b"\n")
+    h.update(b"dsl-files " + _dsl_get_version(dsl).encode() + b"\n")
     for item in _runtime_library_digests(dsl):
         h.update(f"lib {item}\n".encode())
     _cached = h.hexdigest()

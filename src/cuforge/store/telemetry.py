@@ -3,6 +3,17 @@
 Counted per tier, per entry kind and per entry name, by the stores themselves. Nothing
 ever leaves the machine: the record is a file under ``<cache root>/telemetry/``.
 
+Two views of the same lookups:
+
+* **Per tier** (tier ``"memory"``, ``"disk"``, ``"remote"``...): each tier counts the
+  lookups that reached it, so one lookup that misses three tiers is a miss in each, and
+  one stored entry is a put in each.
+* **The whole chain** (tier :data:`CHAIN`, recorded by
+  :class:`~cuforge.store.tiered.TieredStore`): one ``hit`` or ``miss`` per lookup of the
+  chain (a miss: every tier missed), one ``build`` per entry built and stored, whatever
+  the number of tiers. :func:`summary` reports it as ``"lookups"``; the names' ``puts``
+  (``builds`` in ``cuforge cache stats``) count builds.
+
 How it stays cheap and safe:
 
 * :func:`record` only bumps counters in memory (about a microsecond of work).
@@ -21,7 +32,7 @@ The line format (version 1)::
 
     {"v": 1, "t": <unix time>, "pid": <pid>,
      "c": [[tier, event, kind, count, nbytes, seconds_saved], ...],
-     "n": [[name, kind, hits, puts, seconds_saved], ...]}
+     "n": [[name, kind, hits, builds, seconds_saved], ...]}
 """
 
 from __future__ import annotations
@@ -40,7 +51,15 @@ if TYPE_CHECKING:  # pragma: no cover
     from typing import Any
 
 
-__all__ = ["record", "summary", "flush", "telemetry_dir", "FLUSH_EVERY", "MAX_FILE_BYTES"]
+__all__ = [
+    "record",
+    "summary",
+    "flush",
+    "telemetry_dir",
+    "CHAIN",
+    "FLUSH_EVERY",
+    "MAX_FILE_BYTES",
+]
 
 FORMAT_VERSION = 1
 FLUSH_EVERY = 1024
@@ -50,7 +69,9 @@ MAX_NAMES = 1000
 TOP = 20
 #: ``error``: a remote call failed (down, timed out, garbage); ``rejected``: a remote entry
 #: refused by the trust checks (unsigned or badly signed, wrong namespace)
-EVENTS = ("hit", "miss", "put", "corrupt", "evict", "error", "rejected")
+EVENTS = ("hit", "miss", "put", "corrupt", "evict", "error", "rejected", "build")
+#: the tier name of the whole-chain counts (hits, misses and builds once per lookup/build)
+CHAIN = "lookup"
 #: the name under which compaction sums the names it drops (never in ``top``)
 OTHER = "(other)"
 
@@ -135,7 +156,13 @@ def record(
             slot[0] += count
             slot[1] += nbytes
             slot[2] += seconds_saved
-        if name is not None and (event == "hit" or event == "put"):
+        # per name: hits where a tier answered (one tier per lookup), builds once each; not
+        # manifests (the index a compile reads on its way to the entry that counts)
+        if (
+            name is not None
+            and kind != "manifest"
+            and ((event == "hit" and tier != CHAIN) or event == "build")
+        ):
             names = agg[1]
             nslot = names.get((name, kind))
             if nslot is None:
@@ -287,10 +314,13 @@ def summary(root: str, *, top: int = TOP) -> dict:
     """Everything recorded under ``root`` (all processes, plus this one's unflushed counts).
 
     ``{"tiers": {tier: {"hits", "misses", "puts", "corrupt", "evictions", "errors",
-    "rejected", "bytes_hit", "bytes_put", "seconds_saved"}}, "kinds": {kind: {...same...}}, "seconds_saved": float,
+    "rejected", "bytes_hit", "bytes_put", "seconds_saved"}}, "kinds": {kind: {...same...}},
+    "lookups": {"lookups", "hits", "misses", "builds"}, "seconds_saved": float,
     "top": [{"name", "kind", "hits", "puts", "seconds_saved"}, ...], "since": unix time or
-    None, "enabled": bool, "file": path, "file_bytes": int}``. Misses carry kind ``""``
-    (a lookup by key does not know what it looks for).
+    None, "enabled": bool, "file": path, "file_bytes": int}``. Per-tier misses carry kind
+    ``""`` (a lookup by key does not know what it looks for). ``tiers`` and ``kinds`` are
+    per tier; ``lookups`` counts each lookup of the whole chain once (``misses``: every
+    tier missed) and each build once (see the module doc); ``top``'s ``puts`` are builds.
     """
     if _drains and not _draining:
         _drain_all()
@@ -307,6 +337,7 @@ def summary(root: str, *, top: int = TOP) -> dict:
     tiers: dict[str, dict] = {}
     kinds: dict[str, dict] = {}
     saved = 0.0
+    chain = {"hits": 0, "misses": 0, "builds": 0}
     field = {
         "hit": "hits",
         "miss": "misses",
@@ -316,6 +347,11 @@ def summary(root: str, *, top: int = TOP) -> dict:
         "rejected": "rejected",
     }
     for (tier, event, kind), (count, nbytes, seconds) in counts.items():
+        if tier == CHAIN:
+            slot = {"hit": "hits", "miss": "misses", "build": "builds"}.get(event)
+            if slot is not None:
+                chain[slot] += count
+            continue
         for table, name in ((tiers, tier), (kinds, kind)):
             if table is kinds and not kind:
                 continue
@@ -353,6 +389,7 @@ def summary(root: str, *, top: int = TOP) -> dict:
     return {
         "tiers": tiers,
         "kinds": kinds,
+        "lookups": {"lookups": chain["hits"] + chain["misses"], **chain},
         "seconds_saved": saved,
         "top": [
             {"name": n, "kind": k, "hits": s[0], "puts": s[1], "seconds_saved": s[2]}

@@ -32,6 +32,19 @@ class TieredStore(Store):
 
     Telemetry: tiers that keep none themselves (the memory tier) are recorded here, under
     the root of the first disk tier, so ``cuforge cache stats`` shows memory hits too.
+    So are the whole chain's counts (tier :data:`~cuforge.store.telemetry.CHAIN`), each
+    once, whatever the number of tiers:
+
+    * a ``hit`` per lookup some tier answered, a ``miss`` per lookup every tier missed;
+      a manifest (the index a compile reads before its kernel) counts only when it misses
+      (a found manifest leads to the lookup of the kernel, which counts), and a key that
+      already missed in this process and was not stored since does not count again (the
+      re-check under the compile lock, the manifest read before it is rewritten);
+    * a ``build`` per entry stored through :meth:`put` (manifests, which describe a build,
+      are not one).
+
+    So one cold process (compile and store) and one warm one (served from the cache) read
+    2 lookups, 1 hit, 1 build.
     """
 
     tier = "tiered"
@@ -54,6 +67,8 @@ class TieredStore(Store):
         # telemetry in bulk: every _BUFFER hits, and whenever telemetry flushes or sums up
         self._mem_hits: list[Entry] = []
         self._mem_misses = 0
+        # (kind, key) that missed the whole chain and were not stored since (counted once)
+        self._missed: set[tuple[str | None, str]] = set()
         self._pid = os.getpid()
         if self._root is not None:
             _telemetry.add_drain(self._drain)
@@ -85,9 +100,28 @@ class TieredStore(Store):
                     if faster.tier != "remote":
                         faster.put(entry, durable=False)
                 self.hits += 1
+                # (memory hits reach the chain's count with the buffered ones, in _drain)
+                if record and tier.tier != "memory" and entry.kind != "manifest":
+                    self._chain("hit", entry.kind)
                 return entry, tier.tier
         self.misses += 1
+        if record:
+            missed = self._missed
+            if (kind, key) not in missed:
+                if len(missed) >= _MISSED_MAX:
+                    missed.clear()
+                missed.add((kind, key))
+                self._chain("miss", kind or "")
         return None, None
+
+    def _chain(self, event: str, kind: str, name: object = None) -> None:
+        _telemetry.record(
+            self._root,  # type: ignore[arg-type]
+            event,
+            tier=_telemetry.CHAIN,
+            kind=kind,
+            name=name,
+        )
 
     def put(self, entry: Entry, *, durable: bool = True) -> bool:
         stored = False
@@ -98,6 +132,9 @@ class TieredStore(Store):
             self.puts += 1
             root = self._root
             if root is not None:
+                self._missed.discard((entry.kind, entry.key))
+                if entry.kind != "manifest":
+                    self._chain("build", entry.kind, entry.meta.get("name"))
                 for _tier, name in self._unrecorded:
                     if name == "memory":
                         _telemetry.record(
@@ -167,6 +204,10 @@ class TieredStore(Store):
             else:
                 slot[1] += 1
         for entry, count in grouped.values():
+            if entry.kind != "manifest":
+                _telemetry.record(
+                    root, "hit", tier=_telemetry.CHAIN, kind=entry.kind, name=None, count=count
+                )
             seconds = entry.meta.get("compile_seconds", 0.0)
             if not isinstance(seconds, (int, float)):
                 seconds = 0.0  # (multiplied below, so checked here too)
@@ -187,3 +228,5 @@ class TieredStore(Store):
 
 #: memory-tier hits buffered before they are handed to telemetry
 _BUFFER = 1024
+#: missed keys remembered (so a re-check does not count twice) before starting over
+_MISSED_MAX = 4096

@@ -1,7 +1,8 @@
 """What the toolchain is: the compiler identity the cache key records, versions, archs.
 
 :func:`compiler_identity` is cheap on a warm process: the library or executable is
-identified by (path, size, mtime_ns), and what was probed about it (version, SHA-256,
+identified by (path, size, mtime_ns), and what was probed about it (version, SHA-256 --
+for a library pip installed, the one its wheel's ``RECORD`` gives, not read from the file --
 ``nvcc --version`` text) is kept in :mod:`cuforge.toolchain.memo` keyed by that stat, so a
 warm call neither imports the CUDA Python bindings nor loads NVRTC nor runs nvcc. When a
 probe must run, it loads or runs a path derived in this process, never one from the memo.
@@ -34,16 +35,6 @@ __all__ = [
 # --------------------------------------------------------------------------- probes
 
 
-def _sha256_file(path: str) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 _nvrtc_dll_lock = _thread.allocate_lock()
 
 
@@ -68,7 +59,18 @@ def _probe_nvrtc(path: str) -> dict:
             f"cannot load NVRTC from {path}: {exc}. Reinstall it with "
             "`pip install --force-reinstall nvidia-cuda-nvrtc`."
         ) from None
-    return {"version": f"{major.value}.{minor.value}", "sha256": _sha256_file(path)}
+    # by content: the SHA-256 the wheel's RECORD gives for it (size-checked), else read
+    # (~70 ms for a 100 MB library); the same value either way, and path-free
+    from cuforge.toolchain.wheel_record import installed_sha256
+
+    try:
+        sha256 = installed_sha256(path)
+    except OSError as exc:
+        raise ToolchainError(
+            f"cannot read NVRTC at {path}: {exc.strerror or exc}. Reinstall it with "
+            "`pip install --force-reinstall nvidia-cuda-nvrtc`."
+        ) from None
+    return {"version": f"{major.value}.{minor.value}", "sha256": sha256}
 
 
 def _define(path: str, name: bytes) -> str:
@@ -87,6 +89,8 @@ def _probe_headers(cuda_h: str, include: list[str] | tuple[str, ...] = ()) -> di
     """Versions of the headers: CUDA_VERSION from cuda.h, CCCL_VERSION from CCCL, which
     sits beside cuda.h (toolkit, CUDA 13 wheels) or in its own include dir (the
     ``nvidia-cuda-cccl-cu12`` wheel: another entry of ``include``)."""
+    from cuforge.toolchain.wheel_record import hash_file
+
     version = _define(cuda_h, b"CUDA_VERSION")
     cccl = ""
     for inc in (os.path.dirname(cuda_h), *include):
@@ -101,7 +105,7 @@ def _probe_headers(cuda_h: str, include: list[str] | tuple[str, ...] = ()) -> di
             break
     # cuda.h by content, not by path or mtime: the same toolkit release installed in another
     # venv or on another machine keys the same (a shared cache hits across them)
-    return {"cuda_version": version, "cccl_version": cccl, "cuda_h_sha256": _sha256_file(cuda_h)}
+    return {"cuda_version": version, "cccl_version": cccl, "cuda_h_sha256": hash_file(cuda_h)}
 
 
 def _probe_nvcc(path: str) -> dict:

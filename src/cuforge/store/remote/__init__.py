@@ -17,7 +17,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from cuforge.store.base import Store
     from cuforge.store.remote.base import RemoteBackend
 
-__all__ = ["open_remotes", "read_secret", "BUILTIN"]
+__all__ = ["open_remotes", "read_secret", "namespace", "BUILTIN"]
 
 #: scheme -> "module:Class" of the backends that ship with cuforge
 BUILTIN = {
@@ -34,6 +34,15 @@ _EXTRAS = {"redis": "redis", "rediss": "redis"}
 _secrets: dict[str, bytes] = {}
 # URLs already warned about (a skipped tier), once per process
 _warned: set[str] = set()
+
+
+def namespace() -> str:
+    """``"cuforge-<version>-k<key schema>"``: writers of another namespace never share
+    entries (a backend keeps namespaces apart; the envelope checks it again)."""
+    from cuforge._version import __version__
+    from cuforge.key import SCHEMA_VERSION
+
+    return f"cuforge-{__version__}-k{SCHEMA_VERSION}"
 
 
 def read_secret(current: Settings) -> bytes | None:
@@ -69,10 +78,10 @@ def read_secret(current: Settings) -> bytes | None:
 
 
 def _load(spec: str):
-    import importlib
-
     module_name, _, attr = spec.partition(":")
-    return getattr(importlib.import_module(module_name), attr)
+    # __import__, not importlib.import_module: importing importlib (and warnings) costs
+    # ~0.8 ms, paid by every process that has a remote configured
+    return getattr(__import__(module_name, fromlist=(attr,)), attr)
 
 
 def _skip(url: str, why: str, fix: str) -> None:
@@ -196,7 +205,6 @@ def open_remotes(current: Settings, *, telemetry_root: str | None = None) -> lis
     if not urls:
         return []
     from cuforge.errors import ConfigError
-    from cuforge.store.remote.envelope import namespace
     from cuforge.store.remote.tier import RemoteStore
 
     secret = read_secret(current)

@@ -28,7 +28,15 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-__all__ = ["RemoteBackend", "RemoteError", "RemoteTimeout", "redact"]
+__all__ = [
+    "RemoteBackend",
+    "RemoteError",
+    "RemoteTimeout",
+    "RemoteUnavailable",
+    "UrlParts",
+    "split_url",
+    "redact",
+]
 
 
 class RemoteError(OSError):
@@ -38,6 +46,70 @@ class RemoteError(OSError):
 class RemoteTimeout(RemoteError, TimeoutError):
     """A remote cache did not connect or answer within its timeout. The tier stops asking
     it at once (one timeout costs the caller the whole budget; a second would double it)."""
+
+
+class RemoteUnavailable(RemoteError):
+    """A backend that cannot work in this process at all (its client library is missing or
+    broken). The tier turns itself off for the rest of the process, with one warning that
+    names the fix, instead of asking again after every back-off."""
+
+
+class UrlParts:
+    """A remote URL split into its parts, as :func:`urllib.parse.urlsplit` splits it
+    (``hostname`` lowercase, ``port`` an int or None), by :func:`split_url`."""
+
+    __slots__ = ("scheme", "username", "password", "hostname", "port", "path", "query", "fragment")
+
+    def __init__(self, **parts: object) -> None:
+        for name in self.__slots__:
+            setattr(self, name, parts[name])
+
+
+def split_url(url: str) -> UrlParts:
+    """``url``'s parts, without importing :mod:`urllib.parse` (a backend is built by every
+    process that has ``CUFORGE_REMOTE`` set, even one that never uses it). Raises
+    ValueError for a port that is not a number in 0-65535 or an unclosed ``[`` IPv6 host.
+    ``username`` / ``password`` are still percent-encoded (None when absent)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    end = len(rest)
+    for c in "/?#":
+        i = rest.find(c)
+        if i != -1 and i < end:
+            end = i
+    netloc, rest = rest[:end], rest[end:]
+    rest, _, fragment = rest.partition("#")
+    path, _, query = rest.partition("?")
+    userinfo, at, hostport = netloc.rpartition("@")
+    username = password = None
+    if at:
+        username, colon, pw = userinfo.partition(":")
+        password = pw if colon else None
+    if hostport.startswith("["):
+        host, bracket, after = hostport[1:].partition("]")
+        if not bracket:
+            raise ValueError(f"Invalid IPv6 URL: {redact(url)!r}")
+        port_text = after[1:] if after.startswith(":") else ""
+    else:
+        host, _, port_text = hostport.partition(":")
+    port = None
+    if port_text:
+        if not port_text.isdigit() or not port_text.isascii():
+            raise ValueError(f"Port could not be cast to integer value as {port_text!r}")
+        port = int(port_text)
+        if port > 65535:
+            raise ValueError("Port out of range 0-65535")
+    return UrlParts(
+        scheme=scheme.lower(),
+        username=username,
+        password=password,
+        hostname=host.lower() or None,
+        port=port,
+        path=path,
+        query=query,
+        fragment=fragment,
+    )
 
 
 def redact(url: str) -> str:
@@ -81,10 +153,12 @@ class RemoteBackend(ABC):
         self.setup()
 
     def setup(self) -> None:  # noqa: B027 - optional hook: a backend may need no setup
-        """Read :attr:`url` and prepare (never connect: the first call does). Called at the
-        end of the constructor, so a backend overrides this instead of restating the
-        constructor's keywords. Raises :class:`RemoteError` (or ValueError) for a URL it
-        cannot use."""
+        """Read and check :attr:`url` (never connect, and never import a client library:
+        the first ``get`` / ``put`` / ``contains`` does, so a process that hits its local
+        cache pays nothing for the remote). Called at the end of the constructor, so a
+        backend overrides this instead of restating the constructor's keywords. Raises
+        :class:`RemoteError` (or ValueError) for a URL it cannot use. A client library
+        found missing on first use raises :class:`RemoteUnavailable`."""
 
     @abstractmethod
     def get(self, kind: str, key: str) -> bytes | None:

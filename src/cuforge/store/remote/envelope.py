@@ -21,6 +21,8 @@ signature is not checked, the digest still is), then the entry's own checksum an
 
 from __future__ import annotations
 
+from cuforge.store.remote import namespace  # (defined there: a lazy tier needs no envelope)
+
 TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs ~10 ms
 if TYPE_CHECKING:  # pragma: no cover
     from cuforge.store.base import Entry
@@ -56,15 +58,6 @@ class Rejected(Exception):
         super().__init__(reason)
         self.reason = reason
         self.trust = trust
-
-
-def namespace() -> str:
-    """``"cuforge-<version>-k<key schema>"``: writers of another namespace never share
-    entries (a backend keeps namespaces apart; the envelope checks it again)."""
-    from cuforge._version import __version__
-    from cuforge.key import SCHEMA_VERSION
-
-    return f"cuforge-{__version__}-k{SCHEMA_VERSION}"
 
 
 def signature(secret: bytes, ns: str, kind: str, key: str, sha256: str) -> str:

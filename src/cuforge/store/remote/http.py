@@ -3,7 +3,9 @@
 Plain ``GET`` / ``PUT`` / ``HEAD`` of ``<prefix>/<namespace>/<kind>/<key>``: the protocol of
 bazel-remote, nginx's WebDAV module (``dav_methods PUT``), sccache's webdav backend and most
 artifact stores, so any of them serves as a cuforge cache. Standard library only
-(:mod:`http.client`), imported when the first backend is built, never by ``import cuforge``.
+(:mod:`http.client`, :mod:`urllib.parse`), imported by the backend's first request, never by
+``import cuforge`` nor by building the backend (a process that hits its local cache imports
+neither).
 
 Guarantees, on top of :class:`~cuforge.store.remote.base.RemoteBackend`'s:
 
@@ -31,10 +33,10 @@ from __future__ import annotations
 
 import io
 import os
-import threading
 import time
+from _thread import _local, allocate_lock  # threading.local / Lock, without importing threading
 
-from cuforge.store.remote.base import RemoteBackend, RemoteError, RemoteTimeout, redact
+from cuforge.store.remote.base import RemoteBackend, RemoteError, RemoteTimeout, redact, split_url
 
 __all__ = ["HttpBackend"]
 
@@ -43,6 +45,8 @@ _EXCERPT = 200
 _DRAIN_LIMIT = 64 * 1024
 _CHUNK = 1024 * 1024
 _PUT_OK = (200, 201, 204)
+#: characters a path component keeps unquoted
+_SAFE = "-_.~+:="
 
 
 class HttpBackend(RemoteBackend):
@@ -59,11 +63,8 @@ class HttpBackend(RemoteBackend):
     max_bytes: int = 1024**3
 
     def setup(self) -> None:
-        from urllib.parse import quote, unquote, urlsplit
-
         try:
-            parts = urlsplit(self.url)
-            port = parts.port
+            parts = split_url(self.url)
         except ValueError as exc:
             raise RemoteError(f"remote cache {redact(self.url)}: bad URL: {exc}") from exc
         if parts.scheme not in self.schemes or not parts.hostname:
@@ -77,38 +78,56 @@ class HttpBackend(RemoteBackend):
             )
         self._https = parts.scheme == "https"
         self._host = parts.hostname
-        self._port = port or (443 if self._https else 80)
+        self._port = parts.port or (443 if self._https else 80)
         self._prefix = parts.path.rstrip("/")
-        self._quote = quote
-        self._ns = self._component(self.namespace, "namespace")
-        self._headers = {"User-Agent": "cuforge"}
-        if parts.username is not None or parts.password is not None:
+        self._check_component(self.namespace, "namespace")
+        self._credentials = (
+            None
+            if parts.username is None and parts.password is None
+            else (parts.username or "", parts.password or "")
+        )
+        # built by the first request (_prepare): urllib.parse is not imported before then
+        self._quote = None
+        self._ns = ""
+        self._headers: dict[str, str] = {}
+        self._ssl_context = None
+        self._local = _local()
+        self._lock = allocate_lock()
+        self._open: set = set()
+
+    def _prepare(self) -> None:
+        """What the first request needs: the quoted namespace and the headers."""
+        from urllib.parse import quote, unquote
+
+        headers = {"User-Agent": "cuforge"}
+        if self._credentials is not None:
             import base64
 
-            user = unquote(parts.username or "")
-            password = unquote(parts.password or "")
+            user, password = (unquote(c) for c in self._credentials)
             token = base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
-            self._headers["Authorization"] = f"Basic {token}"
-        self._ssl_context = None
-        self._local = threading.local()
-        self._lock = threading.Lock()
-        self._open: set = set()
+            headers["Authorization"] = f"Basic {token}"
+        self._headers = headers
+        self._ns = quote(self.namespace, safe=_SAFE)
+        self._quote = quote
 
     # -- addressing ---------------------------------------------------------------------
 
-    def _component(self, value: str, what: str) -> str:
+    def _check_component(self, value: str, what: str) -> None:
         if not value or value in (".", "..") or "/" in value:
             raise RemoteError(
                 f"remote cache {self.describe()}: the {what} {value!r} cannot be a path "
                 "component (empty, '.', '..' or containing '/')"
             )
-        return self._quote(value, safe="-_.~+:=")
+
+    def _component(self, value: str, what: str) -> str:
+        self._check_component(value, what)
+        if self._quote is None:
+            self._prepare()
+        return self._quote(value, safe=_SAFE)  # type: ignore[misc]
 
     def _path(self, kind: str, key: str) -> str:
-        return (
-            f"{self._prefix}/{self._ns}/{self._component(kind, 'kind')}/"
-            f"{self._component(key, 'key')}"
-        )
+        kind = self._component(kind, "kind")  # (first: prepares self._ns)
+        return f"{self._prefix}/{self._ns}/{kind}/{self._component(key, 'key')}"
 
     # -- connections --------------------------------------------------------------------
 
@@ -292,7 +311,7 @@ class HttpBackend(RemoteBackend):
             conns, self._open = self._open, set()
         for conn in conns:
             conn.close()
-        self._local = threading.local()
+        self._local = _local()
 
 
 def _deadline_response_class(conn):

@@ -5,7 +5,9 @@ can serve several cuforge versions (and other tenants) without collisions, and a
 can see, count and drop cuforge's keys with ``SCAN MATCH cuforge:*``.
 
 Talks to Redis through redis-py (the ``redis`` extra: ``pip install 'cuforge[redis]'``),
-imported when the first backend is built, never by ``import cuforge``. Guarantees, on top of
+imported on the backend's first ``get`` / ``put`` / ``contains``, never by ``import
+cuforge`` nor by building the backend: a process that hits its local cache never imports
+redis-py (~65 ms) nor connects. Guarantees, on top of
 :class:`~cuforge.store.remote.base.RemoteBackend`'s:
 
 * one redis-py client (and connection pool) per backend, shared by every thread; a forked
@@ -20,9 +22,18 @@ imported when the first backend is built, never by ``import cuforge``. Guarantee
 
 from __future__ import annotations
 
-import math
+import os
+import sys
+from _thread import allocate_lock
 
-from cuforge.store.remote.base import RemoteBackend, RemoteError, RemoteTimeout, redact
+from cuforge.store.remote.base import (
+    RemoteBackend,
+    RemoteError,
+    RemoteTimeout,
+    RemoteUnavailable,
+    redact,
+    split_url,
+)
 
 __all__ = ["RedisBackend"]
 
@@ -32,29 +43,52 @@ _INSTALL_HINT = "pip install 'cuforge[redis]'"
 class RedisBackend(RemoteBackend):
     """A Redis server (or anything speaking its protocol: Valkey, KeyDB, Dragonfly).
 
-    The constructor only parses ``url`` and builds the client; it does not connect (the
-    first ``get`` / ``put`` does), so building a backend for a server that is down is cheap
-    and does not fail. It raises :class:`RemoteError` when redis-py is not installed or
-    when ``url`` cannot name a Redis database (wrong scheme, bad port, a db that is not a
-    number).
+    The constructor only checks ``url`` and that redis-py is installed (without importing
+    it); the first ``get`` / ``put`` / ``contains`` imports redis-py, builds the client and
+    connects, so building a backend is cheap and does not fail for a server that is down.
+    The constructor raises :class:`RemoteError` when redis-py is not installed or when
+    ``url`` cannot name a Redis database (wrong scheme, bad port, a db that is not a
+    number); a redis-py that fails to import on first use raises
+    :class:`~cuforge.store.remote.base.RemoteUnavailable`.
     """
 
     schemes = ("redis", "rediss")
 
     def setup(self) -> None:
+        if _redis_missing():
+            raise RemoteError(
+                f"remote cache {redact(self.url)}: the Python package 'redis' is not installed; "
+                f"install it with: {_INSTALL_HINT}, or remove this URL from CUFORGE_REMOTE"
+            )
+        _check_url(self.url)
+        self._prefix = f"cuforge:{self.namespace}:"
+        self._redis = None  # the redis module, once imported
+        self._pool = None
+        self._client_obj = None
+        self._lock = allocate_lock()
+
+    def _client(self):
+        """The redis-py client (one per backend, shared by every thread), built on first
+        use: imports redis-py."""
+        client = self._client_obj
+        if client is not None:
+            return client
+        with self._lock:
+            if self._client_obj is None:
+                self._build()
+            return self._client_obj
+
+    def _build(self) -> None:
         try:
             import redis
             from redis.backoff import NoBackoff
             from redis.retry import Retry
         except ImportError as exc:
-            raise RemoteError(
-                f"remote cache {redact(self.url)}: the Python package 'redis' is not installed "
-                f"({exc}); install it with: {_INSTALL_HINT}, or remove this URL from "
+            raise RemoteUnavailable(
+                f"remote cache {redact(self.url)}: the Python package 'redis' cannot be "
+                f"imported ({exc}); install it with: {_INSTALL_HINT}, or remove this URL from "
                 "CUFORGE_REMOTE"
             ) from exc
-        _check_url(self.url)
-        self._redis = redis
-        self._prefix = f"cuforge:{self.namespace}:"
         try:
             pool = redis.ConnectionPool.from_url(
                 self.url,
@@ -67,28 +101,30 @@ class RedisBackend(RemoteBackend):
                 driver_info=None,
             )
         except (ValueError, TypeError, redis.RedisError) as exc:
-            raise RemoteError(
+            raise RemoteUnavailable(
                 f"remote cache {redact(self.url)}: not a usable Redis URL ({exc}); expected "
                 "redis://[:password@]host:port/db or rediss://..."
             ) from exc
+        self._redis = redis
         self._pool = pool
-        self._client = redis.Redis(connection_pool=pool)
+        self._client_obj = redis.Redis(connection_pool=pool)
 
     def _key(self, kind: str, key: str) -> str:
         return f"{self._prefix}{kind}:{key}"
 
     def _fail(self, op: str, kind: str, key: str, exc: BaseException) -> RemoteError:
         what = type(exc).__name__
-        timed_out = isinstance(exc, (TimeoutError, self._redis.TimeoutError))
+        timed_out = isinstance(exc, (TimeoutError, self._redis.TimeoutError))  # type: ignore[union-attr]
         return (RemoteTimeout if timed_out else RemoteError)(
             f"remote cache {self.describe()}: {op} {kind}/{key[:16]} failed: {what}: {exc}"
         )
 
     def get(self, kind: str, key: str) -> bytes | None:
         """The value of ``cuforge:{namespace}:{kind}:{key}``, or None when it is not set."""
+        client = self._client()
         try:
-            value = self._client.get(self._key(kind, key))
-        except (self._redis.RedisError, OSError) as exc:
+            value = client.get(self._key(kind, key))
+        except (self._redis.RedisError, OSError) as exc:  # type: ignore[union-attr]
             raise self._fail("GET", kind, key, exc) from exc
         if value is None:
             return None
@@ -101,37 +137,57 @@ class RedisBackend(RemoteBackend):
 
     def put(self, kind: str, key: str, data: bytes) -> None:
         """``SET`` the value, with ``EX ttl`` (rounded up to whole seconds) when ttl > 0."""
-        ex = max(1, math.ceil(self.ttl)) if self.ttl > 0 else None
+        ex = max(1, -int(-self.ttl // 1)) if self.ttl > 0 else None  # ceil, without math
+        client = self._client()
         try:
-            self._client.set(self._key(kind, key), bytes(data), ex=ex)
-        except (self._redis.RedisError, OSError) as exc:
+            client.set(self._key(kind, key), bytes(data), ex=ex)
+        except (self._redis.RedisError, OSError) as exc:  # type: ignore[union-attr]
             raise self._fail("SET", kind, key, exc) from exc
 
     def contains(self, kind: str, key: str) -> bool:
         """``EXISTS``: one round trip, no value transferred."""
+        client = self._client()
         try:
-            return bool(self._client.exists(self._key(kind, key)))
-        except (self._redis.RedisError, OSError) as exc:
+            return bool(client.exists(self._key(kind, key)))
+        except (self._redis.RedisError, OSError) as exc:  # type: ignore[union-attr]
             raise self._fail("EXISTS", kind, key, exc) from exc
 
     def close(self) -> None:
-        """Close the pool's connections (idempotent; a later call reconnects)."""
+        """Close the pool's connections (idempotent; a later call reconnects; nothing to do
+        before the first call)."""
+        if self._pool is None:
+            return
         try:
             self._pool.disconnect()
-        except (self._redis.RedisError, OSError) as exc:
+        except (self._redis.RedisError, OSError) as exc:  # type: ignore[union-attr]
             raise RemoteError(f"remote cache {self.describe()}: closing failed: {exc}") from exc
+
+
+def _redis_missing() -> bool:
+    """Whether redis-py is not installed, answered without importing it (~65 ms): a
+    ``redis`` package directory on ``sys.path`` settles it with a stat or two; only when
+    none is there is the import system asked (a zip, an editable install...)."""
+    if "redis" in sys.modules:
+        return sys.modules["redis"] is None  # None: imports of it are blocked
+    for entry in sys.path:
+        if os.path.isfile(os.path.join(entry or os.curdir, "redis", "__init__.py")):
+            return False
+    from importlib.util import find_spec
+
+    try:
+        return find_spec("redis") is None
+    except (ImportError, ValueError):
+        return True
 
 
 def _check_url(url: str) -> None:
     """Refuse what redis-py would silently misread: a db path that is not a number, a port
     that is not one, a missing host."""
-    from urllib.parse import urlsplit
-
     try:
-        parts = urlsplit(url)
-        port = parts.port
+        parts = split_url(url)
     except ValueError as exc:
         raise RemoteError(f"remote cache {redact(url)}: bad Redis URL: {exc}") from exc
+    port = parts.port
     if parts.scheme not in RedisBackend.schemes:
         raise RemoteError(
             f"remote cache {redact(url)}: the Redis backend serves redis:// and rediss:// "

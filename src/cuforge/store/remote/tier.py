@@ -17,6 +17,11 @@ What it adds to the backend, in one place:
 * **The circuit breaker** (:mod:`cuforge.store.remote.breaker`): after a few consecutive
   failures the remote is skipped entirely (no call at all) until a probe after a back-off
   succeeds.
+* **Lazy**: building the tier checks the URL only; the backend imports its client library
+  and connects on the first ``get`` / ``put`` (a process that hits a local tier never
+  pays for the remote). A client library found missing or broken then
+  (:class:`~cuforge.store.remote.base.RemoteUnavailable`) turns the tier off for the rest
+  of the process, with one warning naming the fix.
 * **Writes** are synchronous and bounded by the backend's timeouts (``connect_timeout`` +
   ``timeout``): when ``put`` returns, the entry is published (so a process that exits
   right after a compile has shared it). ``readonly``: nothing is ever written.
@@ -32,6 +37,7 @@ from __future__ import annotations
 
 from cuforge.store import telemetry as _telemetry
 from cuforge.store.base import ENTRY_KINDS, Entry, Store, StoreStats
+from cuforge.store.remote.base import RemoteUnavailable
 from cuforge.store.remote.breaker import CircuitBreaker
 
 TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs ~10 ms
@@ -86,6 +92,8 @@ class RemoteStore(Store):
         #: calls not made because the breaker was open
         self.skipped = 0
         self.last_error: str | None = None
+        #: why the backend cannot work in this process (RemoteUnavailable), or None
+        self.unavailable: str | None = None
 
     # ------------------------------------------------------------------ helpers
     def _record(self, event: str, kind: str = "", name=None, nbytes: int = 0, seconds=0.0):
@@ -106,7 +114,25 @@ class RemoteStore(Store):
         self.errors += 1
         self.last_error = error
         self._record("error")
+        if isinstance(exc, RemoteUnavailable):
+            self.unavailable = str(exc)
+            _warn_once(
+                self.url,
+                "unavailable",
+                "cuforge: not using remote cache %s in this process: %s. Compiles and the "
+                "local cache work without it.",
+                self.url,
+                exc,
+            )
+            return
         self.breaker.failure(error, timed_out=isinstance(exc, TimeoutError))
+
+    def _allow(self) -> bool:
+        """Whether a call may go to the backend now (usable, breaker closed or probing)."""
+        if self.unavailable is None and self.breaker.allow():
+            return True
+        self.skipped += 1
+        return False
 
     def _miss(self) -> None:
         self.misses += 1
@@ -119,8 +145,7 @@ class RemoteStore(Store):
         a check. Never raises."""
         if kind is None or kind not in ENTRY_KINDS:
             return None  # a remote addresses entries by (kind, key): nothing to ask
-        if not self.breaker.allow():
-            self.skipped += 1
+        if not self._allow():
             self._miss()
             return None
         try:
@@ -186,9 +211,7 @@ class RemoteStore(Store):
         """Publish ``entry`` (signed when a key is set). False when read-only, while the
         breaker is open, for a value over the size cap, or when the backend failed (counted
         as an error). Returns within the backend's timeouts; never raises."""
-        if self.readonly or not self.breaker.allow():
-            if not self.readonly:
-                self.skipped += 1
+        if self.readonly or not self._allow():
             return False
         from cuforge.store.remote.envelope import MAX_VALUE_BYTES, seal
 
@@ -223,7 +246,9 @@ class RemoteStore(Store):
     def stats(self) -> StoreStats:
         """This process's counters; ``extra``: ``url`` (redacted), ``backend`` (class
         name), ``namespace``, ``signed``, ``readonly``, ``breaker`` ("open"/"closed"),
-        ``skipped`` (calls the open breaker saved), ``last_error``."""
+        ``skipped`` (calls the open breaker or an unavailable backend saved),
+        ``last_error``, ``unavailable`` (why the backend cannot work in this process, or
+        None). Never contacts the remote."""
         return StoreStats(
             "remote",
             hits=self.hits,
@@ -240,6 +265,7 @@ class RemoteStore(Store):
                 "breaker": self.breaker.state(),
                 "skipped": self.skipped,
                 "last_error": self.last_error,
+                "unavailable": self.unavailable,
             },
         )
 
