@@ -244,8 +244,8 @@ def test_fifos_in_place_of_entry_and_journal_never_hang(tmp_path):
         store.put(_entry(i) if i > 1 else victim)
     os.unlink(store.path_for(victim.key))
     os.mkfifo(store.path_for(victim.key))
-    os.unlink(store._journal)
-    os.mkfifo(store._journal)
+    os.unlink(store.journal.path)
+    os.mkfifo(store.journal.path)
     done = _run(FIFO_CODE.format(root=root, key=victim.key), child_env(), timeout=60)
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout.strip().splitlines()[-1])
@@ -265,7 +265,7 @@ def test_fifos_in_place_of_entry_and_journal_never_hang(tmp_path):
         )
         assert done.returncode in (0, 1), (args, done.stderr)
     assert not os.path.lexists(store.path_for(victim.key))
-    assert os.path.isfile(store._journal)
+    assert os.path.isfile(store.journal.path)
 
 
 def test_compile_does_not_hang_on_fifos_in_place_of_its_entries(tmp_path):
@@ -273,7 +273,7 @@ def test_compile_does_not_hang_on_fifos_in_place_of_its_entries(tmp_path):
     first, _ = _compiles(cache)
     assert first["compiles"] == 1
     store = DiskStore(cache, 1 << 30, telemetry=False)
-    for _key, path, _st in list(store._walk()):
+    for _key, path, _st in list(store.walk()):
         os.unlink(path)
         os.mkfifo(path)
     again, _ = _compiles(cache)  # times out (fails) if a read blocks
@@ -446,7 +446,7 @@ def test_import_rejects_malformed_entries(tmp_path):
     assert set(reasons) == {key_of(2), key_of(3), key_of(4)}
     assert "lowered_names" in reasons[key_of(2)] and "compile_seconds" in reasons[key_of(3)]
     assert "kind" in reasons[key_of(4)]
-    assert [k for k, _p, _s in store._walk()] == [key_of(1)]
+    assert [k for k, _p, _s in store.walk()] == [key_of(1)]
     assert store.verify().ok
 
 
@@ -515,7 +515,7 @@ def test_a_damaged_journal_is_detected_and_rebuilt(tmp_path, how):
     for i in range(12):
         store.put(_entry(i, 500))
     truth = (store.stats().entries, store.total_bytes())
-    _garble(store._journal, how)
+    _garble(store.journal.path, how)
     report = DiskStore(root, 1 << 30, telemetry=False).verify()
     assert report.journal is not None and not report.ok
     fresh = DiskStore(root, 1 << 30, telemetry=False)
@@ -532,7 +532,7 @@ def test_verify_repair_rebuilds_a_damaged_journal_cli(tmp_path):
     store = DiskStore(root, 1 << 30, telemetry=False)
     for i in range(5):
         store.put(_entry(i, 500))
-    _garble(store._journal, "zeroed")
+    _garble(store.journal.path, "zeroed")
     env = child_env(CUFORGE_CACHE_DIR=root)
 
     def verify(*extra: str) -> tuple[int, dict]:
@@ -569,7 +569,7 @@ def test_the_cap_holds_with_a_damaged_journal(tmp_path, how):
     store = DiskStore(root, cap, telemetry=False)
     for i in range(4):
         store.put(_entry(i, 5000))
-    _garble(store._journal, how)
+    _garble(store.journal.path, how)
     writer = DiskStore(root, cap, telemetry=False)  # another process, as it were
     for i in range(4, 50):
         writer.put(_entry(i, 2000))
@@ -675,7 +675,7 @@ def test_odd_files_in_the_index_dir_are_replaced_not_used(tmp_path, name, what):
     root = str(tmp_path / "cache")
     store = DiskStore(root, 20_000, telemetry=False)
     store.put(_entry(0, 1000))
-    path = os.path.join(store.index_dir, name)
+    path = os.path.join(store.layout.index, name)
     os.unlink(path) if os.path.lexists(path) else None
     target = tmp_path / "elsewhere"
     target.write_bytes(b"")
@@ -711,7 +711,7 @@ def test_a_journal_of_the_older_format_is_rebuilt_without_a_warning(tmp_path, ca
     store = DiskStore(root, 1 << 30, telemetry=False)
     for i in range(3):
         store.put(_entry(i, 500))
-    with open(store._journal, "w") as f:  # what cuforge before issue 9 wrote: no checksums
+    with open(store.journal.path, "w") as f:  # what cuforge before issue 9 wrote: no checksums
         f.write("H\t1\n" + "".join(f"P\t{key_of(i)}\t9\t1.0\tkernel\tk.cu\t\n" for i in range(3)))
     with caplog.at_level(logging.WARNING, logger="cuforge"):
         fresh = DiskStore(root, 1 << 30, telemetry=False)
@@ -728,7 +728,7 @@ def test_a_malformed_kernel_entry_is_rebuilt_by_the_next_compile(tmp_path, field
     first, _ = _compiles(cache)
     assert first["compiles"] == 1
     store = DiskStore(cache, 1 << 30, telemetry=False)
-    kernels = [(k, p) for k, p, _st in store._walk() if store.peek(k).kind == "kernel"]
+    kernels = [(k, p) for k, p, _st in store.walk() if store.peek(k).kind == "kernel"]
     assert len(kernels) == 1
     key, path = kernels[0]
     with open(path, "rb") as f:

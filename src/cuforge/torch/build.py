@@ -41,6 +41,7 @@ from cuforge._fs import atomic_write, locked, read_bytes, trust_problem, write_i
 from cuforge.config import settings
 from cuforge.deps import file_digest
 from cuforge.key import KeyBuilder
+from cuforge.layout import is_entry_key as _is_key
 from cuforge.torch import flags as _flags
 
 __all__ = [
@@ -388,14 +389,8 @@ def _match(p: Plan, store, base_digest: str) -> manifest.Variant | None:
 # Within a trusted dir only this user can change a file between the check and the import.
 # Module files are not fsynced: a torn one fails the check and is written again.
 
-_HEX = frozenset("0123456789abcdef")
-
 _private: list[str] = []  # this process's private temp dir, made on first use
 _warned: set[str] = set()
-
-
-def _is_key(text: str) -> bool:
-    return len(text) == 64 and _HEX.issuperset(text)
 
 
 def _private_dir() -> str:
