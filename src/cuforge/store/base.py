@@ -9,7 +9,7 @@ Guarantees every implementation gives (the disk tier documents how):
 
 * ``get`` returns an entry whose payload is byte-identical to what was ``put``, or
   ``None``. A damaged entry is never returned: it is deleted and counted as a miss.
-  Entries read from outside the process (the disk tier, an imported archive) are also
+  Entries read from outside the process (the disk tier, an imported bundle) are also
   checked against :mod:`cuforge.store.schema`; a malformed one counts as damaged.
 * ``put`` is atomic: a concurrent reader sees the old state or the new entry, never a
   partial one. ``put`` of an existing key replaces it.
