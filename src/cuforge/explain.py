@@ -27,6 +27,8 @@ import time
 
 from cuforge import _fs
 from cuforge.key import diff_fields, text_digest
+from cuforge.layout import CacheLayout
+from cuforge.layout import is_entry_key as _is_digest  # a SHA-256: an entry key's shape
 from cuforge.paths import BASE
 
 TYPE_CHECKING = False  # typing costs ~15 ms to import; annotations are strings here
@@ -45,8 +47,7 @@ _last_misses: list[dict[str, Any]] = []
 
 
 def _name_file(cache_dir: str, name: str) -> str:
-    digest = text_digest(name)[:32]
-    return os.path.join(cache_dir, "explain", "names", digest + ".jsonl")
+    return CacheLayout(cache_dir).explain_names_file(text_digest(name)[:32])
 
 
 def _read_history(cache_dir: str | None, name: str) -> list[dict[str, Any]]:
@@ -128,10 +129,6 @@ def _readable(reason: str) -> str:
     return f"{label} changed ({b_kind or 'value'} -> {a_kind or 'value'})"
 
 
-def _is_digest(text: str) -> bool:
-    return len(text) == 64 and all(c in "0123456789abcdef" for c in text)
-
-
 def _relative(reason: str, fields: dict[str, Any]) -> str:
     """Show a header path relative to the include directory it was found in (the first
     include dir holding it; for compile_file that is the source's directory), else to the
@@ -162,7 +159,7 @@ def log_miss(cache_dir: str | None, name: str, key: str, reasons: list[str]) -> 
     del _last_misses[:-64]
     if cache_dir is None:
         return
-    path = os.path.join(cache_dir, "explain", "misses.jsonl")
+    path = CacheLayout(cache_dir).explain_misses
     try:
         size = _fs.append_line(path, json.dumps(record) + "\n")
         if size > MISS_LOG_MAX_BYTES:
@@ -185,7 +182,7 @@ def _trim(path: str, keep_lines: int | None) -> None:
 def recent_misses(cache_dir: str, limit: int = 20) -> list[dict[str, Any]]:
     """The newest ``limit`` explained misses recorded under ``cache_dir``, oldest first.
     Each is ``{"time", "name", "key", "reasons": [str, ...]}``."""
-    path = os.path.join(cache_dir, "explain", "misses.jsonl")
+    path = CacheLayout(cache_dir).explain_misses
     try:
         lines = _read_lines(path)
     except OSError:

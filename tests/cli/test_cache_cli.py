@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import json
 import os
 import tarfile
 import time
@@ -219,161 +218,179 @@ def test_clear_needs_confirmation_or_yes(cli, cache):
 # -- export / import ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("suffix", [".tar.gz", ".tgz"])
-def test_export_then_import_turns_a_compile_into_a_hit(cli, cache, tmp_path, suffix):
-    archive = str(tmp_path / f"cache{suffix}")
-    exported = cli.json("cache", "export", archive)
-    assert exported["entries"] == 8 and os.path.getsize(archive) > 0
+def test_export_then_import_turns_a_compile_into_a_hit(cli, cache, tmp_path):
+    bundle = str(tmp_path / "cache.cfb")
+    exported = cli.json("cache", "export", bundle)
+    assert exported["entries"] == 8 and exported["format"] == "cfb"
+    assert exported["file_bytes"] == os.path.getsize(bundle) > 0
+    with open(bundle, "rb") as f:
+        assert f.read(8) == b"CFBUNDL\0"  # the bundle format (cuforge build --bundle)
     empty = str(tmp_path / "fresh-cache")
     target = Cli(empty)
-    imported = target.json("cache", "import", archive)
+    imported = target.json("cache", "import", bundle)
     assert imported["imported"] == 8 and imported["rejected"] == [] and imported["ok"]
-    assert imported["archive"]["archive_version"] == 1
+    assert imported["bundle"]["cuforge_version"] and imported["warnings"] == []
     assert target.json("cache", "verify")["checked"] == 8
+    assert set(_entry_files(empty)) == set(_entry_files(cache["dir"]))  # every entry
     # The production side compiles nothing.
     warm = compile_in_child(empty, cache["jobs"])
     assert warm["compiles"] == 0
     assert [r["from"] for r in warm["results"]] == ["disk", "disk", "disk"]
     assert warm["results"][1]["lowered"] == cache["lowered"]["fill.cu"]
     # Importing again adds nothing.
-    again = target.json("cache", "import", archive)
+    again = target.json("cache", "import", bundle)
     assert again["imported"] == 0 and again["already_present"] == 8
-
-
-def test_export_zstd_when_available(cli, cache, tmp_path):
-    pytest.importorskip("zstandard")
-    archive = str(tmp_path / "cache.tar.zst")
-    assert cli.json("cache", "export", archive)["format"] == "zstd"
-    with open(archive, "rb") as f:
-        assert f.read(4) == b"\x28\xb5\x2f\xfd"
-    target = Cli(str(tmp_path / "fresh"))
-    assert target.json("cache", "import", archive)["imported"] == 8
+    # the bundle also serves in place, and `cuforge bundle ls` reads it
+    assert len(cli.json("bundle", "ls", bundle)["entries"]) == 8
 
 
 def test_export_filters_select_entries(cli, tmp_path):
-    archive = str(tmp_path / "saxpy.tar.gz")
-    doc = cli.json("cache", "export", archive, "--name", "saxpy.cu")
+    bundle = str(tmp_path / "saxpy.cfb")
+    doc = cli.json("cache", "export", bundle, "--name", "saxpy.cu")
     assert doc["entries"] == 4  # two saxpy kernels and their manifests
     target = Cli(str(tmp_path / "fresh"))
-    assert target.json("cache", "import", archive)["imported"] == 4
+    assert target.json("cache", "import", bundle)["imported"] == 4
 
 
-def _rewrite_tar(src: str, dst: str, edit) -> None:
-    """Copy a .tar.gz archive member by member through ``edit(name, data) -> data``."""
-    with tarfile.open(src, "r:gz") as tin, tarfile.open(dst, "w:gz") as tout:
-        for member in tin:
-            data = tin.extractfile(member).read()
-            data = edit(member.name, data)
-            if data is None:
-                continue
-            info = tarfile.TarInfo(member.name)
-            info.size = len(data)
-            tout.addfile(info, io.BytesIO(data))
+def _rewrite_bundle(src: str, dst: str, **info) -> None:
+    """Copy a bundle with ``info`` merged into its index's info."""
+    from cuforge.store.bundle import BundleStore, write_bundle_file
+
+    bundle = BundleStore(src)
+    try:
+        write_bundle_file(dst, list(bundle.entries()), {**bundle.info, **info})
+    finally:
+        bundle.close()
+
+
+def _payload_span(path: str, key: str) -> tuple[int, int]:
+    from cuforge.store.bundle import BundleStore
+
+    bundle = BundleStore(path)
+    try:
+        row = bundle._rows[key]
+        return row["offset"], row["size"]
+    finally:
+        bundle.close()
 
 
 def test_import_verifies_every_entry(cli, cache, tmp_path):
-    archive = str(tmp_path / "good.tar.gz")
-    cli.json("cache", "export", archive)
+    bundle = str(tmp_path / "good.cfb")
+    cli.json("cache", "export", bundle)
     victim = cache["keys"]["scale.cu"]
-
-    def damage(name, data):
-        if name == f"entries/{victim}.bin":
-            return data[:-1] + bytes([data[-1] ^ 1])
-        return data
-
-    bad = str(tmp_path / "bad.tar.gz")
-    _rewrite_tar(archive, bad, damage)
+    offset, size = _payload_span(bundle, victim)
+    bad = tmp_path / "bad.cfb"
+    data = bytearray(open(bundle, "rb").read())
+    data[offset + size - 1] ^= 1
+    bad.write_bytes(bytes(data))
     target = Cli(str(tmp_path / "fresh"))
-    doc = target.json("cache", "import", bad, ok=False)
+    doc = target.json("cache", "import", str(bad), ok=False)
     assert doc["_rc"] == 1 and doc["ok"] is False
     assert doc["imported"] == 7
     assert [r["key"] for r in doc["rejected"]] == [victim]
     assert "SHA-256" in doc["rejected"][0]["reason"]
     assert victim not in _entry_files(str(tmp_path / "fresh"))
-    human = Cli(str(tmp_path / "fresh2"))("cache", "import", bad)
+    human = Cli(str(tmp_path / "fresh2"))("cache", "import", str(bad))
     assert human.returncode == 1 and f"rejected entry {victim}" in human.stderr
 
 
-@pytest.mark.parametrize(
-    ("field", "value", "message"),
-    [
-        ("archive_version", 99, "format version 99"),
-        ("key_schema", 99, "key schema 99"),
-        ("format", "something-else", "not a cuforge cache archive"),
-    ],
-)
-def test_import_refuses_mismatched_versions(cli, tmp_path, field, value, message):
-    archive = str(tmp_path / "good.tar.gz")
-    cli.json("cache", "export", archive)
+def test_import_refuses_a_mismatched_key_schema_or_format(cli, tmp_path):
+    import hashlib
+    import struct
 
-    def bump(name, data):
-        if name == "cuforge-archive.json":
-            header = json.loads(data)
-            header[field] = value
-            return json.dumps(header).encode()
-        return data
-
-    bad = str(tmp_path / "future.tar.gz")
-    _rewrite_tar(archive, bad, bump)
+    bundle = str(tmp_path / "good.cfb")
+    cli.json("cache", "export", bundle)
     fresh = str(tmp_path / "fresh")
-    done = Cli(fresh)("cache", "import", bad)
-    assert done.returncode == 1
-    assert message in done.stderr, done.stderr
+    future = str(tmp_path / "future.cfb")
+    _rewrite_bundle(bundle, future, key_schema=99)
+    done = Cli(fresh)("cache", "import", future)
+    assert done.returncode == 1 and "key schema 99" in done.stderr, done.stderr
+    # a bundle of another format version: refused before any entry is read
+    data = bytearray(open(bundle, "rb").read())
+    struct.pack_into("<I", data, 8, 99)
+    data[64:96] = hashlib.sha256(bytes(data[:64])).digest()
+    (tmp_path / "v99.cfb").write_bytes(bytes(data))
+    done = Cli(fresh)("cache", "import", str(tmp_path / "v99.cfb"))
+    assert done.returncode == 1 and "format version 99" in done.stderr, done.stderr
     assert _entry_files(fresh) == {}
 
 
-@pytest.mark.parametrize("suffix", [".zip", ".tar"])
-def test_zip_and_plain_tar_are_refused_with_a_clear_error(cli, tmp_path, suffix):
-    # Archives are .tar.gz or .tar.zst only (issue 8): say so, write nothing.
+@pytest.mark.parametrize("suffix", [".zip", ".tar", ".tar.gz", ".tar.zst"])
+def test_archive_names_are_refused_with_a_clear_error(cli, tmp_path, suffix):
+    # Exports are bundles (.cfb) only: say so, write nothing.
     target = str(tmp_path / f"cache{suffix}")
     done = cli("cache", "export", target)
-    assert done.returncode == 1 and ".tar.gz or .tar.zst" in done.stderr, done.stderr
+    assert done.returncode == 1 and ".cfb" in done.stderr, done.stderr
     assert not os.path.exists(target)
     with tarfile.open(str(tmp_path / "old.tar"), "w") as tout:  # as older versions wrote
         info = tarfile.TarInfo("cuforge-archive.json")
         info.size = 2
         tout.addfile(info, io.BytesIO(b"{}"))
     done = Cli(str(tmp_path / "fresh"))("cache", "import", str(tmp_path / "old.tar"))
-    assert done.returncode == 1 and ".tar.gz" in done.stderr, done.stderr
+    assert done.returncode == 1 and "not a bundle" in done.stderr, done.stderr
 
 
-def test_import_reports_a_truncated_archive(cli, tmp_path):
-    archive = str(tmp_path / "good.tar.gz")
-    cli.json("cache", "export", archive)
+def test_export_never_replaces_what_is_not_a_regular_file(cli, tmp_path):
+    real = tmp_path / "real.cfb"
+    real.write_bytes(b"keep me")
+    link = tmp_path / "link.cfb"
+    link.symlink_to(real)
+    done = cli("cache", "export", str(link))
+    assert done.returncode == 1 and "not a regular file" in done.stderr, done.stderr
+    assert link.is_symlink() and real.read_bytes() == b"keep me"
+    done = cli("cache", "export", "/dev/null")
+    assert done.returncode == 1 and "/dev/null" in done.stderr, done.stderr
+    assert not os.path.isfile("/dev/null")
+    (tmp_path / "adir.cfb").mkdir()
+    done = cli("cache", "export", str(tmp_path / "adir.cfb"))
+    assert done.returncode == 1 and "not a regular file" in done.stderr, done.stderr
+    # a missing directory is named, not a temp file in it
+    missing = tmp_path / "no" / "such"
+    done = cli("cache", "export", str(missing / "out.cfb"))
+    assert done.returncode == 1 and f"{missing} does not exist" in done.stderr, done.stderr
+    assert ".tmp" not in done.stderr and not missing.exists()
+    # an existing regular file is replaced
+    doc = cli.json("cache", "export", str(real))
+    assert doc["entries"] == 8 and real.read_bytes()[:8] == b"CFBUNDL\0"
 
-    # Drop the end record and the last entry: what a cut-off copy looks like.
-    with tarfile.open(archive) as tin:
-        members = [(m, tin.extractfile(m).read()) for m in tin]
-    cut = str(tmp_path / "cut.tar.gz")
-    with tarfile.open(cut, "w:gz") as tout:
-        for member, data in members[:-3]:
-            tout.addfile(member, io.BytesIO(data))
-    doc = Cli(str(tmp_path / "fresh")).json("cache", "import", cut, ok=False)
-    assert doc["_rc"] == 1 and doc["truncated"] is True and doc["imported"] == 7
+
+def test_import_of_a_cut_off_bundle_is_refused_whole(cli, tmp_path):
+    bundle = tmp_path / "good.cfb"
+    cli.json("cache", "export", str(bundle))
+    data = bundle.read_bytes()
+    cut = tmp_path / "cut.cfb"
+    cut.write_bytes(data[: len(data) * 2 // 3])  # a copy that stopped two thirds in
+    fresh = str(tmp_path / "fresh")
+    done = Cli(fresh)("cache", "import", str(cut))
+    assert done.returncode == 1 and "damaged" in done.stderr and str(cut) in done.stderr
+    assert _entry_files(fresh) == {}  # the index ends the file: nothing half-imported
+    assert Cli(fresh).json("cache", "verify")["ok"] is True
 
 
-def test_import_of_a_non_archive_is_a_clear_error(cli, tmp_path):
-    junk = tmp_path / "junk.tar.gz"
-    junk.write_bytes(b"hello, not an archive")
+def test_import_of_a_non_bundle_is_a_clear_error(cli, tmp_path):
+    junk = tmp_path / "junk.cfb"
+    junk.write_bytes(b"hello, not a bundle" * 10)
     done = cli("cache", "import", str(junk))
-    assert done.returncode == 1 and "not a cuforge cache archive" in done.stderr
-    done = cli("cache", "import", str(tmp_path / "missing.tar.gz"))
-    assert done.returncode == 1 and "no such archive" in done.stderr
+    assert done.returncode == 1 and "not a bundle" in done.stderr
+    done = cli("cache", "import", str(tmp_path / "missing.cfb"))
+    assert done.returncode == 1 and "no such bundle" in done.stderr
+
+
+def test_import_caps_entry_size(cli, tmp_path):
+    bundle = str(tmp_path / "good.cfb")
+    cli.json("cache", "export", bundle)
+    doc = Cli(str(tmp_path / "fresh")).json(
+        "cache", "import", bundle, "--max-member-bytes", "1", ok=False
+    )
+    assert doc["_rc"] == 1 and doc["imported"] == 4  # the manifests: empty payloads
+    assert len(doc["rejected"]) == 4 and all("cap" in r["reason"] for r in doc["rejected"])
 
 
 def test_stale_cuforge_version_warns(cli, tmp_path):
-    archive = str(tmp_path / "good.tar.gz")
-    cli.json("cache", "export", archive)
-
-    def old_version(name, data):
-        if name == "cuforge-archive.json":
-            header = json.loads(data)
-            header["cuforge_version"] = "0.0.1"
-            return json.dumps(header).encode()
-        return data
-
-    older = str(tmp_path / "older.tar.gz")
-    _rewrite_tar(archive, older, old_version)
+    bundle = str(tmp_path / "good.cfb")
+    cli.json("cache", "export", bundle)
+    older = str(tmp_path / "older.cfb")
+    _rewrite_bundle(bundle, older, cuforge_version="0.0.1")
     done = Cli(str(tmp_path / "fresh"))("cache", "import", older)
     assert done.returncode == 0
     assert "cuforge 0.0.1" in done.stderr
@@ -448,20 +465,6 @@ def test_stats_reads_the_index_not_every_entry(tmp_path):
         before["bytes"],
         before["kinds"],
     )
-
-
-def test_import_of_a_cut_off_compressed_archive_keeps_what_was_sound(cli, tmp_path):
-    archive = tmp_path / "good.tar.gz"
-    cli.json("cache", "export", str(archive))
-    data = archive.read_bytes()
-    cut = tmp_path / "cut.tar.gz"
-    cut.write_bytes(data[: len(data) * 2 // 3])  # a copy that stopped two thirds in
-    fresh = str(tmp_path / "fresh")
-    doc = Cli(fresh).json("cache", "import", str(cut), ok=False)
-    assert doc["_rc"] == 1 and doc["truncated"] is True and doc["ok"] is False
-    assert any("damaged" in w or "truncated" in w for w in doc["warnings"])
-    assert doc["imported"] == len(_entry_files(fresh)) < 8
-    assert Cli(fresh).json("cache", "verify")["ok"] is True  # what it kept is sound
 
 
 def test_a_fatbin_is_listed_under_each_of_its_archs(cli, tmp_path):

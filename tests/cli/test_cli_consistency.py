@@ -58,11 +58,11 @@ def test_cache_show_unknown_key_prints_a_json_error(cache):
     assert "zzz" in done.stderr  # the person reading stderr still sees it
 
 
-def test_cache_import_of_a_missing_archive_prints_a_json_error(cache, tmp_path):
+def test_cache_import_of_a_missing_bundle_prints_a_json_error(cache, tmp_path):
     done = run(cache["dir"], "cache", "import", str(tmp_path / "bad"), "--json")
     assert done.returncode == 1, done.stderr
     doc = error_doc(done, "cache import")
-    assert "no such archive" in doc["error"]["message"]
+    assert "no such bundle" in doc["error"]["message"]
 
 
 def test_cache_import_of_garbage_prints_a_json_error(cache, tmp_path):

@@ -30,7 +30,7 @@ def _entry(i: int, size: int = 1000, kind: str = "kernel", **meta) -> Entry:
 
 
 def _files(store: DiskStore) -> dict[str, int]:
-    return {k: st.st_size for k, _path, st in store._walk()}
+    return {k: st.st_size for k, _path, st in store.walk()}
 
 
 def _set_last_used(store: DiskStore, key: str, when: float) -> None:
@@ -214,7 +214,7 @@ def test_index_is_rebuilt_when_missing(tmp_path):
     store = DiskStore(str(tmp_path), 1 << 30)
     for i in range(10):
         store.put(_entry(i))
-    os.unlink(store._journal)
+    os.unlink(store.journal.path)
     fresh = DiskStore(str(tmp_path), 1 << 30)
     assert fresh.stats().entries == 10
     assert fresh.total_bytes() == sum(_files(fresh).values())
@@ -225,12 +225,12 @@ def test_index_is_rebuilt_when_missing(tmp_path):
 def test_index_is_compacted(tmp_path):
     store = DiskStore(str(tmp_path), 1 << 30)
     e = Entry(key_of(1), "kernel", b"x" * 10, {"name": "a.cu"})
-    line = f"P\t{e.key}\t99\t1.0\tkernel\ta.cu\t\n"  # as put() writes it
+    line = f"P\t{e.key}\t99\t1.0\tkernel\ta.cu\t"  # as put() writes it
     store.put(e)
-    store._journal_append(line * 5000)  # 5000 dead lines for one live entry
+    store.journal_append([line] * 5000)  # 5000 dead lines for one live entry
     store.put(e)
     assert store.stats().entries == 1
-    with open(store._journal) as f:
+    with open(store.journal.path) as f:
         lines = f.read().splitlines()
     assert len(lines) <= 3, lines[:5]
     assert store.total_bytes() == sum(_files(store).values())
@@ -266,7 +266,7 @@ def test_many_processes_put_and_get(tmp_path):
     assert report.index_drift == 0
     assert store.stats().entries == 10 + 6 * 60
     assert store.total_bytes() == sum(_files(store).values())
-    leftovers = [n for n in os.listdir(os.path.dirname(store._journal)) if ".tmp" in n]
+    leftovers = [n for n in os.listdir(os.path.dirname(store.journal.path)) if ".tmp" in n]
     assert not leftovers
 
 

@@ -240,8 +240,8 @@ def test_fifos_in_place_of_entry_and_journal_never_hang(tmp_path):
         store.put(_entry(i) if i > 1 else victim)
     os.unlink(store.path_for(victim.key))
     os.mkfifo(store.path_for(victim.key))
-    os.unlink(store._journal)
-    os.mkfifo(store._journal)
+    os.unlink(store.journal.path)
+    os.mkfifo(store.journal.path)
     done = _run(FIFO_CODE.format(root=root, key=victim.key), child_env(), timeout=60)
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout.strip().splitlines()[-1])
@@ -261,7 +261,7 @@ def test_fifos_in_place_of_entry_and_journal_never_hang(tmp_path):
         )
         assert done.returncode in (0, 1), (args, done.stderr)
     assert not os.path.lexists(store.path_for(victim.key))
-    assert os.path.isfile(store._journal)
+    assert os.path.isfile(store.journal.path)
 
 
 def test_compile_does_not_hang_on_fifos_in_place_of_its_entries(tmp_path):
@@ -269,7 +269,7 @@ def test_compile_does_not_hang_on_fifos_in_place_of_its_entries(tmp_path):
     first, _ = _compiles(cache)
     assert first["compiles"] == 1
     store = DiskStore(cache, 1 << 30, telemetry=False)
-    for _key, path, _st in list(store._walk()):
+    for _key, path, _st in list(store.walk()):
         os.unlink(path)
         os.mkfifo(path)
     again, _ = _compiles(cache)  # times out (fails) if a read blocks
@@ -367,123 +367,89 @@ def test_cache_show_of_a_malformed_entry_is_a_clear_error(tmp_path):
     assert "damaged" in done.stderr and "verify --repair" in done.stderr
 
 
-def _archive_with(path: str, entries: list[tuple[dict, bytes | int]]) -> None:
-    """A .tar.gz cache archive holding ``(record, payload)`` pairs, written by hand. An
-    int payload is that many zero bytes, streamed (never built in memory)."""
+def _bundle_with(path: str, entries: list[tuple[dict, bytes]]) -> None:
+    """A cache bundle (.cfb) holding ``(row, payload)`` pairs, written by hand in the
+    format of :mod:`cuforge.store.bundle` (``write_bundle_file`` refuses malformed rows; a
+    hostile or buggy writer does not)."""
     import hashlib
-    import io
-    import tarfile
+    import struct
 
     from cuforge._version import __version__
     from cuforge.key import SCHEMA_VERSION
+    from cuforge.store.bundle import FORMAT_VERSION, MAGIC
 
-    class Zeros(io.RawIOBase):
-        def __init__(self, n: int) -> None:
-            self.left = n
-
-        def readable(self) -> bool:
-            return True
-
-        def readinto(self, buf) -> int:
-            n = min(len(buf), self.left)
-            buf[:n] = bytes(n)
-            self.left -= n
-            return n
-
-    def add(tar, name: str, data, size: int | None = None) -> None:
-        info = tarfile.TarInfo(name)
-        info.size = len(data) if size is None else size
-        tar.addfile(info, io.BytesIO(data) if size is None else data)
-
-    header = {
-        "format": "cuforge-cache-archive",
-        "archive_version": 1,
-        "key_schema": SCHEMA_VERSION,
-        "cuforge_version": __version__,
-        "entries": len(entries),
-    }
-    with tarfile.open(path, "w:gz") as tar:
-        add(tar, "cuforge-archive.json", json.dumps(header).encode())
-        for record, payload in entries:
-            if isinstance(payload, int):
-                digest = hashlib.sha256()
-                chunk = bytes(1 << 20)
-                left = payload
-                while left:
-                    digest.update(chunk[: min(left, len(chunk))])
-                    left -= min(left, len(chunk))
-                record = {**record, "size": payload, "sha256": digest.hexdigest()}
-                add(tar, f"entries/{record['key']}.json", json.dumps(record).encode())
-                add(tar, f"entries/{record['key']}.bin", Zeros(payload), size=payload)
-            else:
-                record = {
-                    **record,
-                    "size": len(payload),
-                    "sha256": hashlib.sha256(payload).hexdigest(),
-                }
-                add(tar, f"entries/{record['key']}.json", json.dumps(record).encode())
-                add(tar, f"entries/{record['key']}.bin", payload)
-        add(tar, "cuforge-archive-end.json", json.dumps({"entries": len(entries)}).encode())
+    rows, body = [], b""
+    for row, payload in entries:
+        sha = hashlib.sha256(payload).hexdigest()
+        rows.append({**row, "offset": 96 + len(body), "size": len(payload), "sha256": sha})
+        body += payload
+    info = {"cuforge_version": __version__, "key_schema": SCHEMA_VERSION}
+    index = json.dumps({"format": FORMAT_VERSION, "info": info, "entries": rows}).encode()
+    head = struct.pack(
+        "<8sIIQQ32s",
+        MAGIC,
+        FORMAT_VERSION,
+        0,
+        96 + len(body),
+        len(index),
+        hashlib.sha256(index).digest(),
+    )
+    with open(path, "wb") as f:
+        f.write(head + hashlib.sha256(head).digest() + body + index)
 
 
-def test_import_rejects_malformed_entries(tmp_path):
-    from cuforge.store.archive import import_archive
+_GOOD_ROW = {"key": key_of(1), "kind": "kernel", "meta": META}
 
-    good = {"key": key_of(1), "kind": "kernel", "created": 1.0, "meta": META}
-    bad_names = {**good, "key": key_of(2), "meta": {**META, "lowered_names": [1]}}
-    bad_secs = {**good, "key": key_of(3), "meta": {**META, "compile_seconds": "x"}}
-    bad_kind = {**good, "key": key_of(4), "kind": "martian"}
-    archive = str(tmp_path / "a.tar.gz")
-    _archive_with(archive, [(r, b"payload") for r in (good, bad_names, bad_secs, bad_kind)])
+
+@pytest.mark.parametrize(
+    ("row", "words"),
+    [
+        ({"key": key_of(2), "kind": "kernel", "meta": {**META, "lowered_names": [1]}}, "lowered"),
+        ({"key": key_of(3), "kind": "kernel", "meta": {**META, "compile_seconds": "x"}}, "compile"),
+        ({"key": key_of(4), "kind": "martian", "meta": META}, "kind"),
+        ({"key": "abcd1234", "kind": "kernel", "meta": META}, "valid key"),
+    ],
+)
+def test_import_refuses_a_bundle_with_malformed_entries(tmp_path, row, words):
+    # a malformed row refuses the whole bundle (it is damaged or planted), naming the
+    # problem; nothing of it reaches the cache
+    from cuforge.aot.bundle import import_bundle
+    from cuforge.store.bundle import BundleError
+
+    bundle = str(tmp_path / "a.cfb")
+    _bundle_with(bundle, [(_GOOD_ROW, b"payload"), (row, b"payload")])
     store = DiskStore(str(tmp_path / "cache"), 1 << 30, telemetry=False)
-    result = import_archive(store, archive)
-    assert result.imported == 1 and not result.ok
-    reasons = {r["key"]: r["reason"] for r in result.rejected}
-    assert set(reasons) == {key_of(2), key_of(3), key_of(4)}
-    assert "lowered_names" in reasons[key_of(2)] and "compile_seconds" in reasons[key_of(3)]
-    assert "kind" in reasons[key_of(4)]
-    assert [k for k, _p, _s in store._walk()] == [key_of(1)]
+    with pytest.raises(BundleError, match=words) as caught:
+        import_bundle(store, bundle)
+    assert bundle in str(caught.value)
+    assert list(store.walk()) == []
     assert store.verify().ok
 
 
-def test_import_streams_members_and_caps_them(tmp_path):
-    # A 64 MiB member is streamed into the cache: the importing process grows by far
-    # less than the member (today's code held it, and a copy, in memory).
-    archive = str(tmp_path / "big.tar.gz")
-    rec = {"kind": "kernel", "created": 1.0, "meta": META}
-    _archive_with(
-        archive, [({**rec, "key": key_of(1)}, 64 << 20), ({**rec, "key": key_of(2)}, 3 << 20)]
-    )
-    root = str(tmp_path / "cache")
-    code = f"""
-        import json, resource
-        from cuforge.store.archive import import_archive
-        from cuforge.store.disk import DiskStore
-        store = DiskStore({root!r}, 1 << 40, telemetry=False)
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        r = import_archive(store, {archive!r}, max_member_bytes={32 << 20})
-        grew = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
-        print(json.dumps({{"grew_kib": grew, "result": r.as_dict()}}))
-    """
-    done = _run(code, child_env(), timeout=120)
-    assert done.returncode == 0, done.stderr
-    out = json.loads(done.stdout.strip().splitlines()[-1])
-    result = out["result"]
-    # over the cap: rejected with a message that says so, never read into memory
-    assert [r["key"] for r in result["rejected"]] == [key_of(1)]
-    assert "cap" in result["rejected"][0]["reason"]
-    assert result["imported"] == 1
-    assert out["grew_kib"] < 24 * 1024, out  # far less than the 64 MiB member
-    # within the cap, a big member is streamed too
-    root2 = str(tmp_path / "cache2")
-    code2 = code.replace(repr(root), repr(root2)).replace(str(32 << 20), str(1 << 30))
-    done = _run(code2, child_env(), timeout=120)
-    assert done.returncode == 0, done.stderr
-    out = json.loads(done.stdout.strip().splitlines()[-1])
-    assert out["result"]["imported"] == 2 and out["result"]["ok"]
-    assert out["grew_kib"] < 24 * 1024, out
-    store = DiskStore(root2, 1 << 40, telemetry=False)
-    assert store.verify().ok and len(store.get(key_of(1)).payload) == 64 << 20
+def test_import_checks_each_payload_and_caps_them(tmp_path):
+    from cuforge.aot.bundle import import_bundle
+
+    bundle = str(tmp_path / "big.cfb")
+    rows = [
+        ({**_GOOD_ROW, "key": key_of(i)}, bytes([i]) * size)
+        for i, size in ((1, 3 << 20), (2, 1000), (3, 2000))
+    ]
+    _bundle_with(bundle, rows)
+    with open(bundle, "r+b") as f:  # flip one byte of entry 3's payload
+        f.seek(96 + (3 << 20) + 1000 + 5)
+        f.write(b"\xff")
+    store = DiskStore(str(tmp_path / "cache"), 1 << 40, telemetry=False)
+    result = import_bundle(store, bundle, max_entry_bytes=1 << 20)
+    reasons = {r["key"]: r["reason"] for r in result["rejected"]}
+    assert set(reasons) == {key_of(1), key_of(3)} and not result["ok"]
+    assert "cap" in reasons[key_of(1)]  # over the cap: rejected, never stored
+    assert "SHA-256" in reasons[key_of(3)]  # damaged: rejected, the others still stored
+    assert result["imported"] == 1 and result["bytes"] == 1000
+    assert [k for k, _p, _s in store.walk()] == [key_of(2)]
+    assert store.verify().ok
+    again = import_bundle(store, bundle, max_entry_bytes=1 << 30)
+    assert again["present"] == 1 and again["imported"] == 1  # entry 1 within the cap now
+    assert len(store.get(key_of(1)).payload) == 3 << 20
 
 
 # ---------------------------------------------------------------------- §5 journal
@@ -511,7 +477,7 @@ def test_a_damaged_journal_is_detected_and_rebuilt(tmp_path, how):
     for i in range(12):
         store.put(_entry(i, 500))
     truth = (store.stats().entries, store.total_bytes())
-    _garble(store._journal, how)
+    _garble(store.journal.path, how)
     report = DiskStore(root, 1 << 30, telemetry=False).verify()
     assert report.journal is not None and not report.ok
     fresh = DiskStore(root, 1 << 30, telemetry=False)
@@ -528,7 +494,7 @@ def test_verify_repair_rebuilds_a_damaged_journal_cli(tmp_path):
     store = DiskStore(root, 1 << 30, telemetry=False)
     for i in range(5):
         store.put(_entry(i, 500))
-    _garble(store._journal, "zeroed")
+    _garble(store.journal.path, "zeroed")
     env = child_env(CUFORGE_CACHE_DIR=root)
 
     def verify(*extra: str) -> tuple[int, dict]:
@@ -565,7 +531,7 @@ def test_the_cap_holds_with_a_damaged_journal(tmp_path, how):
     store = DiskStore(root, cap, telemetry=False)
     for i in range(4):
         store.put(_entry(i, 5000))
-    _garble(store._journal, how)
+    _garble(store.journal.path, how)
     writer = DiskStore(root, cap, telemetry=False)  # another process, as it were
     for i in range(4, 50):
         writer.put(_entry(i, 2000))
@@ -671,7 +637,7 @@ def test_odd_files_in_the_index_dir_are_replaced_not_used(tmp_path, name, what):
     root = str(tmp_path / "cache")
     store = DiskStore(root, 20_000, telemetry=False)
     store.put(_entry(0, 1000))
-    path = os.path.join(store.index_dir, name)
+    path = os.path.join(store.layout.index, name)
     os.unlink(path) if os.path.lexists(path) else None
     target = tmp_path / "elsewhere"
     target.write_bytes(b"")
@@ -707,7 +673,7 @@ def test_a_journal_of_the_older_format_is_rebuilt_without_a_warning(tmp_path, ca
     store = DiskStore(root, 1 << 30, telemetry=False)
     for i in range(3):
         store.put(_entry(i, 500))
-    with open(store._journal, "w") as f:  # what cuforge before issue 9 wrote: no checksums
+    with open(store.journal.path, "w") as f:  # what cuforge before issue 9 wrote: no checksums
         f.write("H\t1\n" + "".join(f"P\t{key_of(i)}\t9\t1.0\tkernel\tk.cu\t\n" for i in range(3)))
     with caplog.at_level(logging.WARNING, logger="cuforge"):
         fresh = DiskStore(root, 1 << 30, telemetry=False)
@@ -724,7 +690,7 @@ def test_a_malformed_kernel_entry_is_rebuilt_by_the_next_compile(tmp_path, field
     first, _ = _compiles(cache)
     assert first["compiles"] == 1
     store = DiskStore(cache, 1 << 30, telemetry=False)
-    kernels = [(k, p) for k, p, _st in store._walk() if store.peek(k).kind == "kernel"]
+    kernels = [(k, p) for k, p, _st in store.walk() if store.peek(k).kind == "kernel"]
     assert len(kernels) == 1
     key, path = kernels[0]
     with open(path, "rb") as f:

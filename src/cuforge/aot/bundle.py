@@ -8,6 +8,8 @@
   tier at runtime, memory-mapped, without copying it into the cache; a damaged bundle
   raises :class:`~cuforge.store.bundle.BundleError` naming the file.
 * :func:`bundle_summary` -- ``cuforge bundle ls FILE``.
+* :func:`export_bundle` / :func:`import_bundle` -- ``cuforge cache export FILE`` /
+  ``cuforge cache import FILE``: move disk-cache entries between machines as a bundle.
 
 The file format lives in :mod:`cuforge.store.bundle`.
 """
@@ -16,14 +18,19 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 from cuforge.caching import Cache, resolve
-from cuforge.store.base import Entry, Store
+from cuforge.store.base import Entry, EntryInfo, Store
 from cuforge.store.bundle import BundleError, BundleStore, write_bundle_file
 
+if TYPE_CHECKING:
+    from cuforge.store.disk import DiskStore
+
 __all__ = [
+    "export_bundle",
+    "import_bundle",
     "load_bundle",
     "unload_bundle",
     "install_bundle",
@@ -87,9 +94,11 @@ def write_bundle(
     ``cuforge bundle ls``: ``variants`` (labels), ``archs``, the cuforge version, the
     toolchain (NVRTC / nvcc versions) and the manifest it came from. Returns the size."""
     from cuforge._version import __version__
+    from cuforge.key import SCHEMA_VERSION
 
     info = {
         "cuforge_version": __version__,
+        "key_schema": SCHEMA_VERSION,
         "toolchain": _toolchain(),
         "created": time.time(),
         "variants": list(variants),
@@ -121,6 +130,167 @@ def install_bundle(path: str | os.PathLike[str], *, cache: Cache | None = None) 
         "bytes": sum(len(e.payload) for e in entries),
         "stored": stored,
     }
+
+
+def _writable_destination(path: str) -> None:
+    """Refuse a destination a bundle must not be written to: one whose directory is
+    missing, or something other than a regular file (a symlink, a device such as
+    /dev/null, a directory) that a rename would replace."""
+    import stat
+
+    directory = os.path.dirname(path)
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(
+            f"cannot write {path}: the directory {directory} does not exist (create it first)"
+        )
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(mode):
+        what = (
+            "a symlink"
+            if stat.S_ISLNK(mode)
+            else "a directory"
+            if stat.S_ISDIR(mode)
+            else ("a device, FIFO or socket")
+        )
+        raise ValueError(
+            f"cannot write {path}: it exists and is {what}, not a regular file; cuforge does "
+            "not replace it: remove it or give another file name"
+        )
+
+
+def export_bundle(
+    store: DiskStore,
+    path: str | os.PathLike[str],
+    *,
+    select: Callable[[EntryInfo], bool] | None = None,
+    progress: Callable[[int, int | None], Any] | None = None,
+) -> dict[str, Any]:
+    """Write the disk cache's entries that ``select`` accepts (all by default, manifests
+    included) as a bundle at ``path`` (written whole, then renamed: never half a bundle).
+    Damaged entries are skipped, never exported. ``progress(done, total)`` is called after
+    each entry. Returns ``{"path", "entries", "skipped", "bytes", "file_bytes"}``. Raises
+    ``OSError`` / ``ValueError`` naming ``path`` or its directory when it cannot be
+    written there (see :func:`_writable_destination`)."""
+    path = os.path.abspath(os.fspath(path))
+    _writable_destination(path)
+    infos = [i for i in store.iterate_index() if select is None or select(i)]
+    entries: list[Entry] = []
+    archs: set[str] = set()
+    skipped = 0
+    for done, info in enumerate(infos, 1):
+        entry = store.peek(info.key)
+        if progress is not None:
+            progress(done, len(infos))
+        if entry is None:
+            skipped += 1  # damaged or removed meanwhile: never export damage
+            continue
+        meta = dict(entry.meta)
+        for added in ("size", "created", "last_used"):  # peek's, not the entry's
+            meta.pop(added, None)
+        arch = meta.get("arch")
+        archs.update(arch if isinstance(arch, list) else [arch] if arch else [])
+        entries.append(Entry(entry.key, entry.kind, entry.payload, meta))
+    try:
+        size = write_bundle(path, entries, archs=sorted(str(a) for a in archs))
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot write {path}: {exc.strerror or exc}") from None
+    return {
+        "path": path,
+        "entries": len(entries),
+        "skipped": skipped,
+        "bytes": sum(len(e.payload) for e in entries),
+        "file_bytes": size,
+    }
+
+
+def _import_warnings(bundle: BundleStore) -> list[str]:
+    """Refuse a bundle whose entries can never hit here; warnings for one that may not."""
+    from cuforge._version import __version__
+    from cuforge.key import SCHEMA_VERSION
+
+    info = bundle.info
+    schema = info.get("key_schema", SCHEMA_VERSION)
+    if schema != SCHEMA_VERSION:
+        raise BundleError(
+            f"bundle {bundle.path} holds entries made with cache-key schema {schema}, but this "
+            f"cuforge ({__version__}) uses key schema {SCHEMA_VERSION}: none of them could "
+            f"ever be a hit. Export it again with this cuforge version"
+        )
+    made_by = info.get("cuforge_version")
+    if made_by != __version__:
+        return [
+            f"the bundle was made by cuforge {made_by}, this is {__version__}: cache keys "
+            "include cuforge's version, so its kernel entries hit only for that version"
+        ]
+    return []
+
+
+def import_bundle(
+    store: DiskStore,
+    path: str | os.PathLike[str],
+    *,
+    overwrite: bool = False,
+    max_entry_bytes: int | None = None,
+    progress: Callable[[int, int | None], Any] | None = None,
+) -> dict[str, Any]:
+    """Add the entries of the bundle at ``path`` to the disk cache ``store``, each
+    checked first: the bundle's header, index and every row's key, kind and metadata when
+    it is opened (:class:`BundleStore`; a damaged index refuses the whole bundle), then
+    each payload's SHA-256 before it is stored (a damaged entry is rejected, the others
+    are stored). ``overwrite``: replace entries already present; ``max_entry_bytes``:
+    reject larger payloads. Returns ``{"path", "info", "imported", "bytes", "present",
+    "rejected": [{"key", "reason"}], "warnings", "ok"}``. Raises ``FileNotFoundError``
+    when there is no bundle, :class:`BundleError` for one that cannot be used at all."""
+    path = os.path.abspath(os.fspath(path))
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no such bundle: {path}")
+    bundle = BundleStore(path, verify=False)
+    try:
+        result: dict[str, Any] = {
+            "path": path,
+            "info": bundle.info,
+            "imported": 0,
+            "bytes": 0,
+            "present": 0,
+            "rejected": [],
+            "warnings": _import_warnings(bundle),
+        }
+        rejected = result["rejected"]
+        total = len(bundle)
+        for done, info in enumerate(bundle.iterate(), 1):
+            key = info.key
+            if max_entry_bytes is not None and info.size > max_entry_bytes:
+                rejected.append(
+                    {
+                        "key": key,
+                        "reason": f"its payload is {info.size} bytes, over the "
+                        f"{max_entry_bytes}-byte cap (raise it if the bundle is trusted)",
+                    }
+                )
+            elif not overwrite and store.has(key):
+                result["present"] += 1
+            else:
+                try:
+                    entry = bundle.get(key)
+                except BundleError as exc:
+                    rejected.append({"key": key, "reason": str(exc)})
+                    entry = None
+                if entry is not None:
+                    if store.put(entry):
+                        result["imported"] += 1
+                        result["bytes"] += len(entry.payload)
+                    else:
+                        reason = store.disabled_reason or "the cache could not store it"
+                        rejected.append({"key": key, "reason": reason})
+            if progress is not None:
+                progress(done, total)
+    finally:
+        bundle.close()
+    result["ok"] = not rejected
+    return result
 
 
 def bundle_summary(path: str | os.PathLike[str], *, verify: bool = False) -> dict[str, Any]:

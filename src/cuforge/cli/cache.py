@@ -8,16 +8,16 @@
 ``clear``                   remove every entry (asks, or ``--yes``)
 ``prune``                   ``--max-bytes 1G --older-than 30d``
 ``verify [--repair]``       re-check every entry and the index; ``--repair`` fixes them
-``export FILE``             a portable, versioned archive of entries (.tar.gz, .tar.zst)
-``import FILE``             add an archive's entries, each verified first
+``export FILE``             a bundle of entries (.cfb), for another machine's cache
+``import FILE``             add a bundle's entries, each verified first
 ``push [--remote URL]``     copy local entries to the remote caches (CUFORGE_REMOTE)
 ``pull [--remote URL]``     copy the entries a push listed from a remote into this cache
 =========================== ===========================================================
 
 A thin layer: the work is done by :class:`cuforge.store.disk.DiskStore` (index, verify,
-prune, clear, key lookup, entry filters), :mod:`cuforge.store.archive` (the archive
-format, export and import) and :mod:`cuforge.store.remote.sync` (push, pull and the push
-index); this module parses arguments and formats results.
+prune, clear, key lookup, entry filters), :mod:`cuforge.aot.bundle` (export and import
+as bundles, the format of :mod:`cuforge.store.bundle`) and :mod:`cuforge.store.remote.sync`
+(push, pull and the push index); this module parses arguments and formats results.
 
 Everything reads the index the disk tier keeps (no stat of every entry for ``stats``),
 opens entries with ``peek`` (no "last used" refresh, no hit counted) and never counts its
@@ -559,74 +559,82 @@ def run_verify(args: argparse.Namespace) -> int:
 # -- export / import ------------------------------------------------------------------
 
 
-def run_export(args: argparse.Namespace) -> int:
-    from cuforge.store.archive import ARCHIVE_VERSION, choose_format, export_archive
+_NOT_BUNDLE_SUFFIXES = (".tar.gz", ".tgz", ".tar.zst", ".tzst", ".zst", ".gz", ".tar", ".zip")
 
-    fmt = choose_format(args.file, args.format)  # fails before the progress bar shows
+
+def run_export(args: argparse.Namespace) -> int:
+    from cuforge.aot.bundle import export_bundle
+    from cuforge.store.bundle import FORMAT_VERSION
+
+    if args.file.lower().endswith(_NOT_BUNDLE_SUFFIXES):
+        raise ValueError(
+            f"cannot write {args.file!r}: cache exports are bundles (.cfb; tar, zip and "
+            "compressed archives are not written any more); name the file .cfb"
+        )
     with output.progress("exporting", enabled=not args.json) as bar:
-        result = export_archive(_store(), args.file, fmt, select=_matcher(args), progress=bar)
+        result = export_bundle(_store(), args.file, select=_matcher(args), progress=bar)
     if args.json:
         output.emit_json(
             {
                 "command": "cache export",
-                "file": result.path,
-                "format": result.format,
-                "archive_version": ARCHIVE_VERSION,
-                "entries": result.entries,
-                "skipped_damaged": result.skipped,
-                "bytes": result.bytes,
-                "file_bytes": result.file_bytes,
+                "file": result["path"],
+                "format": "cfb",
+                "bundle_version": FORMAT_VERSION,
+                "entries": result["entries"],
+                "skipped_damaged": result["skipped"],
+                "bytes": result["bytes"],
+                "file_bytes": result["file_bytes"],
             }
         )
     else:
         print(
-            f"exported {result.entries} entries ({output.human_bytes(result.bytes)}) to "
-            f"{args.file} [{result.format}, {output.human_bytes(result.file_bytes)}]"
-            + (f"; skipped {result.skipped} damaged" if result.skipped else "")
+            f"exported {result['entries']} entries ({output.human_bytes(result['bytes'])}) to "
+            f"{args.file} [bundle, {output.human_bytes(result['file_bytes'])}]"
+            + (f"; skipped {result['skipped']} damaged" if result["skipped"] else "")
         )
     return 0
 
 
 def run_import(args: argparse.Namespace) -> int:
+    from cuforge.aot.bundle import import_bundle
     from cuforge.config import parse_size
-    from cuforge.store.archive import MAX_MEMBER_BYTES, import_archive
 
     cap = (
         output.usage_value("--max-member-bytes", parse_size, args.max_member_bytes)
         if args.max_member_bytes
-        else MAX_MEMBER_BYTES
+        else None
     )
     store = _store()
     with output.progress("importing", enabled=not args.json) as bar:
-        result = import_archive(
-            store, args.file, overwrite=args.overwrite, progress=bar, max_member_bytes=cap
+        result = import_bundle(
+            store, args.file, overwrite=args.overwrite, max_entry_bytes=cap, progress=bar
         )
     if args.json:
         output.emit_json(
             {
                 "command": "cache import",
-                "file": result.path,
-                "format": result.format,
-                "archive": result.header,
-                "ok": result.ok,
-                "imported": result.imported,
-                "bytes": result.bytes,
-                "already_present": result.present,
-                "rejected": result.rejected,
-                "truncated": result.truncated,
-                "warnings": result.warnings,
+                "file": result["path"],
+                "format": "cfb",
+                "bundle": result["info"],
+                "ok": result["ok"],
+                "imported": result["imported"],
+                "bytes": result["bytes"],
+                "already_present": result["present"],
+                "rejected": result["rejected"],
+                "warnings": result["warnings"],
             }
         )
     else:
-        for w in result.warnings:
+        for w in result["warnings"]:
             output.warn(w)
-        for r in result.rejected[:50]:
+        for r in result["rejected"][:50]:
             output.error(f"rejected entry {r['key']}: {r['reason']}")
         print(
-            f"imported {result.imported} entries ({output.human_bytes(result.bytes)}) into "
-            f"{store.root}; {result.present} already present, {len(result.rejected)} rejected"
+            f"imported {result['imported']} entries ({output.human_bytes(result['bytes'])}) "
+            f"into {store.root}; {result['present']} already present, "
+            f"{len(result['rejected'])} rejected"
         )
-    return 0 if result.ok else 1
+    return 0 if result["ok"] else 1
 
 
 # -- push / pull ----------------------------------------------------------------------
@@ -797,33 +805,33 @@ def add_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
         "export",
         parents=[common],
-        help="write entries to a portable archive (.tar.gz or .tar.zst)",
-        description="Write cache entries to a versioned archive: .tar.gz, or .tar.zst (needs "
-        "the `zstandard` module: pip install zstandard, or pip install 'cuforge[zstd]'), "
-        "chosen by the file name. Filters select a subset; by default everything, including "
-        "the manifests that make direct-mode hits possible.",
+        help="write entries to a bundle (.cfb)",
+        description="Write cache entries to a bundle (.cfb, the format of `cuforge build "
+        "--bundle`): one versioned, checksummed file that `cuforge cache import` adds to "
+        "another cache dir and `cuforge.load_bundle` serves in place. Filters select a "
+        "subset; by default everything, including the manifests that make direct-mode hits "
+        "possible. An existing FILE that is not a regular file is never replaced.",
     )
-    p.add_argument("file")
-    p.add_argument("--format", choices=("zstd", "gz"), help="override the file name")
+    p.add_argument("file", help="the bundle to write (.cfb)")
     _add_filters(p, hide_manifests=False)
     p.set_defaults(func=run_export)
 
     p = sub.add_parser(
         "import",
         parents=[common],
-        help="add an archive's entries (each verified first)",
-        description="Add the entries of a .tar.gz or .tar.zst archive made by `cuforge cache "
-        "export`. The archive's format and key-schema versions must match this cuforge; "
-        "every entry is checked against its size, its SHA-256 and the entry schema before it "
-        "is stored, and streamed into the cache (never held in memory whole). Exit code 1 "
-        "when any entry was rejected or the archive is truncated.",
+        help="add a bundle's entries (each verified first)",
+        description="Add the entries of a bundle (.cfb) made by `cuforge cache export` or "
+        "`cuforge build --bundle`. The bundle's header, index and every entry's schema are "
+        "checked when it is opened (a damaged index refuses the whole bundle); each "
+        "entry's SHA-256 is checked before it is stored. Exit code 1 when any entry was "
+        "rejected.",
     )
-    p.add_argument("file")
+    p.add_argument("file", help="the bundle (.cfb)")
     p.add_argument("--overwrite", action="store_true", help="replace entries already present")
     p.add_argument(
         "--max-member-bytes",
         metavar="SIZE",
-        help="reject entries whose payload is larger (default 1G)",
+        help="reject entries whose payload is larger (default: no limit)",
     )
     p.set_defaults(func=run_import)
 

@@ -7,8 +7,7 @@ lazily, so ``import cuforge.store`` stays cheap:
 * :class:`MemoryStore` (``cuforge.store.memory``), :class:`DiskStore`
   (``cuforge.store.disk``), :class:`TieredStore` (``cuforge.store.tiered``)
 * the submodule :mod:`cuforge.store.single_flight` (``single_flight.single_flight``)
-* :func:`~cuforge.store.archive.export_archive` / ``import_archive``
-  (``cuforge.store.archive``)
+* :class:`ReadOnlyStore` (``cuforge.store.readonly``): a read-only view (bundles)
 * :class:`Entry`, :class:`EntryInfo`, :class:`StoreStats`, :class:`Store` (``cuforge.store.base``)
 """
 
@@ -49,7 +48,7 @@ _LAZY = {
 def __getattr__(name: str) -> Any:
     # unknown names fail before importlib is imported: `from cuforge.store import telemetry`
     # asks here first, and importlib (with warnings) would add ~1 ms to `import cuforge`
-    submodule = name in ("single_flight", "archive", "schema")  # submodules, named as such
+    submodule = name in ("single_flight", "schema")  # submodules, named as such
     module_name = _LAZY.get(name)
     if not submodule and module_name is None:
         raise AttributeError(f"module 'cuforge.store' has no attribute {name!r}")

@@ -9,7 +9,7 @@ Guarantees every implementation gives (the disk tier documents how):
 
 * ``get`` returns an entry whose payload is byte-identical to what was ``put``, or
   ``None``. A damaged entry is never returned: it is deleted and counted as a miss.
-  Entries read from outside the process (the disk tier, an imported archive) are also
+  Entries read from outside the process (the disk tier, an imported bundle) are also
   checked against :mod:`cuforge.store.schema`; a malformed one counts as damaged.
 * ``put`` is atomic: a concurrent reader sees the old state or the new entry, never a
   partial one. ``put`` of an existing key replaces it.
@@ -21,6 +21,10 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
+
+# the one entry-key shape check (64 lowercase hex digits), for a key read from something
+# that may be damaged or planted (an index, a bundle, an entry list)
+from cuforge.layout import is_entry_key
 
 TYPE_CHECKING = False  # typing costs ~15 ms to import; annotations are strings here
 if TYPE_CHECKING:
@@ -40,17 +44,6 @@ ENTRY_KINDS = (
     "cccl",
     "cute",
 )  # = cuforge.store.schema.KINDS
-
-
-def is_entry_key(text: Any) -> bool:
-    """Whether ``text`` has the shape of an entry key (16 to 128 lowercase hex digits): the
-    check for a key read from something that may be damaged or planted (an index, a
-    bundle, an entry list), before it names a file or a lookup."""
-    return (
-        isinstance(text, str)
-        and 16 <= len(text) <= 128
-        and all(c in "0123456789abcdef" for c in text)
-    )
 
 
 class Entry:

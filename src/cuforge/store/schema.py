@@ -2,7 +2,7 @@
 
 A checksum proves that the bytes are the ones written; it does not prove that whoever
 wrote them wrote something sensible (a planted entry, an old or buggy writer, an
-imported archive). Every entry is therefore checked against this schema when it is read
+imported bundle). Every entry is therefore checked against this schema when it is read
 (:meth:`DiskStore.get`), verified (``cuforge cache verify``) and imported
 (``cuforge cache import``); an entry that fails is *corrupt*: it is never served, it is
 deleted and rebuilt, ``verify`` reports it and ``verify --repair`` removes it.

@@ -118,7 +118,10 @@ def _run_drains() -> None:
 
 
 def telemetry_dir(root: str) -> str:
-    return os.path.join(root, "telemetry")
+    """The telemetry dir of the cache dir ``root`` (``CacheLayout(root).telemetry``)."""
+    from cuforge.layout import CacheLayout
+
+    return CacheLayout(root).telemetry
 
 
 def record(

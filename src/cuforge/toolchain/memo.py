@@ -39,7 +39,6 @@ __all__ = [
 
 #: Bump when the memo's layout or the meaning of a probed field changes.
 SCHEMA = 1
-_NAME = "toolchain.json"
 #: Far above any real memo (a few KiB); a bigger file is treated as corrupt.
 _MAX_BYTES = 16 << 20
 
@@ -52,7 +51,9 @@ _cache: tuple[str, tuple[int, int, int], dict] | None = None
 
 def memo_path() -> str:
     """``<cache_dir>/toolchain.json`` for the current settings."""
-    return os.path.join(settings().cache_dir, _NAME)
+    from cuforge.layout import CacheLayout
+
+    return CacheLayout(settings().cache_dir).toolchain_memo
 
 
 def _trusted(path: str) -> bool:

@@ -42,7 +42,7 @@ from cuforge.caching import Cache, resolve
 from cuforge.config import settings
 from cuforge.deps import file_digest
 from cuforge.key import KeyBuilder
-from cuforge.layout import is_entry_key
+from cuforge.layout import is_entry_key as _is_key
 from cuforge.torch import flags as _flags
 
 __all__ = [
@@ -390,7 +390,6 @@ def _match(p: Plan, store, base_digest: str) -> manifest.Variant | None:
 # Module files are not fsynced: a torn one fails the check and is written again.
 
 _private: list[str] = []  # this process's private temp dir, made on first use
-_is_key = is_entry_key
 
 
 def _private_dir() -> str:

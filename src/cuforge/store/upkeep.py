@@ -1,0 +1,354 @@
+"""Upkeep of a disk tier: eviction, ``prune``, ``clear`` and ``verify``.
+
+Functions over a :class:`cuforge.store.disk.DiskStore` (its methods of the same names
+call them; this module is imported only when upkeep runs, never on the hit path).
+
+When a put takes the tier (its entries plus live temp files) over ``max_bytes``, the
+least recently used entries are removed until the tier is under :data:`EVICT_TO` of the
+cap, by one process at a time (``layout.evict_lock``). Temp files a crashed writer left
+behind (older than :data:`STALE_TMP_SECONDS`) are removed by eviction, ``prune``,
+``clear`` and ``verify --repair``; ``prune`` and ``clear`` also remove compile lock files
+nobody holds.
+"""
+
+from __future__ import annotations
+
+import os
+from time import monotonic, time
+
+from cuforge import _fs
+from cuforge.layout import is_entry_key
+from cuforge.store.entry_codec import CorruptEntry, decode_entry, read_info, remove_path
+from cuforge.store.journal import index_tuple, locked_file
+
+TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs ~10 ms
+if TYPE_CHECKING:  # pragma: no cover
+    from collections.abc import Callable, Iterator
+    from typing import Any
+
+    from cuforge.store.disk import DiskStore
+
+__all__ = [
+    "EVICT_TO",
+    "STALE_TMP_SECONDS",
+    "VerifyReport",
+    "clean_locks",
+    "clean_temp",
+    "clear",
+    "evict",
+    "prune",
+    "verify",
+]
+
+#: evict down to this fraction of the cap, so that a full cache does not evict on every put
+EVICT_TO = 0.9
+#: temp files older than this are debris of a crashed writer (a put takes milliseconds)
+STALE_TMP_SECONDS = 300.0
+
+
+class VerifyReport:
+    """What :func:`verify` found.
+
+    ``corrupt``: keys (file names) of damaged or malformed entries, and of things that
+    are not regular files in place of one; ``reasons``: key -> why; ``repaired``: how
+    many of them were removed (``repair=True``); ``index_drift``: entries the index
+    disagreed about; ``journal``: why the journal is damaged (None when it is sound);
+    ``journal_rebuilt``: the index was rebuilt (``repair=True``); ``stale_temp``: temp
+    files removed; ``ok``: nothing is left to repair."""
+
+    __slots__ = (
+        "checked",
+        "corrupt",
+        "reasons",
+        "repaired",
+        "bytes",
+        "index_drift",
+        "journal",
+        "journal_rebuilt",
+        "stale_temp",
+    )
+
+    def __init__(self) -> None:
+        self.checked = 0
+        self.corrupt: list[str] = []
+        self.reasons: dict[str, str] = {}
+        self.repaired = 0
+        self.bytes = 0
+        self.index_drift = 0
+        self.journal: str | None = None
+        self.journal_rebuilt = False
+        self.stale_temp = 0
+
+    @property
+    def remaining(self) -> int:
+        """Problems left: damaged entries not removed, plus a damaged journal not rebuilt."""
+        left = len(self.corrupt) - self.repaired
+        if self.journal is not None and not self.journal_rebuilt:
+            left += 1
+        return left
+
+    @property
+    def ok(self) -> bool:
+        return self.remaining == 0
+
+    def as_dict(self) -> dict[str, Any]:
+        doc = {name: getattr(self, name) for name in self.__slots__}
+        doc["ok"] = self.ok
+        return doc
+
+    def __repr__(self) -> str:
+        return f"VerifyReport({self.as_dict()})"
+
+
+# ---------------------------------------------------------------------- eviction
+def maybe_evict(store: DiskStore) -> None:
+    """After a put: evict when the tier is over its cap (counting temp files, cleaned at
+    most once a minute once the tier is half full)."""
+    store.load_index(copy=False)
+    cap = store.max_bytes
+    used = store.journal.bytes
+    if used * 2 > cap and monotonic() - store.tmp_checked > 60.0:
+        clean_temp(store)
+    if used + store.tmp_bytes > cap:
+        evict(store, int(cap * EVICT_TO), None, blocking=False)
+    else:
+        store.maybe_compact()
+
+
+def evict(
+    store: DiskStore, max_bytes: int | None, older_than: float | None, *, blocking: bool
+) -> tuple[int, int]:
+    """Remove entries unused for ``older_than`` seconds, then LRU ones until the tier
+    (entries plus live temp files) holds at most ``max_bytes``. One process at a time
+    (others skip or wait). Returns (entries removed, bytes freed)."""
+    removed = freed = 0
+    try:
+        with locked_file(store.layout.evict_lock, blocking=blocking) as held:
+            if not held:
+                return 0, 0  # another process is evicting right now
+            clean_temp(store)
+            idx = store.load_index()
+            total = sum(info[0] for info in idx.values()) + store.tmp_bytes
+            if (max_bytes is None or total <= max_bytes) and older_than is None:
+                return 0, 0
+            now = time()
+            gone: list[str] = []
+            candidates: list[tuple[float, str, int]] = []
+            for key, info in idx.items():
+                try:
+                    if not is_entry_key(key):
+                        raise FileNotFoundError(key)  # never an entry: drop its record
+                    st = os.lstat(store.path_for(key))
+                except OSError:
+                    gone.append(key)  # vanished behind the index's back
+                    total -= info[0]
+                    continue
+                candidates.append((st.st_mtime, key, st.st_size))
+            candidates.sort()
+            for mtime, key, size in candidates:
+                too_old = older_than is not None and now - mtime > older_than
+                too_big = max_bytes is not None and total > max_bytes
+                if not (too_old or too_big):
+                    if older_than is None:
+                        break
+                    continue
+                if remove_path(store.path_for(key)):
+                    removed += 1
+                    freed += size
+                gone.append(key)
+                total -= size
+            if gone:
+                store.journal_append([f"D\t{k}" for k in gone])
+            store.evictions += removed
+            if removed and store.telemetry:
+                from cuforge.store import telemetry
+
+                telemetry.record(
+                    store.root, "evict", tier="disk", kind="", name=None, count=removed
+                )
+            store.maybe_compact()
+    except OSError:
+        return removed, freed
+    return removed, freed
+
+
+def prune(
+    store: DiskStore, *, max_bytes: int | None = None, older_than: float | None = None
+) -> tuple[int, int]:
+    """Remove entries not used for ``older_than`` seconds, then least-recently-used ones
+    until the tier holds at most ``max_bytes``; also stale temp files and unheld compile
+    lock files. Returns (entries removed, bytes freed)."""
+    clean_locks(store)
+    return evict(store, max_bytes, older_than, blocking=True)
+
+
+def clear(store: DiskStore) -> int:
+    """Remove every entry, every temp file and every unheld compile lock file. Returns
+    how many entries were removed."""
+    removed = 0
+    for _key, path, _st in store.walk():
+        if remove_path(path):
+            removed += 1
+    clean_temp(store, max_age=0.0)
+    clean_locks(store)
+    try:
+        with store.journal.locked():
+            store.journal.write({})
+    except OSError:
+        pass
+    return removed
+
+
+# ---------------------------------------------------------------------- debris
+def temp_files(store: DiskStore) -> Iterator[str]:
+    """Paths of the temp files under the entries and index dirs (never followed)."""
+    layout = store.layout
+    dirs = [layout.index]
+    try:
+        for d1 in os.scandir(layout.entries):
+            if not d1.is_dir(follow_symlinks=False):
+                continue
+            try:
+                dirs.extend(
+                    d2.path for d2 in os.scandir(d1.path) if d2.is_dir(follow_symlinks=False)
+                )
+            except OSError:
+                continue
+    except OSError:
+        pass
+    for d in dirs:
+        try:
+            names = os.listdir(d)
+        except OSError:
+            continue
+        for name in names:
+            # ".tmp.<name>..." (cuforge._fs) and "journal.tmp.<pid>..." (older cuforge)
+            if name.startswith(_fs.TMP_PREFIX) or ".tmp." in name:
+                yield os.path.join(d, name)
+
+
+def clean_temp(store: DiskStore, max_age: float = STALE_TMP_SECONDS) -> int:
+    """Remove temp files older than ``max_age`` (crashed writers' debris); count the
+    bytes of the others toward the cap. Returns how many were removed."""
+    now = time()
+    count = 0
+    live = 0
+    for path in temp_files(store):
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if now - st.st_mtime > max_age or max_age <= 0:
+            if remove_path(path):
+                count += 1
+                continue
+        live += st.st_size
+    store.tmp_bytes = live
+    store.tmp_checked = monotonic()
+    return count
+
+
+def clean_locks(store: DiskStore) -> int:
+    """Remove compile lock files (``layout.locks``) that no process holds, and anything
+    but a regular file there. Returns how many were removed."""
+    import stat
+
+    count = 0
+    try:
+        shards = list(os.scandir(store.layout.locks))
+    except OSError:
+        return 0
+    for shard in shards:
+        if not shard.is_dir(follow_symlinks=False):
+            count += remove_path(shard.path)
+            continue
+        try:
+            files = list(os.scandir(shard.path))
+        except OSError:
+            continue
+        for f in files:
+            try:
+                regular = stat.S_ISREG(f.stat(follow_symlinks=False).st_mode)
+            except OSError:
+                continue
+            if not regular:
+                count += remove_path(f.path)
+                continue
+            try:
+                with _fs.locked(f.path, blocking=False) as held:
+                    if held and remove_path(f.path):
+                        count += 1
+            except OSError:
+                continue
+        try:
+            os.rmdir(shard.path)  # only when empty
+        except OSError:
+            pass
+    return count
+
+
+# ---------------------------------------------------------------------- verify
+def verify(
+    store: DiskStore,
+    *,
+    repair: bool = False,
+    quick: bool = False,
+    progress: Callable[[int], Any] | None = None,
+) -> VerifyReport:
+    """Re-check every entry: its checksum (``quick``: header, sizes and metadata only)
+    and its metadata's shape; anything but a regular file in an entry's place is damage
+    too. Checks the journal's line checksums. ``repair``: remove damaged entries, stale
+    temp files and non-regular files in the index dir, and rebuild the index.
+    ``progress``: called with the number of entries checked so far, after each one."""
+    import stat
+
+    report = VerifyReport()
+    report.journal = store.journal.check()
+    seen: dict[str, tuple] = {}
+    for key, path, st in store.walk():
+        report.checked += 1
+        if progress is not None:
+            progress(report.checked)
+        try:
+            if not stat.S_ISREG(st.st_mode):
+                raise CorruptEntry("not a regular file")
+            if quick:
+                info = read_info(path, st.st_size, strict=True)
+            else:
+                info, _payload = decode_entry(_fs.read_bytes(path))
+            if info.get("key") != key:
+                raise CorruptEntry("entry file holds another key")
+        except (OSError, CorruptEntry, KeyError, TypeError) as exc:
+            report.corrupt.append(key)
+            report.reasons[key] = str(exc) or type(exc).__name__
+            if repair and remove_path(path):
+                report.repaired += 1
+            continue
+        report.bytes += st.st_size
+        seen[key] = index_tuple(st.st_size, info)
+    if report.journal is None:
+        idx = store.load_index()
+        damaged = set(report.corrupt)  # indexed or not: readers find the damage
+        report.index_drift = sum(1 for k in seen if k not in idx) + sum(
+            1 for k in idx if k not in seen and k not in damaged
+        )
+    if repair:
+        report.stale_temp = clean_temp(store)
+        layout = store.layout
+        for path in (layout.journal, layout.index_lock, layout.evict_lock):
+            try:
+                if not stat.S_ISREG(os.lstat(path).st_mode):
+                    remove_path(path)
+            except OSError:
+                pass
+        if report.index_drift or report.repaired or report.journal is not None:
+            report.journal_rebuilt = store.rebuild_index() is not None
+        if report.corrupt:
+            import logging
+
+            logging.getLogger("cuforge").warning(
+                "cuforge: verify removed %d damaged cache entries from %s",
+                report.repaired,
+                store.root,
+            )
+    return report
