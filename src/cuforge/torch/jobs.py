@@ -95,8 +95,7 @@ def job_count(per_job_bytes: int = TORCH_TU_BYTES) -> tuple[int, str]:
     if mem is None:
         return jobs, f"jobs={jobs} ({cores} cores; available memory unknown)"
     return jobs, (
-        f"jobs={jobs} = min({cores} cores, {_gib(mem)} available / "
-        f"{_gib(per_job_bytes)} per job)"
+        f"jobs={jobs} = min({cores} cores, {_gib(mem)} available / {_gib(per_job_bytes)} per job)"
     )
 
 

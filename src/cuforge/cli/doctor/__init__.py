@@ -62,7 +62,7 @@ from cuforge.cli.doctor.gpu import (
     check_jobs,
 )
 from cuforge.cli.doctor.remote import check_remote
-from cuforge.cli.doctor.render import layout, render
+from cuforge.cli.doctor.render import TITLE_WIDTH, layout, render
 from cuforge.cli.doctor.toolchain import (
     check_compiler_caches,
     check_cuda_headers,
@@ -226,5 +226,5 @@ def run(args: argparse.Namespace) -> int:
             }
         )
     else:
-        render(rows, summary, skipped)
+        render(rows, summary, skipped, TITLE_WIDTH if selected else None)
     return 1 if failed else 0

@@ -21,7 +21,6 @@ def _probe_writable(root: str) -> bool:
     return True
 
 
-
 def _trust_problems(root: str) -> list[tuple[str, str | None]]:
     """(problem, fix) for the cache dir and each directory directly under it (``v1``,
     ``locks``, ``runtime``, ...) that fails :func:`cuforge._fs.trust_problem`."""
@@ -43,7 +42,6 @@ def _trust_problems(root: str) -> list[tuple[str, str | None]]:
         fix = problem[start + 1 : end] if 0 <= start < end else None
         found.append((problem, fix))
     return found
-
 
 
 def _check_cache_dir(root: str, disabled: str | None) -> list[Check]:
@@ -112,7 +110,6 @@ def _check_cache_dir(root: str, disabled: str | None) -> list[Check]:
     else:
         rows.append(row("PASS", f"{root} (mode {oct(mode)})", **data))
     return rows
-
 
 
 def check_cache(p: Probe) -> list[Check]:

@@ -99,7 +99,6 @@ def check_gpus(p: Probe) -> list[Check]:
     return rows
 
 
-
 def check_arch_list(p: Probe) -> list[Check]:
     from cuforge import toolchain
     from cuforge.arch import arch_findings, arch_to_torch
@@ -149,7 +148,6 @@ def check_arch_list(p: Probe) -> list[Check]:
     ]
 
 
-
 def check_arch_agreement(p: Probe) -> list[Check]:
     """CUFORGE_ARCH against TORCH_CUDA_ARCH_LIST when both are set."""
     from cuforge.arch import parse_arch_list
@@ -177,7 +175,6 @@ def check_arch_agreement(p: Probe) -> list[Check]:
             **data,
         )
     ]
-
 
 
 def check_jobs(p: Probe) -> list[Check]:
@@ -221,7 +218,6 @@ def check_jobs(p: Probe) -> list[Check]:
     if n > cores * 2:
         return [row("WARN", f"MAX_JOBS={n} for {cores} cores oversubscribes the CPU", fix, **data)]
     return [row("PASS", f"MAX_JOBS={n}; {have}", **data)]
-
 
 
 def check_fast_launch(p: Probe) -> list[Check]:

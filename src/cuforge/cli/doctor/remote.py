@@ -33,7 +33,6 @@ def check_remote(p: Probe) -> list[Check]:
     return [_remote_row(row, sync.probe(remote, st), st) for remote in remotes]
 
 
-
 def _remote_row(row: Callable[..., Check], r: Any, st: Any) -> Check:
     data = r.as_dict()
     if not r.reachable:
@@ -69,7 +68,6 @@ def _remote_row(row: Callable[..., Check], r: Any, st: Any) -> Check:
         status = "WARN"
         fix = "use a closer server, or raise CUFORGE_REMOTE_TIMEOUT"
     return row(status, f"{r.remote}: " + ", ".join(parts), fix, **data)
-
 
 
 def _reason(error: str | None, url: str) -> str:

@@ -5,7 +5,11 @@ from __future__ import annotations
 from cuforge.cli import output
 from cuforge.cli.doctor.base import Check
 
-__all__ = ["layout", "render"]
+__all__ = ["layout", "render", "TITLE_WIDTH"]
+
+#: the title column of the full report: its widest title (the header compile's). A
+#: ``--check`` report uses it too, so that its rows line up as in the full report.
+TITLE_WIDTH = len("fp16/bf16/CUB compile")
 
 
 _COLORS = {"PASS": "green", "WARN": "yellow", "FAIL": "bold red", "SKIP": "dim"}
@@ -29,7 +33,6 @@ _COMMAND_WORDS = frozenset(
 )  # fmt: skip
 
 
-
 def _split_fix(fix: str) -> tuple[str, str]:
     """(the command to copy, a note after it): ``"pip install x  (or apt-get ...)"`` ->
     ``("pip install x", "(or apt-get ...)")``. Fixes write a note after two spaces."""
@@ -37,10 +40,8 @@ def _split_fix(fix: str) -> tuple[str, str]:
     return (command.strip(), "(" + note.strip()) if sep else (fix.strip(), "")
 
 
-
 def _is_command(text: str) -> bool:
     return (text.split() or [""])[0] in _COMMAND_WORDS
-
 
 
 def _wrap(text: str, room: int) -> list[str]:
@@ -55,8 +56,9 @@ def _wrap(text: str, room: int) -> list[str]:
     return [line.replace(glue, " ") for line in lines] or [""]
 
 
-
-def layout(rows: list[Check], columns: int = _COLUMNS) -> list[tuple[str | None, str]]:
+def layout(
+    rows: list[Check], columns: int = _COLUMNS, title_width: int | None = None
+) -> list[tuple[str | None, str]]:
     """The report as (status or None, text) lines, each within ``columns`` once the
     6-column status head (``"FAIL  "``) is added, except a fix command or a path longer
     than a line: those stay whole (copy-paste must work) on lines of their own.
@@ -67,9 +69,13 @@ def layout(rows: list[Check], columns: int = _COLUMNS) -> list[tuple[str | None,
       detail when it fits there, else ``fix: COMMAND`` on its own line under the title
       column, whole; a note after the command (``"  (or ...)"``) wraps on lines indented
       under the command. A prose fix wraps like a detail, never inside `backquotes`.
-    * no line ever continues at column 0."""
+    * no line ever continues at column 0.
+
+    The title column is as wide as the widest title (at most 28), or ``title_width``."""
     head = len("PASS  ")
     width = min(max((len(r.title) for r in rows), default=0), 28)
+    if title_width is not None:
+        width = title_width
     lines: list[tuple[str | None, str]] = []
     for r in rows:
         column = width + 2  # where the detail starts (after the status head)
@@ -100,8 +106,12 @@ def layout(rows: list[Check], columns: int = _COLUMNS) -> list[tuple[str | None,
     return lines
 
 
-
-def render(rows: list[Check], summary: dict[str, int], skipped: list[str]) -> None:
+def render(
+    rows: list[Check],
+    summary: dict[str, int],
+    skipped: list[str],
+    title_width: int | None = None,
+) -> None:
     """One block per check (status, title, wrapped detail), a ``fix:`` under each problem
     (see :func:`layout`), and a summary line. Colored on a terminal, plain otherwise; 80
     columns either way."""
@@ -120,7 +130,7 @@ def render(rows: list[Check], summary: dict[str, int], skipped: list[str]) -> No
         def say(status: str | None, text: str) -> None:
             print(f"{status or '    '}  {text}".rstrip())
 
-    for status, text in layout(rows):
+    for status, text in layout(rows, title_width=title_width):
         say(status, text)
     line = (
         f"{summary['pass']} passed, {summary['warn']} warnings, {summary['fail']} failed, "

@@ -52,7 +52,6 @@ def check_ninja(p: Probe) -> list[Check]:
     ]
 
 
-
 def check_nvrtc(p: Probe) -> list[Check]:
     from cuforge import toolchain
 
@@ -77,7 +76,6 @@ def check_nvrtc(p: Probe) -> list[Check]:
             )
         ]
     return [row("PASS", f"NVRTC {version} ({path})", version=version, path=path)]
-
 
 
 def check_nvrtc_headers(p: Probe) -> list[Check]:
@@ -120,11 +118,30 @@ def check_nvrtc_headers(p: Probe) -> list[Check]:
         )
         + " (both are in the cache key, so results stay correct)"
     )
-    fix = (
-        f"pip install 'cuda-toolkit[nvrtc,cudart,cccl]=={n}.*'  (one release for NVRTC "
-        f"and its headers; or point CUDA_HOME at a CUDA {n} toolkit)"
-    )
-    return [row("WARN", detail, fix, **data)]
+    return [row("WARN", detail, _nvrtc_headers_fix(n), **data)]
+
+
+def _nvrtc_headers_fix(n: str) -> str:
+    """The fix that makes NVRTC ``n`` (``"13.5"``) compile with headers of its release.
+    cuforge takes the header wheels of NVRTC's release when they are installed
+    (:func:`cuforge.toolchain.locate.toolkit_include_dirs`), so for an NVRTC wheel the fix is
+    to install them; an NVRTC from a toolkit wants that toolkit's headers (CUDA_HOME)."""
+    from cuforge import toolchain
+    from cuforge.toolchain import locate
+
+    library = toolchain.nvrtc_library_path()
+    if locate.nvrtc_wheel_version(library) is not None:
+        return (
+            f"pip install 'cuda-toolkit[nvrtc,cudart,cccl]=={n}.*'  (the header wheels of "
+            f"NVRTC's release: cuforge compiles with them once installed; or pin NVRTC to "
+            "the headers' release)"
+        )
+    root = os.path.dirname(os.path.dirname(library))
+    while root != os.path.dirname(root) and not toolchain.is_toolkit(root):
+        root = os.path.dirname(root)
+    if toolchain.is_toolkit(root):
+        return f"export CUDA_HOME={root}  (the CUDA {n} toolkit this NVRTC comes from)"
+    return f"install the CUDA {n} headers and export CUDA_HOME=<their toolkit root>"
 
 
 #: tiny kernels that need the CUDA headers NVRTC does not carry itself
@@ -163,7 +180,6 @@ print(json.dumps(out))
 """
 
 
-
 def _header_compile_arch(p: Probe) -> str:
     """A supported arch to compile the header probes for: the visible GPU's, else sm_90
     when NVRTC supports it, else the newest NVRTC supports."""
@@ -176,7 +192,6 @@ def _header_compile_arch(p: Probe) -> str:
     if not supported or "sm_90" in supported:
         return "sm_90"
     return supported[-1]
-
 
 
 def check_header_compiles(p: Probe) -> list[Check]:
@@ -224,7 +239,6 @@ def check_header_compiles(p: Probe) -> list[Check]:
     ]
 
 
-
 def check_nvcc(p: Probe) -> list[Check]:
     from cuforge import toolchain
 
@@ -249,7 +263,6 @@ def check_nvcc(p: Probe) -> list[Check]:
             )
         ]
     return [row("PASS", f"nvcc {version} ({path})", version=version, path=path)]
-
 
 
 def check_cuda_home(p: Probe) -> list[Check]:
@@ -294,7 +307,6 @@ def check_cuda_home(p: Probe) -> list[Check]:
             **data,
         )
     ]
-
 
 
 def check_cuda_headers(p: Probe) -> list[Check]:
@@ -350,7 +362,6 @@ def check_cuda_headers(p: Probe) -> list[Check]:
     return [row("PASS", f"{headers} in the toolkit ({root})", **data)]
 
 
-
 def _ccache_stats(path: str) -> dict[str, Any]:
     rc, text = run_command([path, "--print-stats"])
     if rc != 0:
@@ -362,7 +373,6 @@ def _ccache_stats(path: str) -> dict[str, Any]:
             stats[parts[0]] = int(parts[1])
     hits = stats.get("direct_cache_hit", 0) + stats.get("preprocessed_cache_hit", 0)
     return {"hits": hits, "misses": stats.get("cache_miss", 0)}
-
 
 
 def _sccache_stats(path: str) -> dict[str, Any]:
@@ -379,7 +389,6 @@ def _sccache_stats(path: str) -> dict[str, Any]:
     except (ValueError, AttributeError, TypeError):
         return {}
     return {"hits": hits, "misses": misses}
-
 
 
 def check_compiler_caches(p: Probe) -> list[Check]:
