@@ -20,6 +20,7 @@ import sys
 import pytest
 
 from cuforge.cli import doctor, output
+from cuforge.toolchain.facts import identity_headers_version
 from tests.cli.conftest import SAXPY, base_env
 from tests.conftest import GPU_VISIBLE
 
@@ -300,7 +301,7 @@ def test_doctor_compares_nvrtc_with_its_headers_and_compiles_them(cache):
     )
     rows = _rows(json.loads(done.stdout))
     identity = toolchain.compiler_identity("nvrtc")
-    headers = doctor._headers_cuda_version(identity["headers"])
+    headers = identity_headers_version(identity["headers"])
     nvrtc = tuple(int(x) for x in identity["version"].split(".")[:2])
     row = rows["nvrtc.headers"]
     assert row["status"] == ("PASS" if headers == nvrtc else "WARN"), row
@@ -317,5 +318,5 @@ def test_doctor_compares_nvrtc_with_its_headers_and_compiles_them(cache):
 
 def test_headers_cuda_version_reads_the_identity_field():
     field = "/usr/local/cuda/include CUDA_VERSION=12080 CCCL_VERSION=2008000 cuda.h=1:2"
-    assert doctor._headers_cuda_version(field) == (12, 8)
-    assert doctor._headers_cuda_version("none") is None
+    assert identity_headers_version(field) == (12, 8)
+    assert identity_headers_version("none") is None

@@ -56,7 +56,7 @@ def test_jobs_are_capped_by_memory():
     assert recommended_jobs({"cores": 4, "memory_available": None})[0] == 4
 
 
-class FakeProbe(doctor._Probe):
+class FakeProbe(doctor.Probe):
     def __init__(self, gpus):
         super().__init__()
         self._gpus = (gpus, None if gpus else "no GPU")

@@ -13,7 +13,6 @@ The one home of that rule: :func:`job_count` (what a build runs, ``MAX_JOBS`` fi
 from __future__ import annotations
 
 import os
-
 from typing import Any
 
 __all__ = [

@@ -74,7 +74,6 @@ from cuforge.cli.doctor.toolchain import (
     check_nvrtc_headers,
 )
 from cuforge.cli.doctor.torch import check_torch
-from cuforge.toolchain.facts import identity_headers_version as _headers_cuda_version
 
 __all__ = [
     "add_parser",
@@ -83,15 +82,13 @@ __all__ = [
     "run_checks",
     "check_ids",
     "Check",
+    "Probe",
     "STATUSES",
     "CHECKS",
     "ROW_IDS",
     "layout",
     "render",
 ]
-
-#: kept for callers of the single-module doctor
-_Probe = Probe
 
 #: In the order of the issue's checklist: build tools, GPUs, archs, parallelism, compiler
 #: caches, the toolkit, torch, the cache, the remote cache.
