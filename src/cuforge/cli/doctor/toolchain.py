@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from typing import Any
 
 from cuforge.cli.doctor.base import Check, Probe, row_maker, run_command
@@ -52,30 +53,44 @@ def check_ninja(p: Probe) -> list[Check]:
     ]
 
 
+def _compiler_row(
+    row: Callable[..., Check],
+    label: str,
+    find: Callable[[], str],
+    version_of: Callable[[], str | None],
+    not_found: Callable[[Exception], tuple[str, str, str]],
+    broken: Callable[[str], tuple[str, str]],
+) -> list[Check]:
+    """A compiler's row: ``not_found(exc)`` gives (status, detail, fix) when ``find()``
+    raises, ``broken(path)`` (detail, fix) of a FAIL when it has no version, else a PASS."""
+    try:
+        path = find()
+    except Exception as exc:  # noqa: BLE001 - ToolchainError says how to fix it
+        return [row(*not_found(exc))]
+    version = version_of()
+    if not version:
+        return [row("FAIL", *broken(path))]
+    return [row("PASS", f"{label} {version} ({path})", version=version, path=path)]
+
+
 def check_nvrtc(p: Probe) -> list[Check]:
     from cuforge import toolchain
 
-    row = row_maker("nvrtc", "NVRTC")
-    try:
-        path = toolchain.nvrtc_library_path()
-    except Exception as exc:  # noqa: BLE001 - ToolchainError says how to fix it
-        return [
-            row(
-                "FAIL",
-                f"NVRTC cannot be used: {exc}",
-                "pip install 'cuforge[cu13]'  (or 'cuforge[cu12]' for a CUDA 12 driver)",
-            )
-        ]
-    version = toolchain.nvrtc_version()
-    if not version:
-        return [
-            row(
-                "FAIL",
-                f"NVRTC at {path} cannot be loaded",
-                "pip install --force-reinstall 'cuforge[cu13]'  (or 'cuforge[cu12]')",
-            )
-        ]
-    return [row("PASS", f"NVRTC {version} ({path})", version=version, path=path)]
+    return _compiler_row(
+        row_maker("nvrtc", "NVRTC"),
+        "NVRTC",
+        toolchain.nvrtc_library_path,
+        toolchain.nvrtc_version,
+        lambda exc: (
+            "FAIL",
+            f"NVRTC cannot be used: {exc}",
+            "pip install 'cuforge[cu13]'  (or 'cuforge[cu12]' for a CUDA 12 driver)",
+        ),
+        lambda path: (
+            f"NVRTC at {path} cannot be loaded",
+            "pip install --force-reinstall 'cuforge[cu13]'  (or 'cuforge[cu12]')",
+        ),
+    )
 
 
 def check_nvrtc_headers(p: Probe) -> list[Check]:
@@ -242,27 +257,21 @@ def check_header_compiles(p: Probe) -> list[Check]:
 def check_nvcc(p: Probe) -> list[Check]:
     from cuforge import toolchain
 
-    row = row_maker("nvcc", "nvcc")
-    try:
-        path = toolchain.nvcc_path()
-    except Exception as exc:  # noqa: BLE001 - ToolchainError says how to fix it
-        return [
-            row(
-                "WARN",
-                f"nvcc not found: backend='nvcc' and torch extension builds need it ({exc})",
-                "install the CUDA toolkit and export CUDA_HOME=<its root>",
-            )
-        ]
-    version = toolchain.nvcc_version()
-    if not version:
-        return [
-            row(
-                "FAIL",
-                f"{path} does not run",
-                "reinstall the CUDA toolkit, or point CUFORGE_NVCC at a working nvcc",
-            )
-        ]
-    return [row("PASS", f"nvcc {version} ({path})", version=version, path=path)]
+    return _compiler_row(
+        row_maker("nvcc", "nvcc"),
+        "nvcc",
+        toolchain.nvcc_path,
+        toolchain.nvcc_version,
+        lambda exc: (
+            "WARN",
+            f"nvcc not found: backend='nvcc' and torch extension builds need it ({exc})",
+            "install the CUDA toolkit and export CUDA_HOME=<its root>",
+        ),
+        lambda path: (
+            f"{path} does not run",
+            "reinstall the CUDA toolkit, or point CUFORGE_NVCC at a working nvcc",
+        ),
+    )
 
 
 def check_cuda_home(p: Probe) -> list[Check]:
