@@ -471,3 +471,66 @@ def test_nvrtc_identity_uses_the_wheel_record(isolated_cache):
         pytest.skip("NVRTC here is not from a pip wheel")
     assert out["sha"] == out["recorded"] == out["file"]
     assert out["hashed"] == []
+
+
+# -- the headers NVRTC compiles with ----------------------------------------------------
+
+
+def _header_wheels(tmp_path, nvrtc: str, headers: int):
+    """A site-packages holding the nvidia-cuda-nvrtc wheel ``nvrtc`` and CUDA header wheels
+    whose cuda.h says ``headers`` (real files; nothing is loaded)."""
+    site = tmp_path / "venv" / "lib" / "python3.11" / "site-packages"
+    lib = site / "nvidia" / "cu13" / "lib"
+    lib.mkdir(parents=True)
+    (lib / "libnvrtc.so.13").write_bytes(b"")
+    (site / f"nvidia_cuda_nvrtc-{nvrtc}.dist-info").mkdir()
+    inc = site / "nvidia" / "cu13" / "include"
+    inc.mkdir()
+    (inc / "cuda.h").write_text(f"#define CUDA_VERSION {headers}\n")
+    return str(lib / "libnvrtc.so.13"), str(inc)
+
+
+def _toolkit_with_headers(tmp_path, cuda_version: int) -> str:
+    inc = tmp_path / "cuda" / "include"
+    inc.mkdir(parents=True)
+    (inc / "cuda_runtime.h").write_text("")
+    (inc / "cuda.h").write_text(f"#define CUDA_VERSION {cuda_version}\n")
+    return os.path.realpath(tmp_path / "cuda")
+
+
+@pytest.mark.parametrize(
+    ("nvrtc", "wheel_headers", "wins"),
+    [
+        ("13.5.12", 13050, "wheels"),  # NVRTC 13.5 takes its own release's header wheels
+        ("13.5.12", 13020, "toolkit"),  # header wheels of a third release: no better
+        ("13.0.88", 13050, "toolkit"),  # NVRTC of the toolkit's release: the toolkit's
+    ],
+)
+def test_nvrtc_compiles_with_the_headers_of_its_own_release(
+    tmp_path, monkeypatch, nvrtc, wheel_headers, wins
+):
+    from cuforge.toolchain import locate
+
+    _clean_toolkit_env(monkeypatch)
+    root = _toolkit_with_headers(tmp_path, 13000)
+    library, wheel_inc = _header_wheels(tmp_path, nvrtc, wheel_headers)
+    monkeypatch.setenv("CUDA_HOME", root)
+    monkeypatch.setattr(locate, "nvrtc_library_path", lambda: library)
+    monkeypatch.setattr(locate, "_pathfinder_include_dirs", lambda: (wheel_inc,))
+    monkeypatch.setattr(locate, "_include_memo", {})
+    assert locate.nvrtc_wheel_version(library) == tuple(map(int, nvrtc.split(".")[:2]))
+    expected = [wheel_inc] if wins == "wheels" else [os.path.join(root, "include")]
+    assert toolchain.toolkit_include_dirs() == expected
+
+
+def test_nvrtc_wheel_version_is_none_outside_a_wheel(tmp_path):
+    from cuforge.toolchain import locate
+
+    (tmp_path / "lib64").mkdir()
+    (tmp_path / "lib64" / "libnvrtc.so.13").write_bytes(b"")
+    assert locate.nvrtc_wheel_version(str(tmp_path / "lib64" / "libnvrtc.so.13")) is None
+    # the real one, where NVRTC comes from a wheel: the wheel's release is NVRTC's
+    real = toolchain.nvrtc_library_path()
+    found = locate.nvrtc_wheel_version(real)
+    if found is not None:
+        assert found == toolchain.nvrtc_version_tuple()

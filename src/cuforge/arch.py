@@ -9,7 +9,9 @@ Every arch cuforge handles passes through here:
 * :func:`arch_number` orders archs; :func:`split_arch` takes one apart;
 * :func:`gencode_flags` and :func:`nvcc_arch_flags` spell archs for nvcc;
   :func:`arch_to_torch` / :func:`torch_arch_list` spell them for torch;
-* :func:`coverage` says whether an arch list has a kernel image for a GPU.
+* :func:`coverage` says whether an arch list has a kernel image for a GPU;
+* :func:`arch_findings` says what is wrong with an arch-list variable on this machine
+  (``cuforge env`` and ``cuforge doctor``).
 
 The bottom layer: imports only :mod:`cuforge.errors`.
 """
@@ -32,6 +34,7 @@ __all__ = [
     "gencode_flags",
     "nvcc_arch_flags",
     "coverage",
+    "arch_findings",
     "HOW_TO_SET",
 ]
 
@@ -196,3 +199,87 @@ def coverage(entries: Iterable[tuple[str, bool]], gpu: str) -> str | None:
         if ptx and not suffix and num < g_num:
             result = "compatible"
     return result
+
+
+def arch_findings(
+    name: str, text: str, gpu_archs: list[str], supported: list[str]
+) -> list[tuple[str, str, str | None]]:
+    """Problems of an arch-list variable, as (status, message, fix) with status "FAIL" or
+    "WARN"; [] when it is fine. ``name``: ``TORCH_CUDA_ARCH_LIST`` or ``CUFORGE_ARCH``;
+    ``gpu_archs``: the visible GPUs' archs; ``supported``: what the toolkit builds ([] =
+    unknown)."""
+    suggestion = ";".join(arch_to_torch(a) for a in gpu_archs) or "9.0"
+    fix_value = suggestion if name == "TORCH_CUDA_ARCH_LIST" else (gpu_archs or ["sm_90"])[0]
+    fix = f"export {name}='{fix_value}'" + ("" if gpu_archs else "  (your target GPU's arch)")
+    try:
+        ptx = dict(parse_arch_entries(text))  # arch -> whether it asked for +PTX
+    except ArchError as exc:
+        return [("FAIL", f"{name}={text!r} cannot be read: {exc}", fix)]
+    archs = list(ptx)
+    found: list[tuple[str, str, str | None]] = []
+    if name == "CUFORGE_ARCH" and gpu_archs:
+        # compile() targets a visible GPU first: CUFORGE_ARCH only matters without one.
+        if gpu_archs[0] not in archs:
+            found.append(
+                (
+                    "WARN",
+                    f"{name}={text!r} is ignored while a GPU is visible: compile() targets "
+                    f"the GPU's {gpu_archs[0]}",
+                    f"unset {name}  (or pass arch= to compile() to force another arch)",
+                )
+            )
+        gpu_archs = []
+    if supported:
+        base = {a.rstrip("af") for a in supported}
+        unknown = [a for a in archs if a.replace("compute_", "sm_").rstrip("af") not in base]
+        if unknown:
+            lo, hi = min(supported, key=arch_number), max(supported, key=arch_number)
+            found.append(
+                (
+                    "FAIL",
+                    f"{name}={text!r}: the CUDA toolkit cannot build {', '.join(unknown)} "
+                    f"(it builds {lo} .. {hi})",
+                    fix,
+                )
+            )
+    for gpu in gpu_archs:
+        how = coverage(list(ptx.items()), gpu)
+        if how is None:
+            found.append(
+                (
+                    "FAIL",
+                    f"{name}={text!r} has no arch for the visible {gpu} GPU: its kernels "
+                    "would fail with 'no kernel image is available'",
+                    fix,
+                )
+            )
+        elif how == "compatible":
+            found.append(
+                (
+                    "WARN",
+                    f"{name}={text!r} serves the visible {gpu} GPU only through "
+                    "compatibility (an older cubin or PTX JIT at load): not tuned for it",
+                    fix,
+                )
+            )
+    if gpu_archs and not found:  # all GPUs served: is anything built for nothing?
+        extra = [a for a in archs if all(coverage([(a, ptx[a])], g) is None for g in gpu_archs)]
+        if extra:
+            found.append(
+                (
+                    "WARN",
+                    f"{name}={text!r} also builds {', '.join(extra)}, which no visible GPU "
+                    "has: slower builds for nothing here",
+                    fix,
+                )
+            )
+    if len(archs) > 4:
+        found.append(
+            (
+                "WARN",
+                f"{name}={text!r} names {len(archs)} archs: every extension TU is compiled "
+                f"{len(archs)} times (slow builds)",
+                fix,
+            )
+        )
+    return found

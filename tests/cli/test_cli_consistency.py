@@ -20,6 +20,7 @@ import sys
 import pytest
 
 from cuforge.cli import doctor, output
+from cuforge.toolchain.facts import identity_headers_version
 from tests.cli.conftest import SAXPY, base_env
 from tests.conftest import GPU_VISIBLE
 
@@ -260,25 +261,47 @@ def _rows(doc: dict) -> dict:
     return {r["id"]: r for r in doc["checks"]}
 
 
-def test_doctor_warns_when_cuforge_arch_and_torch_disagree(cache):
-    done = run(cache["dir"], "doctor", "--json", CUFORGE_ARCH="sm_80", TORCH_CUDA_ARCH_LIST="9.0")
-    row = _rows(json.loads(done.stdout))["arch_list.agreement"]
+def _check(monkeypatch, check_id: str, **env: str) -> dict:
+    """The rows of one doctor check, run in this process (``--check check_id``) with the
+    arch variables set to ``env`` only."""
+    for name in ("CUFORGE_ARCH", "TORCH_CUDA_ARCH_LIST"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return {r.id: r.as_dict() for r in doctor.run_checks([check_id])}
+
+
+def test_doctor_warns_when_cuforge_arch_and_torch_disagree(monkeypatch):
+    rows = _check(
+        monkeypatch, "arch_list.agreement", CUFORGE_ARCH="sm_80", TORCH_CUDA_ARCH_LIST="9.0"
+    )
+    row = rows["arch_list.agreement"]
     assert row["status"] == "WARN", row
     assert "CUFORGE_ARCH wins" in row["detail"] and "TORCH_CUDA_ARCH_LIST decides" in row["detail"]
     assert row["data"] == {"CUFORGE_ARCH": ["sm_80"], "TORCH_CUDA_ARCH_LIST": ["sm_90"]}
-    same = run(cache["dir"], "doctor", "--json", CUFORGE_ARCH="sm_90", TORCH_CUDA_ARCH_LIST="9.0")
-    assert _rows(json.loads(same.stdout))["arch_list.agreement"]["status"] == "PASS"
-    alone = run(cache["dir"], "doctor", "--json", CUFORGE_ARCH="sm_90")
-    assert "arch_list.agreement" not in _rows(json.loads(alone.stdout))
+    same = _check(
+        monkeypatch, "arch_list.agreement", CUFORGE_ARCH="sm_90", TORCH_CUDA_ARCH_LIST="9.0"
+    )
+    assert same["arch_list.agreement"]["status"] == "PASS"
+    alone = _check(monkeypatch, "arch_list.agreement", CUFORGE_ARCH="sm_90")
+    assert "arch_list.agreement" not in alone
 
 
 def test_doctor_compares_nvrtc_with_its_headers_and_compiles_them(cache):
     from cuforge import toolchain
 
-    done = run(cache["dir"], "doctor", "--json")
+    done = run(
+        cache["dir"],
+        "doctor",
+        "--json",
+        "--check",
+        "nvrtc.headers",
+        "--check",
+        "nvrtc.headers_compile",
+    )
     rows = _rows(json.loads(done.stdout))
     identity = toolchain.compiler_identity("nvrtc")
-    headers = doctor._headers_cuda_version(identity["headers"])
+    headers = identity_headers_version(identity["headers"])
     nvrtc = tuple(int(x) for x in identity["version"].split(".")[:2])
     row = rows["nvrtc.headers"]
     assert row["status"] == ("PASS" if headers == nvrtc else "WARN"), row
@@ -295,5 +318,5 @@ def test_doctor_compares_nvrtc_with_its_headers_and_compiles_them(cache):
 
 def test_headers_cuda_version_reads_the_identity_field():
     field = "/usr/local/cuda/include CUDA_VERSION=12080 CCCL_VERSION=2008000 cuda.h=1:2"
-    assert doctor._headers_cuda_version(field) == (12, 8)
-    assert doctor._headers_cuda_version("none") is None
+    assert identity_headers_version(field) == (12, 8)
+    assert identity_headers_version("none") is None

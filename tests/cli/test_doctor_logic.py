@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from cuforge import toolchain
-from cuforge.arch import arch_to_torch
-from cuforge.cli import doctor
-from cuforge.cli.env import arch_findings, recommended_jobs
+from cuforge.arch import arch_findings, arch_to_torch
+from cuforge.cli import doctor, output
+from cuforge.torch.jobs import recommended_jobs
 
 SUPPORTED = [f"sm_{a}" for a in (75, 80, 86, 87, 89, 90, 100, 120)]
 
@@ -56,7 +56,7 @@ def test_jobs_are_capped_by_memory():
     assert recommended_jobs({"cores": 4, "memory_available": None})[0] == 4
 
 
-class FakeProbe(doctor._Probe):
+class FakeProbe(doctor.Probe):
     def __init__(self, gpus):
         super().__init__()
         self._gpus = (gpus, None if gpus else "no GPU")
@@ -115,7 +115,7 @@ def test_no_gpu_skips_and_says_so():
 
 
 def test_arch_list_row_with_a_gpu(monkeypatch):
-    monkeypatch.setattr("cuforge.cli.env.supported_archs", lambda: SUPPORTED)
+    monkeypatch.setattr(toolchain, "supported_archs", lambda backend: list(SUPPORTED))
     monkeypatch.delenv("CUFORGE_ARCH", raising=False)
     monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
     row = doctor.check_arch_list(FakeProbe([H100]))[0]
@@ -149,3 +149,86 @@ def test_a_broken_check_becomes_a_warn_not_a_crash(monkeypatch):
     rows, _ = doctor.collect()
     assert [(r.id, r.status) for r in rows] == [("boom", "WARN")]
     assert "kaboom" in rows[0].detail
+
+
+def test_run_checks_runs_only_the_named_rows(monkeypatch):
+    monkeypatch.setenv("MAX_JOBS", "banana")
+    rows = doctor.run_checks(["build_jobs"])
+    assert [(r.id, r.status) for r in rows] == [("build_jobs", "FAIL")]
+    assert "MAX_JOBS='banana'" in rows[0].detail
+    # a check that makes several rows gives only those asked for, in report order
+    monkeypatch.delenv("CUFORGE_ARCH", raising=False)
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
+    rows = doctor.run_checks(["build_jobs", "arch_list.TORCH_CUDA_ARCH_LIST", "ccache"])
+    assert [r.id for r in rows] == ["arch_list.TORCH_CUDA_ARCH_LIST", "build_jobs", "ccache"]
+
+
+def test_every_row_id_is_a_check_id():
+    ids = doctor.check_ids()
+    assert len(ids) == len(set(ids))
+    assert {"nvrtc.headers", "nvrtc.headers_compile", "cache.dir", "remote", "gpu.driver"} <= set(
+        ids
+    )
+
+
+def test_an_unknown_check_id_is_a_usage_error_that_lists_the_ids():
+    with pytest.raises(output.UsageError) as info:
+        doctor.run_checks(["nvrtc", "nope"])
+    assert "'nope'" in str(info.value) and "nvrtc.headers_compile" in str(info.value)
+    assert "'nvrtc'" not in str(info.value)
+
+
+def test_a_broken_selected_check_is_still_reported(monkeypatch):
+    def boom(probe):
+        raise RuntimeError("kaboom")
+
+    monkeypatch.setattr(doctor, "CHECKS", (("torch", boom),))
+    rows = doctor.run_checks(["torch"])
+    assert [(r.id, r.status) for r in rows] == [("torch", "WARN")] and "kaboom" in rows[0].detail
+
+
+def test_cuda_headers_is_a_skip_without_torch():
+    probe = FakeProbe([])
+    probe._memo["torch"] = (None, None)
+    (row,) = doctor.check_cuda_headers(probe)
+    assert row.status == "SKIP" and "torch is not installed" in row.detail
+
+
+def _fake_nvrtc_identity(monkeypatch, version, cuda_version, library):
+    identity = {"version": version, "headers": f"CUDA_VERSION={cuda_version} CCCL_VERSION=1"}
+    monkeypatch.setattr(toolchain, "compiler_identity", lambda backend: dict(identity))
+    monkeypatch.setattr(toolchain, "nvrtc_library_path", lambda: str(library))
+
+
+def _nvrtc_wheel(tmp_path, version):
+    """A site-packages with the nvidia-cuda-nvrtc wheel ``version``: its library file and
+    its .dist-info (real files; nothing here is loaded)."""
+    site = tmp_path / "lib" / "python3" / "site-packages"
+    lib = site / "nvidia" / "cu13" / "lib"
+    lib.mkdir(parents=True)
+    (site / f"nvidia_cuda_nvrtc-{version}.dist-info").mkdir()
+    (lib / "libnvrtc.so.13").write_bytes(b"")
+    return lib / "libnvrtc.so.13"
+
+
+def test_nvrtc_newer_than_its_headers_says_to_install_its_release_s_header_wheels(
+    monkeypatch, tmp_path
+):
+    library = _nvrtc_wheel(tmp_path, "13.5.12")
+    _fake_nvrtc_identity(monkeypatch, "13.5", 13000, library)
+    (row,) = doctor.check_nvrtc_headers(FakeProbe([]))
+    assert row.status == "WARN" and "NVRTC 13.5 compiles with CUDA 13.0 headers" in row.detail
+    assert row.fix.startswith("pip install 'cuda-toolkit[nvrtc,cudart,cccl]==13.5.*'")
+    _fake_nvrtc_identity(monkeypatch, "13.5", 13050, library)
+    assert doctor.check_nvrtc_headers(FakeProbe([]))[0].status == "PASS"
+
+
+def test_nvrtc_of_a_toolkit_is_pointed_at_its_toolkit(monkeypatch, tmp_path):
+    root = tmp_path / "cuda-12.8"
+    (root / "include").mkdir(parents=True)
+    (root / "include" / "cuda_runtime.h").write_text("")
+    (root / "lib64").mkdir()
+    (root / "lib64" / "libnvrtc.so.12").write_bytes(b"")
+    _fake_nvrtc_identity(monkeypatch, "12.8", 13000, root / "lib64" / "libnvrtc.so.12")
+    (row,) = doctor.check_nvrtc_headers(FakeProbe([]))
+    assert row.status == "WARN" and row.fix.startswith(f"export CUDA_HOME={root}")

@@ -149,18 +149,26 @@ def test_stats_lists_the_configured_remotes_without_their_password(cli):
 
 
 def test_doctor_remote_pass_for_a_working_remote(cli, remote_url):
-    doc = cli.json("doctor", ok=False, env={"CUFORGE_REMOTE": remote_url})
+    doc = cli.json("doctor", "--check", "remote", ok=False, env={"CUFORGE_REMOTE": remote_url})
     (row,) = _rows(doc)
     assert row["status"] == "PASS", row
     assert row["data"]["reachable"] is True and row["data"]["writable"] is True
     assert row["data"]["latency_ms"] >= 0 and "unsigned" in row["detail"]
     signed = cli.json(
-        "doctor", ok=False, env={"CUFORGE_REMOTE": remote_url, "CUFORGE_REMOTE_KEY": "k"}
+        "doctor",
+        "--check",
+        "remote",
+        ok=False,
+        env={"CUFORGE_REMOTE": remote_url, "CUFORGE_REMOTE_KEY": "k"},
     )
     (row,) = _rows(signed)
     assert row["status"] == "PASS" and row["data"]["verified"] is True, row
     readonly = cli.json(
-        "doctor", ok=False, env={"CUFORGE_REMOTE": remote_url, "CUFORGE_REMOTE_READONLY": "1"}
+        "doctor",
+        "--check",
+        "remote",
+        ok=False,
+        env={"CUFORGE_REMOTE": remote_url, "CUFORGE_REMOTE_READONLY": "1"},
     )
     (row,) = _rows(readonly)
     assert row["status"] == "PASS" and row["data"]["writable"] is None
@@ -169,12 +177,12 @@ def test_doctor_remote_pass_for_a_working_remote(cli, remote_url):
 
 def test_doctor_remote_fail_with_the_fix_for_a_closed_port(cli):
     url = f"http://127.0.0.1:{_closed_port()}/cache"
-    doc = cli.json("doctor", ok=False, env={"CUFORGE_REMOTE": url})
+    doc = cli.json("doctor", "--check", "remote", ok=False, env={"CUFORGE_REMOTE": url})
     (row,) = _rows(doc)
     assert row["status"] == "FAIL" and row["data"]["reachable"] is False, row
     assert "unreachable" in row["detail"] and "CUFORGE_REMOTE" in row["fix"]
     assert doc["ok"] is False and doc["_rc"] == 1
-    human = cli("doctor", env={"CUFORGE_REMOTE": url})
+    human = cli("doctor", "--check", "remote", env={"CUFORGE_REMOTE": url})
     lines = human.stdout.splitlines()
     (start,) = [i for i, line in enumerate(lines) if line.startswith("FAIL  remote cache")]
     end = next(i for i in range(start + 1, len(lines)) if not lines[i].startswith("    "))
@@ -185,7 +193,7 @@ def test_doctor_remote_fail_with_the_fix_for_a_closed_port(cli):
 
 
 def test_doctor_remote_skipped_when_none_is_configured(cli):
-    (row,) = _rows(cli.json("doctor", ok=False))
+    (row,) = _rows(cli.json("doctor", "--check", "remote", ok=False))
     assert row["status"] == "SKIP" and "CUFORGE_REMOTE" in row["detail"]
 
 
@@ -200,17 +208,21 @@ def test_push_pull_through_a_real_server(cli, cache, tmp_path, server, request):
     pulled, warm = _pull_and_compile(tmp_path, cache, url, CUFORGE_REMOTE_KEY="ci-key")
     assert pulled["remotes"][0]["copied"] == 8 and warm["compiles"] == 0
     env = {"CUFORGE_REMOTE": url, "CUFORGE_REMOTE_KEY": "ci-key"}
-    (row,) = _rows(cli.json("doctor", ok=False, env=env))
+    (row,) = _rows(cli.json("doctor", "--check", "remote", ok=False, env=env))
     assert row["status"] == "PASS" and row["data"]["verified"] is True, row
 
 
 def test_doctor_remote_fail_for_a_closed_redis_port(cli):
     pytest.importorskip("redis")
     url = f"redis://127.0.0.1:{_closed_port()}/0"
-    (row,) = _rows(cli.json("doctor", ok=False, env={"CUFORGE_REMOTE": url}))
+    (row,) = _rows(cli.json("doctor", "--check", "remote", ok=False, env={"CUFORGE_REMOTE": url}))
     assert row["status"] == "FAIL" and "CUFORGE_REMOTE" in row["fix"], row
 
 
 def test_doctor_remote_fail_for_a_server_that_never_answers(cli, black_hole):
-    (row,) = _rows(cli.json("doctor", ok=False, env={"CUFORGE_REMOTE": black_hole.url("http")}))
+    (row,) = _rows(
+        cli.json(
+            "doctor", "--check", "remote", ok=False, env={"CUFORGE_REMOTE": black_hole.url("http")}
+        )
+    )
     assert row["status"] == "FAIL" and row["data"]["reachable"] is False, row

@@ -37,7 +37,7 @@ class Executor(ABC):
 def default_jobs() -> tuple[int, str]:
     """(jobs, why): the memory-aware job count ``cuforge env`` recommends (the same
     function, so the two never disagree)."""
-    from cuforge.cli.env import recommended_jobs
+    from cuforge.torch.jobs import recommended_jobs
 
     return recommended_jobs()
 

@@ -5,8 +5,9 @@ Usable as ``eval "$(cuforge env)"`` (bash, zsh), ``cuforge env --shell fish | so
 current environment (an unreadable ``TORCH_CUDA_ARCH_LIST``, an arch no GPU has, ninja
 missing) are warned about on stderr, so the exports on stdout stay eval-able.
 
-Also home of the machine facts ``cuforge doctor`` shares: :func:`machine_resources` and
-:func:`recommended_jobs`.
+The machine facts it reads live in the library: the job count in
+:mod:`cuforge.torch.jobs`, arch-list findings in :mod:`cuforge.arch`, the library headers
+in :mod:`cuforge.toolchain.facts`.
 """
 
 from __future__ import annotations
@@ -18,93 +19,11 @@ import shutil
 import sys
 from typing import Any
 
+from cuforge.arch import arch_findings
 from cuforge.cli import output
+from cuforge.torch.jobs import machine_resources, recommended_jobs
 
-__all__ = [
-    "add_parser",
-    "run",
-    "compute",
-    "machine_resources",
-    "recommended_jobs",
-    "arch_findings",
-    "supported_archs",
-    "find_library_headers",
-    "TORCH_HEADERS",
-]
-
-# -- machine facts --------------------------------------------------------------------
-
-
-def machine_resources() -> dict[str, Any]:
-    """``{"cores", "memory_available"}`` as cuforge.torch's builds see them (CPU affinity;
-    MemAvailable capped by a cgroup memory limit)."""
-    from cuforge.torch.jobs import available_memory, cpu_count
-
-    return {"cores": cpu_count(), "memory_available": available_memory()}
-
-
-def recommended_jobs(resources: dict[str, Any] | None = None) -> tuple[int, str]:
-    """(parallel build jobs, why) for this machine, whatever ``MAX_JOBS`` says now: the
-    cores, capped so that every job's torch-TU memory (cuforge.torch's estimate) fits in
-    the available memory -- the rule cuforge.torch's builds follow when MAX_JOBS is unset."""
-    from cuforge.torch.jobs import TORCH_TU_BYTES
-
-    res = resources or machine_resources()
-    cores = res["cores"]
-    available = res["memory_available"]
-    if not available:
-        return cores, f"{cores} cores (available memory unknown)"
-    by_memory = max(1, available // TORCH_TU_BYTES)
-    jobs = max(1, min(cores, by_memory))
-    why = (
-        f"min({cores} cores, {output.human_bytes(available)} available / "
-        f"{output.human_bytes(TORCH_TU_BYTES)} per compile job = {by_memory})"
-    )
-    return jobs, why
-
-
-#: The CUDA library headers torch's own CUDA headers include (ATen/cuda/CUDAContext.h).
-TORCH_HEADERS = (("cusparse", "cusparse.h"), ("cublas", "cublas_v2.h"))
-
-
-def find_library_headers(root: str | None) -> tuple[dict[str, str | None], dict[str, str]]:
-    """({header: include dir or None}, {header: "toolkit" or "pip"}) for
-    :data:`TORCH_HEADERS`: the toolkit's include dirs first, else pip ``nvidia`` packages
-    (through cuda-pathfinder)."""
-    places: dict[str, str | None] = {}
-    where: dict[str, str] = {}
-    for lib, header in TORCH_HEADERS:
-        found = None
-        if root:
-            dirs = [os.path.join(root, "include")]
-            targets = os.path.join(root, "targets")
-            if os.path.isdir(targets):
-                dirs += [os.path.join(targets, t, "include") for t in sorted(os.listdir(targets))]
-            for inc in dirs:
-                if os.path.isfile(os.path.join(inc, header)):
-                    found, where[header] = inc, "toolkit"
-                    break
-        if found is None:
-            try:
-                import cuda.pathfinder as pathfinder
-
-                found = pathfinder.find_nvidia_header_directory(lib)
-            except Exception:  # noqa: BLE001 - no pathfinder, or no such package
-                found = None
-            if found:
-                where[header] = "pip"
-        places[header] = found
-    return places, where
-
-
-def _torch_installed() -> bool:
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec("torch") is not None
-    except (ImportError, ValueError):
-        return False
-
+__all__ = ["add_parser", "run", "compute"]
 
 # -- the settings ---------------------------------------------------------------------
 
@@ -127,111 +46,20 @@ def _visible_archs() -> tuple[list[str], str | None]:
     return out, None
 
 
-def arch_findings(
-    name: str, text: str, gpu_archs: list[str], supported: list[str]
-) -> list[tuple[str, str, str | None]]:
-    """Problems of an arch-list variable, as (status, message, fix) with status "FAIL" or
-    "WARN"; [] when it is fine. ``supported``: what the toolkit builds ([] = unknown)."""
-    from cuforge.arch import ArchError, arch_number, arch_to_torch, coverage, parse_arch_entries
-
-    suggestion = ";".join(arch_to_torch(a) for a in gpu_archs) or "9.0"
-    fix_value = suggestion if name == "TORCH_CUDA_ARCH_LIST" else (gpu_archs or ["sm_90"])[0]
-    fix = f"export {name}='{fix_value}'" + ("" if gpu_archs else "  (your target GPU's arch)")
-    try:
-        ptx = dict(parse_arch_entries(text))  # arch -> whether it asked for +PTX
-    except ArchError as exc:
-        return [("FAIL", f"{name}={text!r} cannot be read: {exc}", fix)]
-    archs = list(ptx)
-    found: list[tuple[str, str, str | None]] = []
-    if name == "CUFORGE_ARCH" and gpu_archs:
-        # compile() targets a visible GPU first: CUFORGE_ARCH only matters without one.
-        if gpu_archs[0] not in archs:
-            found.append(
-                (
-                    "WARN",
-                    f"{name}={text!r} is ignored while a GPU is visible: compile() targets "
-                    f"the GPU's {gpu_archs[0]}",
-                    f"unset {name}  (or pass arch= to compile() to force another arch)",
-                )
-            )
-        gpu_archs = []
-    if supported:
-        base = {a.rstrip("af") for a in supported}
-        unknown = [a for a in archs if a.replace("compute_", "sm_").rstrip("af") not in base]
-        if unknown:
-            lo, hi = min(supported, key=arch_number), max(supported, key=arch_number)
-            found.append(
-                (
-                    "FAIL",
-                    f"{name}={text!r}: the CUDA toolkit cannot build {', '.join(unknown)} "
-                    f"(it builds {lo} .. {hi})",
-                    fix,
-                )
-            )
-    for gpu in gpu_archs:
-        how = coverage(list(ptx.items()), gpu)
-        if how is None:
-            found.append(
-                (
-                    "FAIL",
-                    f"{name}={text!r} has no arch for the visible {gpu} GPU: its kernels "
-                    "would fail with 'no kernel image is available'",
-                    fix,
-                )
-            )
-        elif how == "compatible":
-            found.append(
-                (
-                    "WARN",
-                    f"{name}={text!r} serves the visible {gpu} GPU only through "
-                    "compatibility (an older cubin or PTX JIT at load): not tuned for it",
-                    fix,
-                )
-            )
-    if gpu_archs and not found:  # all GPUs served: is anything built for nothing?
-        extra = [a for a in archs if all(coverage([(a, ptx[a])], g) is None for g in gpu_archs)]
-        if extra:
-            found.append(
-                (
-                    "WARN",
-                    f"{name}={text!r} also builds {', '.join(extra)}, which no visible GPU "
-                    "has: slower builds for nothing here",
-                    fix,
-                )
-            )
-    if len(archs) > 4:
-        found.append(
-            (
-                "WARN",
-                f"{name}={text!r} names {len(archs)} archs: every extension TU is compiled "
-                f"{len(archs)} times (slow builds)",
-                fix,
-            )
-        )
-    return found
-
-
-def supported_archs() -> list[str]:
-    """What NVRTC can build ([] when unknown)."""
-    try:
-        from cuforge import toolchain
-
-        return list(toolchain.supported_archs("nvrtc"))
-    except Exception:  # noqa: BLE001 - no NVRTC: nothing to compare against
-        return []
-
-
 def compute(environ: dict[str, str] | None = None) -> dict[str, Any]:
     """The settings ``cuforge env`` prints: ``{"vars": {NAME: {"value", "why"}},
     "findings": [(status, message, fix)], "gpu_archs", "no_gpu", "resources"}``. A variable
     whose value is None is left as it is (the reason says why)."""
+    from cuforge import toolchain
     from cuforge.arch import arch_number, arch_to_torch, parse_arch_list
     from cuforge.config import settings
+    from cuforge.toolchain.facts import find_library_headers
+    from cuforge.torch.facts import torch_installed
 
     env = os.environ if environ is None else environ
     res = machine_resources()
     gpu_archs, no_gpu = _visible_archs()
-    supported = supported_archs()
+    supported = toolchain.supported_archs("nvrtc")  # [] when NVRTC is unavailable
     findings: list[tuple[str, str, str | None]] = []
     out: dict[str, dict[str, Any]] = {}
 
@@ -341,7 +169,7 @@ def compute(environ: dict[str, str] | None = None) -> dict[str, Any]:
 
     # CUDA_INC_PATH: torch's cpp_extension adds it to the include path; needed when the
     # library headers its CUDA headers include come only from pip nvidia packages.
-    if root and not env.get("CUDA_INC_PATH") and _torch_installed():
+    if root and not env.get("CUDA_INC_PATH") and torch_installed():
         places, where = find_library_headers(root)
         pip_dirs = sorted({places[h] for h, w in where.items() if w == "pip" and places[h]})
         if len(pip_dirs) == 1:

@@ -15,6 +15,8 @@ The bottom layer beside :mod:`cuforge.config`: it imports only config, arch, err
 * :mod:`~cuforge.toolchain.gpu` -- the one ``libcuda`` probe: :func:`libcuda`,
   :func:`driver_version`, :func:`visible_gpu_archs`, :func:`~cuforge.toolchain.gpu.devices`.
 * :mod:`~cuforge.toolchain.targets` -- :func:`resolve_archs`: the arch a compile targets.
+* :mod:`~cuforge.toolchain.facts` -- what ``cuforge doctor`` / ``cuforge env`` report
+  about the toolchain (the library headers torch needs, the display driver's version).
 * :mod:`~cuforge.toolchain.memo` -- the on-disk memo ``<cache_dir>/toolchain.json``, which
   caches probe results keyed by a file's stat and never decides which file is loaded;
   :func:`file_stat_key` and :func:`write_json_atomic` serve other memos too.

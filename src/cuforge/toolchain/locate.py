@@ -30,6 +30,7 @@ __all__ = [
     "toolkit_include_dirs",
     "header_cuda_version",
     "nvrtc_library_major",
+    "nvrtc_wheel_version",
 ]
 
 _DEFAULT_ROOT = "/usr/local/cuda"
@@ -283,10 +284,13 @@ _pf_dirs_memo: dict[str, tuple[str, ...]] = {}
 
 
 def toolkit_include_dirs() -> list[str]:
-    """The CUDA header roots NVRTC needs (``cuda_fp16.h``, ``cub/...``): ``<root>/include``
-    and ``<root>/include/cccl`` when present, else what cuda-pathfinder finds for the
-    ``cudart`` and ``cccl`` header wheels. These are *system* roots: the toolkit identity
-    covers their headers, which are not hashed one by one."""
+    """The CUDA header roots NVRTC needs (``cuda_fp16.h``, ``cub/...``): the headers of the
+    NVRTC release in use when they are installed as pip wheels and the toolkit's are of
+    another release (NVRTC 13.5 from the ``nvidia-cuda-nvrtc`` wheel with the 13.5
+    ``cudart``/``cccl`` header wheels, beside a CUDA 13.0 toolkit: the wheels'); else
+    ``<root>/include`` and ``<root>/include/cccl`` when present; else what cuda-pathfinder
+    finds for the ``cudart`` and ``cccl`` header wheels. These are *system* roots: the
+    toolkit identity covers their headers, which are not hashed one by one."""
     root = toolkit_root()
     known = _include_memo.get(root)
     if known is not None:
@@ -299,7 +303,10 @@ def toolkit_include_dirs() -> list[str]:
             cccl = os.path.join(inc, "cccl")
             if os.path.isdir(cccl):
                 dirs.append(cccl)
-    if dirs and _toolkit_major_differs(dirs[0]):
+    release = _nvrtc_release_include_dirs(dirs[0]) if dirs else []
+    if release:
+        dirs = release
+    elif dirs and _toolkit_major_differs(dirs[0]):
         # NVRTC 12 from the -cu12 wheel beside a CUDA 13 toolkit (or the reverse): the
         # toolkit's headers would not match the compiler, so take the header wheels that
         # come with NVRTC when there are any (the mismatch is reported by
@@ -345,6 +352,52 @@ def nvrtc_library_major(path: str) -> int | None:
             if digits.isdigit():
                 return int(digits[:2]) if prefix == "nvrtc64_" else int(digits)
     return None
+
+
+def nvrtc_wheel_version(library: str) -> tuple[int, int] | None:
+    """(major, minor) of the pip wheel that holds the NVRTC library ``library``
+    (``nvidia-cuda-nvrtc`` 13.5.x -> ``(13, 5)``), read from the name of its ``.dist-info``
+    in the same site-packages dir (one ``listdir``; nothing is loaded), or None when
+    ``library`` is not in such a wheel."""
+    d = os.path.dirname(os.path.abspath(library))
+    while os.path.basename(d) not in ("site-packages", "dist-packages"):
+        parent = os.path.dirname(d)
+        if parent == d:
+            return None
+        d = parent
+    try:
+        names = os.listdir(d)
+    except OSError:
+        return None
+    major = nvrtc_library_major(library)
+    for name in sorted(names):
+        if not name.endswith(".dist-info"):
+            continue
+        dist, _, version = name[: -len(".dist-info")].partition("-")
+        if dist not in ("nvidia_cuda_nvrtc", "nvidia_cuda_nvrtc_cu12", "nvidia_cuda_nvrtc_cu11"):
+            continue
+        parts = version.split(".")
+        if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit():
+            found = int(parts[0]), int(parts[1])
+            if major is None or found[0] == major:
+                return found
+    return None
+
+
+def _nvrtc_release_include_dirs(toolkit_include: str) -> list[str]:
+    """The header wheels' dirs when NVRTC comes from a pip wheel of another release than
+    the toolkit headers in ``toolkit_include`` and the header wheels of NVRTC's own release
+    are installed; else [] (keep the toolkit's)."""
+    try:
+        release = nvrtc_wheel_version(nvrtc_library_path())
+    except ToolchainError:
+        return []
+    if release is None or header_cuda_version(toolkit_include) == release:
+        return []
+    wheel = list(_pathfinder_include_dirs())
+    if wheel and header_cuda_version(wheel[0]) == release:
+        return wheel
+    return []
 
 
 def _toolkit_major_differs(include_dir: str) -> bool:

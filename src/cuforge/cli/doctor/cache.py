@@ -1,0 +1,204 @@
+"""The cache checks: the cache dir (a trust boundary: FAIL when others can write it),
+its size against the cap, the hit rate, a quick integrity pass."""
+
+from __future__ import annotations
+
+import os
+
+from cuforge.cli import output
+from cuforge.cli.doctor.base import Check, Probe, row_maker
+
+
+def _probe_writable(root: str) -> bool:
+    import tempfile
+
+    try:
+        fd, path = tempfile.mkstemp(prefix=".doctor-", dir=root)
+    except OSError:
+        return False
+    os.close(fd)
+    os.unlink(path)
+    return True
+
+
+def _trust_problems(root: str) -> list[tuple[str, str | None]]:
+    """(problem, fix) for the cache dir and each directory directly under it (``v1``,
+    ``locks``, ``runtime``, ...) that fails :func:`cuforge._fs.trust_problem`."""
+    from cuforge import _fs
+
+    dirs = [root]
+    try:
+        with os.scandir(root) as it:
+            dirs += sorted(e.path for e in it if e.is_dir(follow_symlinks=False))
+    except OSError:
+        pass
+    found: list[tuple[str, str | None]] = []
+    for path in dirs:
+        problem = _fs.trust_problem(path)
+        if problem is None:
+            continue
+        # trust_problem ends with the fix in backquotes: pull it out for the fix line
+        start, end = problem.find("`"), problem.rfind("`")
+        fix = problem[start + 1 : end] if 0 <= start < end else None
+        found.append((problem, fix))
+    return found
+
+
+def _check_cache_dir(root: str, disabled: str | None) -> list[Check]:
+    row = row_maker("cache.dir", "cache dir")
+    rows = []
+    if disabled:
+        rows.append(row("WARN", f"{disabled}=1: nothing is cached on disk", f"unset {disabled}"))
+    if not os.path.isdir(root):
+        parent = root
+        while parent and not os.path.exists(parent):
+            parent = os.path.dirname(parent)
+        if parent and os.access(parent, os.W_OK | os.X_OK):
+            rows.append(
+                row(
+                    "PASS", f"{root} (created with mode 0700 on first use)", path=root, exists=False
+                )
+            )
+        else:
+            rows.append(
+                row(
+                    "FAIL",
+                    f"{root} cannot be created ({parent} is not writable): nothing will be cached",
+                    "export CUFORGE_CACHE_DIR=<a writable directory>",
+                    path=root,
+                    exists=False,
+                )
+            )
+        return rows
+    mode = os.stat(root).st_mode & 0o777
+    problems = _trust_problems(root)
+    if problems:
+        fixes = [fix for _, fix in problems if fix]
+        rows.append(
+            row(
+                "FAIL",
+                "cuforge will not use this cache dir (whoever can write it can run code in "
+                "your processes): " + "; ".join(problem for problem, _ in problems),
+                " && ".join(dict.fromkeys(fixes)) or "export CUFORGE_CACHE_DIR=~/.cache/cuforge",
+                path=root,
+                exists=True,
+                mode=oct(mode),
+                untrusted=[problem for problem, _ in problems],
+            )
+        )
+        return rows
+    writable = _probe_writable(root)
+    data = {"path": root, "exists": True, "mode": oct(mode), "writable": writable}
+    if not writable:
+        rows.append(
+            row(
+                "FAIL",
+                f"{root} is not writable: compiles work but nothing is cached",
+                f"chmod u+rwx {root}  (or export CUFORGE_CACHE_DIR=<a writable directory>)",
+                **data,
+            )
+        )
+    elif mode & 0o077:
+        rows.append(
+            row(
+                "WARN",
+                f"{root} has mode {oct(mode)}: other users can read or plant cached binaries",
+                f"chmod 700 {root}",
+                **data,
+            )
+        )
+    else:
+        rows.append(row("PASS", f"{root} (mode {oct(mode)})", **data))
+    return rows
+
+
+def check_cache(p: Probe) -> list[Check]:
+    from cuforge.config import settings
+    from cuforge.store import telemetry
+    from cuforge.store.disk import DiskStore
+
+    st = settings()
+    root = st.cache_dir
+    disabled = (
+        "CUFORGE_DISABLE_CACHE"
+        if st.disable_cache
+        else "CUFORGE_DISABLE_FILE_CACHE"
+        if st.disable_file_cache
+        else None
+    )
+    rows = _check_cache_dir(root, disabled)
+    if not os.path.isdir(root):
+        return rows
+    if rows[-1].status == "FAIL" and rows[-1].data.get("untrusted"):
+        why = "skipped: the cache dir is not trusted (see cache dir), so nothing is read from it"
+        return rows + [
+            Check("cache.size", "cache size", "SKIP", why),
+            Check("cache.hits", "cache hit rate", "SKIP", why),
+            Check("cache.integrity", "cache integrity", "SKIP", why),
+        ]
+
+    store = DiskStore(root, st.cache_max_bytes, telemetry=False)
+    stats = store.stats()
+    cap, used = st.cache_max_bytes, stats.bytes
+    row = row_maker("cache.size", "cache size")
+    detail = f"{stats.entries} entries, {output.human_bytes(used)}"
+    if cap:
+        detail += f" of {output.human_bytes(cap)} ({100 * used / cap:.0f}%)"
+    data = {"entries": stats.entries, "bytes": used, "max_bytes": cap}
+    if cap and used > cap:
+        rows.append(
+            row(
+                "WARN",
+                detail + ": over the cap (the next write evicts)",
+                "cuforge cache prune",
+                **data,
+            )
+        )
+    else:
+        rows.append(row("PASS", detail, **data))
+
+    row = row_maker("cache.hits", "cache hit rate")
+    summ = telemetry.summary(root)
+    disk = summ.get("tiers", {}).get("disk", {})
+    hits, misses = disk.get("hits", 0), disk.get("misses", 0)
+    if not summ.get("enabled", True):
+        rows.append(row("PASS", "telemetry is off (CUFORGE_TELEMETRY=0)", enabled=False))
+    elif hits + misses == 0:
+        rows.append(row("PASS", "no lookups recorded yet", **disk))
+    else:
+        rate = hits / (hits + misses)
+        saved = output.human_seconds(summ.get("seconds_saved", 0.0))
+        rows.append(
+            row(
+                "PASS",
+                f"disk tier: {hits} hits, {misses} misses ({100 * rate:.0f}%), "
+                f"{saved} of compiling saved",
+                hit_rate=rate,
+                **disk,
+            )
+        )
+
+    row = row_maker("cache.integrity", "cache integrity")
+    report = store.verify(repair=False, quick=True)
+    corrupt, checked = len(report.corrupt), report.checked
+    if corrupt:
+        rows.append(
+            row(
+                "WARN",
+                f"{corrupt} of {checked} entries are damaged (they miss and get rebuilt; "
+                "never served)",
+                "cuforge cache verify --repair",
+                checked=checked,
+                corrupt=corrupt,
+            )
+        )
+    else:
+        rows.append(
+            row(
+                "PASS",
+                f"{checked} entries checked (quick), none damaged",
+                checked=checked,
+                corrupt=0,
+            )
+        )
+    return rows
