@@ -32,6 +32,7 @@ from typing import Any
 
 from cuforge._version import __version__
 from cuforge.cli import output
+from cuforge.cli.common import apply_cache_dir
 
 __all__ = ["main", "build_parser"]
 
@@ -40,6 +41,12 @@ def _common() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--json", action="store_true", help="print one JSON document (stable schema) on stdout"
+    )
+    common.add_argument(
+        "--cache-dir",
+        metavar="DIR",
+        default=None,
+        help="operate on the cache in DIR instead of CUFORGE_CACHE_DIR",
     )
     return common
 
@@ -316,13 +323,18 @@ def _dispatch(argv: list[str], as_json: bool) -> tuple[int, str | None]:
         except ImportError as exc:
             return _missing_bench_build(str(exc)), "ImportError"
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        # argparse reports a subcommand's unknown flags from the top-level parser (with
+        # the top-level usage): report them from the subcommand that was given them
+        raise _UsageExit(_subparser_of(parser, args), "unrecognized arguments: " + " ".join(extra))
     func = getattr(args, "func", None)
     if func is None:
         if as_json:
             raise _UsageExit(parser, "no command given: choose one of " + _choices(parser))
         parser.print_help(sys.stderr)
         return 2, "usage"
+    apply_cache_dir(args)
     try:
         return int(func(args) or 0), None
     except KeyboardInterrupt:
@@ -359,6 +371,15 @@ def _choices(parser: argparse.ArgumentParser) -> str:
         if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
             return ", ".join(action.choices)
     return "?"
+
+
+def _subparser_of(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> argparse.ArgumentParser:
+    """The (sub)parser that parsed ``args`` (``cache ls``: the ``ls`` parser)."""
+    words = [getattr(args, "command", None)]
+    words.append(getattr(args, "cache_command", None) or getattr(args, "bundle_command", None))
+    return _subparser(parser, [w for w in words if w])
 
 
 def _subparser(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.ArgumentParser:
