@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["cpu_count", "available_memory", "job_count", "TORCH_TU_BYTES", "SMALL_TU_BYTES"]
+__all__ = ["cpu_count", "available_memory", "job_count", "TORCH_TU_BYTES"]
 
 #: memory estimate of one compile of a TU that includes torch's headers
 TORCH_TU_BYTES = int(2.5 * 1024**3)
-#: memory estimate of a TU without torch's headers (a kernel .cu, a plain .cpp)
-SMALL_TU_BYTES = 512 * 1024**2
 
 
 def cpu_count() -> int:
