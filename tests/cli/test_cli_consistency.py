@@ -117,6 +117,13 @@ def test_an_unknown_flag_prints_the_subcommands_usage(cache, args, usage):
     assert f"{command}: error: unrecognized arguments: {args[-1]}" in done.stderr
 
 
+def test_bench_build_is_no_longer_a_command(cache):
+    """The extension-build benchmark is bench/build_extension.py, not part of the CLI."""
+    done = run(cache["dir"], "bench-build", "--help")
+    assert done.returncode == 2 and "invalid choice: 'bench-build'" in done.stderr
+    assert "bench-build" not in run(cache["dir"], "--help").stdout
+
+
 def test_prune_bad_size_is_usage_not_failure(cache):
     done = run(cache["dir"], "cache", "prune", "--max-bytes", "5X")
     assert done.returncode == 2
