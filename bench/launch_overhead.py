@@ -182,6 +182,22 @@ def breakdown(k, y, x, a, n) -> None:
     print("\ngenerated fast path:\n" + getattr(k, "_fast_source", "(none)"), file=sys.stderr)
 
 
+def python_path_kernel(kernel_mod, d, prog, use_ex: bool, args):
+    """A kernel on the pure-Python fast path, as on a machine without a C compiler, its
+    fast path built by one launch of ``args``. ``use_ex`` False: built as with a driver
+    without ``cuLaunchKernelEx`` (generated Python calling ``cuLaunchKernel``)."""
+    saved_build, saved_ex = kernel_mod.Kernel._build_c_fast, d.launch_ex
+    kernel_mod.Kernel._build_c_fast = lambda self, *a: False
+    if not use_ex:
+        d.launch_ex = None
+    try:
+        kp = kernel_mod.Kernel(prog, "saxpy")
+        kp[1, 32](*args)
+    finally:
+        kernel_mod.Kernel._build_c_fast, d.launch_ex = saved_build, saved_ex
+    return kp
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--launches", type=int, default=500, help="launches per timed sample")
@@ -234,7 +250,7 @@ def main() -> int:
         "cuforge `k[1, 32](y, x, a, n)`",
         lambda: k[1, 32](y, x, a, n),
         (
-            f"C launcher calling {'cuLaunchKernelEx' if kernel_mod.C_LAUNCH_ENTRY == 'ex' else 'cuLaunchKernel'}"
+            "C launcher calling cuLaunchKernel"
             if c_path
             else f"Python fast path ({fastlaunch.error()})"
         ),
@@ -247,28 +263,14 @@ def main() -> int:
         "cuforge `k(grid=1, block=32, args=(...))`",
         lambda: k(grid=1, block=32, args=(y, x, a, n)),
     )
-    saved_entry = kernel_mod.C_LAUNCH_ENTRY
-    other_entry = "ex" if saved_entry == "classic" else "classic"
-    kernel_mod.C_LAUNCH_ENTRY = other_entry
-    k_other = kernel_mod.Kernel(prog, "saxpy")
-    kernel_mod.C_LAUNCH_ENTRY = saved_entry
-    k_other[1, 32](y, x, a, n)
-    run(
-        f"cuforge `k[1, 32](...)`, C launcher calling {'cuLaunchKernelEx' if other_entry == 'ex' else 'cuLaunchKernel'}",
-        lambda: k_other[1, 32](y, x, a, n),
-    )
     py_kernels = {}
-    for api in ("ex", "classic"):
-        saved = kernel_mod.LAUNCH_API
-        kernel_mod.LAUNCH_API = api
-        kp = py_kernels[api] = kernel_mod.Kernel(prog, "saxpy")
-        kernel_mod.LAUNCH_API = saved
-        kp[1, 32](y, x, a, n)
+    for use_ex in (True, False):
+        kp = py_kernels[use_ex] = python_path_kernel(kernel_mod, d, prog, use_ex, (y, x, a, n))
         kp[1, 32](y, x, a, n)
         run(
-            f"cuforge `k[1, 32](...)`, pure-Python fast path ({api})",
+            f"cuforge `k[1, 32](...)`, pure-Python fast path ({'ex' if use_ex else 'classic'})",
             lambda kp=kp: kp[1, 32](y, x, a, n),
-            "cuLaunchKernelEx via ctypes" if api == "ex" else "cuLaunchKernel via ctypes",
+            "cuLaunchKernelEx via ctypes" if use_ex else "cuLaunchKernel via ctypes",
         )
 
     # -- raw anchors -------------------------------------------------------------------------
@@ -432,7 +434,7 @@ def main() -> int:
         notes["Triton"] = f"skipped: {type(exc).__name__}: {exc}"
 
     if opts.breakdown:
-        breakdown(py_kernels["ex"], y, x, a, n)
+        breakdown(py_kernels[True], y, x, a, n)
 
     # -- measure, then the table ------------------------------------------------------------
     samples = measure(rows, opts.launches, opts.repeats, sync)

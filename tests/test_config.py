@@ -160,7 +160,6 @@ def test_offline_is_off_by_default(monkeypatch):
     "name, good, bad",
     [
         ("CUFORGE_FAST_LAUNCH", {"python": "python", "c": "", "PYTHON": "python"}, "fast"),
-        ("CUFORGE_LAUNCH_ENTRY", {"classic": "classic", "ex": "ex", "EX": "ex"}, "exx"),
     ],
 )
 def test_choices_reject_unknown_values_and_name_the_accepted_ones(monkeypatch, name, good, bad):

@@ -85,3 +85,19 @@ def test_trim_keeps_newest_records_atomically(tmp_path, monkeypatch):
         keys = [json.loads(line)["key"] for line in f]
     assert keys[-1] == "key39" and len(keys) <= explain.HISTORY_PER_NAME + 3
     assert not [n for n in os.listdir(os.path.dirname(path)) if n.startswith(".tmp.")]
+
+
+def test_defines_and_include_dirs_are_worded_as_the_readme_says(tmp_path):
+    """README: "define UNROLL added"-style reasons, not the raw option."""
+    cache = str(tmp_path / "cache")
+    base = {"source": "sha256:1", "options": ["-O3", "-DUNROLL=4", "-DKEEP=1", "-DGONE"]}
+    explain.remember(cache, "d.cu", "key0", base)
+    changed = {"source": "sha256:1", "options": ["-O3", "-DUNROLL=8", "-DKEEP=1", "-DNEW=2"]}
+    assert explain.explain(cache, "d.cu", changed) == [
+        "define UNROLL changed 4 -> 8",
+        "define NEW=2 added",
+        "define GONE removed",
+    ]
+    explain.remember(cache, "i.cu", "key1", {"source": "sha256:1", "options": ["-O3"]})
+    with_dir = {"source": "sha256:1", "options": ["-O3", "<include>/opt/inc"]}
+    assert explain.explain(cache, "i.cu", with_dir) == ["include dir /opt/inc added"]

@@ -145,7 +145,7 @@ def test_new_header_shadowing_an_include_path_misses(tmp_path):
     "change, reason",
     [
         ({"options": ("-lineinfo",)}, "option -lineinfo added"),
-        ({"defines": {"EXTRA": 1}}, "option -DEXTRA=1 added"),
+        ({"defines": {"EXTRA": 1}}, "define EXTRA=1 added"),
         ({"arch": "sm_80"}, "arch sm_90 -> sm_80"),
     ],
 )

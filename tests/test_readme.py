@@ -5,10 +5,16 @@ Blocks whose first line is ``# needs a GPU`` run under ``pytest -m gpu``. A bloc
 starts with ``# setup.py`` is a setup.py file: it is written next to a copy of the sample
 extension's sources (as ``csrc/``) and built with ``python setup.py build_ext --inplace``
 (a real extension build: marked slow).
+
+Every block must stand alone, as pasted into a fresh shell: the child gets no
+``CUFORGE_ARCH`` or ``TORCH_CUDA_ARCH_LIST`` (a block that compiles without a GPU names its
+arch). A block that imports an optional package this environment lacks (torch, CuPy,
+cuda.compute, cutlass, ...) is skipped with that reason instead of failing.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -34,6 +40,45 @@ def python_blocks() -> list[tuple[int, str]]:
     return blocks
 
 
+#: modules a README block may import -> the optional package it needs (the first match in
+#: this order names it)
+_OPTIONAL = (
+    ("cuforge.torch", "torch"),
+    ("cuforge.cute", "cutlass"),
+    ("torch", "torch"),
+    ("cupy", "cupy"),
+    ("cuda.compute", "cuda.compute"),
+    ("cutlass", "cutlass"),
+    ("numpy", "numpy"),
+    ("triton", "triton"),
+    ("ray", "ray"),
+)
+
+
+def _imports(code: str) -> list[str]:
+    """The modules ``code`` imports (``import a.b`` / ``from a.b import c`` lines)."""
+    return re.findall(r"^\s*(?:import|from)\s+([A-Za-z_][\w.]*)", code, re.M)
+
+
+def _installed(package: str) -> bool:
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):  # a parent package that is missing or broken
+        return False
+
+
+def missing_packages(code: str) -> list[str]:
+    """The optional packages ``code`` imports that cannot be imported here."""
+    missing: list[str] = []
+    for module in _imports(code):
+        for prefix, package in _OPTIONAL:
+            if module == prefix or module.startswith(prefix + "."):
+                if package not in missing and not _installed(package):
+                    missing.append(package)
+                break
+    return missing
+
+
 def _params():
     params = []
     for line, code in python_blocks():
@@ -53,7 +98,13 @@ def test_readme_has_python_blocks():
 
 @pytest.mark.parametrize("code", _params())
 def test_readme_block_runs(code, tmp_path):
+    missing = missing_packages(code)
+    if missing:
+        pytest.skip(f"this README block needs {', '.join(missing)}, which is not installed")
     env = child_env()
+    # as pasted alone: no arch from the environment (the test session pins one without a GPU)
+    for name in ("CUFORGE_ARCH", "TORCH_CUDA_ARCH_LIST"):
+        env.pop(name, None)
     if code.lstrip().startswith("# setup.py"):
         from cuforge.samples.torch_ext import SAMPLE_DIR
 
@@ -66,3 +117,13 @@ def test_readme_block_runs(code, tmp_path):
         argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900, check=False
     )
     assert done.returncode == 0, f"this README block failed:\n{code}\n{done.stdout}\n{done.stderr}"
+
+
+def test_blocks_with_an_absent_optional_package_are_skipped():
+    code = "import torch\nimport cuda.compute as cc\nfrom cuforge.cute import jit\nimport os\n"
+    assert _imports(code) == ["torch", "cuda.compute", "cuforge.cute", "os"]
+    absent = "import no_such_package_xyz\n"
+    assert missing_packages(absent) == []  # not an optional package: it would fail loudly
+    expected = [p for p in ("torch", "cuda.compute", "cutlass") if not _installed(p)]
+    assert missing_packages(code) == expected
+    assert not _installed("cuda.no_such_module") and not _installed("no_such_pkg.sub")

@@ -24,7 +24,6 @@ CUFORGE_LOCK_TIMEOUT       seconds a process waits for another's compile (defaul
                            ``0``: never wait, ``inf``: wait as long as it takes
 CUFORGE_TELEMETRY          ``0``: record no hit/miss statistics (default ``1``)
 CUFORGE_FAST_LAUNCH        ``python``: never build or use the C launch helper (default ``c``)
-CUFORGE_LAUNCH_ENTRY       driver entry the C launcher calls: ``classic`` (default) or ``ex``
 CUFORGE_TORCH_LAUNCHER     ``ccache`` / ``sccache`` / ``auto`` (or a launcher program):
                            compiler launcher for torch builds; ``0``/``off``/``none``: none
 CUFORGE_TORCH_SPLIT        ``0`` / ``1``: force nvcc's parallel host/device pipelines off / on
@@ -62,8 +61,7 @@ Accepted values, and what an out-of-range one does (always a :class:`ConfigError
   overflowing values (``1e400``) are errors;
 * ``CUFORGE_LOCK_TIMEOUT``: seconds, ``0`` or more; ``inf`` waits forever (in practice
   ``threading.TIMEOUT_MAX``, about 292 years). Negative and ``nan`` are errors;
-* ``CUFORGE_FAST_LAUNCH``: ``c`` or ``python``; ``CUFORGE_LAUNCH_ENTRY``: ``classic`` or
-  ``ex``; anything else is an error.
+* ``CUFORGE_FAST_LAUNCH``: ``c`` or ``python``; anything else is an error.
 """
 
 from __future__ import annotations
@@ -117,7 +115,6 @@ _SETTING_VARS: tuple[str, ...] = (
     "CUFORGE_LOCK_TIMEOUT",
     "CUFORGE_TELEMETRY",
     "CUFORGE_FAST_LAUNCH",
-    "CUFORGE_LAUNCH_ENTRY",
     "CUFORGE_TORCH_LAUNCHER",
     "CUFORGE_TORCH_SPLIT",
     "CUFORGE_DEBUG",
@@ -189,7 +186,6 @@ class Settings:
         "nvcc",
         "codegen_env",
         "fast_launch",
-        "launch_entry",
         "torch_launcher",
         "torch_split",
         "debug",
@@ -233,8 +229,6 @@ class Settings:
         #: "python": never build or use the C launch helper; "" (unset or ``c``) otherwise.
         fast = _choice(get, "CUFORGE_FAST_LAUNCH", ("c", "python"), "c")
         self.fast_launch: str = "" if fast == "c" else fast
-        #: the driver entry point the C launcher calls: "classic" or "ex".
-        self.launch_entry: str = _choice(get, "CUFORGE_LAUNCH_ENTRY", ("classic", "ex"), "classic")
         #: "ccache" / "sccache" / "auto" / a launcher program, or "" (none): the torch
         #: build's compiler launcher (a program name keeps its case).
         launcher = (get("CUFORGE_TORCH_LAUNCHER") or "").strip()

@@ -108,11 +108,20 @@ def parse_diagnostics(log: str) -> list[Diagnostic]:
 
 
 class CompileError(CuforgeError):
-    """The compiler rejected the source. ``str(err)`` shows the log with file and line numbers.
+    """The compiler rejected the source. ``str(err)`` names the failing file and line once,
+    in its first line, then shows the compiler's log::
+
+        kernels/broken.cu:3: error: identifier "undefined_thing" is undefined (nvrtc)
+        compiler log:
+          kernels/broken.cu(3): error: identifier "undefined_thing" is undefined
+              undefined_thing(x);
+              ^
+        options: -arch=sm_90 ...
 
     Attributes: ``name`` (the source name), ``log`` (the full compiler log), ``backend``,
-    ``options`` (as the compiler received them), ``diagnostics`` (parsed error lines) and
-    ``source`` (the source text, when known, used to quote the offending lines).
+    ``options`` (as the compiler received them), ``diagnostics`` (parsed error lines),
+    ``source`` (the source text, when known, used to quote the offending lines when the log
+    does not) and ``summary`` (what failed, in one line, without the source name).
     """
 
     def __init__(
@@ -133,26 +142,51 @@ class CompileError(CuforgeError):
         self.source = source
         self.log_path = log_path
         self.diagnostics = parse_diagnostics(self.log)
+        if summary and summary.startswith(f"{name}: "):
+            summary = summary[len(name) + 2 :]  # the headline names the file already
+        self._located = not summary and bool(self._errors())
         self.summary = summary or self._default_summary()
         super().__init__(self._render())
 
+    def _errors(self) -> list[Diagnostic]:
+        return [d for d in self.diagnostics if "error" in d.severity]
+
     def _default_summary(self) -> str:
-        errors = [d for d in self.diagnostics if "error" in d.severity]
+        errors = self._errors()
         if errors:
             first = errors[0]
             more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-            return f"{self.name}: {first.file}:{first.line}: {first.message}{more}"
-        return f"{self.name}: compilation failed"
+            return f"{first.file}:{first.line}: {first.message}{more}"
+        return "compilation failed"
+
+    def _headline(self) -> str:
+        """The first line: the file and line once, then what went wrong."""
+        errors = self._errors()
+        tool = self.backend or "the compiler"
+        if self._located:
+            first = errors[0]
+            n = len(errors) - 1
+            more = f"; {n} more error{'s' if n > 1 else ''} below" if n else ""
+            where = f"{first.file}:{first.line}: {first.severity}: {first.message}"
+            if _same_file(first.file, self.name):
+                return f"{where} ({tool}{more})"
+            return f"{where} (compiling {self.name} with {tool}{more})"
+        return f"compiling {self.name} with {tool} failed: {self.summary}"
 
     def _render(self) -> str:
-        tool = f" with {self.backend}" if self.backend else ""
-        parts = [f"compiling {self.name}{tool} failed: {self.summary}"]
+        parts = [self._headline()]
         quoted = self._quote_source()
         if quoted:
             parts.append(quoted)
-        log = self.log.strip()
-        if log:
-            lines = log.splitlines()
+        lines = [
+            line
+            for line in self.log.strip().splitlines()
+            # the trailer repeats the file name and says what the log already shows
+            if not _is_trailer(line)
+        ]
+        while lines and not lines[-1].strip():
+            lines.pop()
+        if lines:
             if len(lines) > 60:
                 lines = lines[:60] + [f"... ({len(lines) - 60} more lines)"]
             parts.append("compiler log:\n" + "\n".join("  " + line for line in lines))
@@ -163,16 +197,38 @@ class CompileError(CuforgeError):
         return "\n".join(parts)
 
     def _quote_source(self) -> str:
+        """The offending source lines, for logs that do not show them (nvrtc and nvcc
+        quote the line under each error; a host compiler's short log may not)."""
         if not self.source:
             return ""
         lines = self.source.splitlines()
-        base = self.name.rsplit("/", 1)[-1]
         quoted: list[str] = []
         shown: set[int] = set()
         for diag in self.diagnostics[:3]:
-            if "error" not in diag.severity or not diag.file.endswith(base) or diag.line in shown:
+            if "error" not in diag.severity or not _same_file(diag.file, self.name):
                 continue
-            if 1 <= diag.line <= len(lines):
-                shown.add(diag.line)
-                quoted.append(f"  {diag.line:>5} | {lines[diag.line - 1]}")
+            if diag.line in shown or not 1 <= diag.line <= len(lines):
+                continue
+            text = lines[diag.line - 1]
+            if text.strip() and text.strip() in self.log:
+                continue
+            shown.add(diag.line)
+            quoted.append(f"  {diag.line:>5} | {text}")
         return "\n".join(quoted)
+
+
+def _same_file(path: str, name: str) -> bool:
+    """Whether a diagnostic's ``path`` is the source ``name`` (compilers may print a
+    longer or a shorter path than the name)."""
+    return path == name or path.rsplit("/", 1)[-1] == name.rsplit("/", 1)[-1]
+
+
+def _is_trailer(line: str) -> bool:
+    """``1 error detected in the compilation of "saxpy.cu".`` (nvrtc, nvcc)."""
+    words = line.strip().split(" ", 2)
+    return (
+        len(words) == 3
+        and words[0].isdigit()
+        and words[1] in ("error", "errors")
+        and words[2].startswith("detected in the compilation of")
+    )

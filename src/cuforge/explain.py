@@ -3,7 +3,8 @@
 On every compile, the pipeline remembers the new key's labeled fields under the source's
 name. On the next miss for that name, :func:`explain` compares the new fields with the
 nearest remembered ones (the fewest differing fields) and says what changed:
-"header include/common.cuh changed", "option -O3 added", "arch sm_80 -> sm_90".
+"header include/common.cuh changed", "option -O3 added", "define UNROLL changed 4 -> 8",
+"include dir include added", "arch sm_80 -> sm_90".
 
 Files (under ``<cache_dir>/explain/``, small and bounded):
 
@@ -107,7 +108,66 @@ def explain(cache_dir: str | None, name: str, fields: dict[str, Any]) -> list[st
         return [
             "an identical key was built before but its entry is gone (evicted, pruned or corrupt)"
         ]
-    return [_readable(_relative(r, fields)) for r in best or []]
+    return [_readable(_relative(r, fields)) for r in _worded(best or [])]
+
+
+def _worded(reasons: list[str]) -> list[str]:
+    """Options that are defines or include dirs, in words: ``option -DUNROLL=8 added``
+    becomes ``define UNROLL=8 added``; a define both removed and added,
+    ``define UNROLL changed 4 -> 8``; ``option -DUNROLL=4 removed``, ``define UNROLL
+    removed``; ``option <include>DIR added``, ``include dir DIR added``. Each stays where
+    its first line was."""
+    added: dict[str, str] = {}
+    removed: dict[str, str] = {}
+    for reason in reasons:
+        define, verb = _define_change(reason)
+        if define is not None:
+            name, _, value = define.partition("=")
+            (added if verb == "added" else removed)[name] = value
+    out: list[str] = []
+    said: set[str] = set()
+    for reason in reasons:
+        define, verb = _define_change(reason)
+        if define is None:
+            out.append(_include_dir_change(reason))
+            continue
+        name = define.partition("=")[0]
+        if name in said:
+            continue
+        said.add(name)
+        if name in added and name in removed:
+            out.append(
+                f"define {name} changed {removed[name] or '(empty)'} -> {added[name] or '(empty)'}"
+            )
+        else:
+            out.append(f"define {define if verb == 'added' else name} {verb}")
+    return out
+
+
+def _define_change(reason: str) -> tuple[str | None, str]:
+    """(``NAME=VALUE``, "added" or "removed") of an ``option -DNAME=VALUE added`` line."""
+    if not reason.startswith("option "):
+        return None, ""
+    option, _, verb = reason[len("option ") :].rpartition(" ")
+    if verb not in ("added", "removed"):
+        return None, ""
+    for prefix in ("-D", "--define-macro="):
+        if option.startswith(prefix) and len(option) > len(prefix):
+            return option[len(prefix) :], verb
+    return None, ""
+
+
+def _include_dir_change(reason: str) -> str:
+    if reason.startswith("option "):
+        option, _, verb = reason[len("option ") :].rpartition(" ")
+        if verb in ("added", "removed"):
+            for prefix in ("<include>", "-I", "--include-path="):
+                if option.startswith(prefix) and len(option) > len(prefix):
+                    path = option[len(prefix) :]
+                    if path.startswith(BASE + "/"):  # a dir under the base dir, as keyed
+                        path = path[len(BASE) + 1 :]
+                    return f"include dir {path} {verb}"
+    return reason
 
 
 def _readable(reason: str) -> str:

@@ -33,17 +33,6 @@ class Program(Artifact):
         super().__init__(**fields)
         self._kernels: dict[str, Kernel] = {}
 
-    def get_lowered_name(self, name_expression: str) -> str:
-        """The mangled symbol of a name expression given at compile time."""
-        try:
-            return self.lowered_names[name_expression]
-        except KeyError:
-            known = ", ".join(sorted(self.lowered_names)) or "none"
-            raise KeyError(
-                f"{name_expression!r} was not among the name_expressions of {self.name!r} "
-                f"(given: {known}); pass it in compile(..., name_expressions=[...])"
-            ) from None
-
     def get_global(self, name: str, device: int | None = None) -> tuple[int, int]:
         """(device pointer, size in bytes) of the ``__device__`` / ``__constant__`` /
         ``__managed__`` variable ``name``, on ``device`` (default: the current one; each

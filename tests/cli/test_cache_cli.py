@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.cli.conftest import ARCH, SAXPY, Cli, compile_in_child
+from tests.cli.conftest import ARCH, FILL, SAXPY, Cli, compile_in_child
 
 
 def _entry_files(cache_dir: str) -> dict[str, str]:
@@ -118,6 +118,47 @@ def test_explain_lists_the_miss_and_why(cli, cache):
     assert any("UNROLL" in r for r in misses[0]["reasons"]), misses[0]
     human = cli("cache", "explain")
     assert "saxpy.cu" in human.stdout and "UNROLL" in human.stdout
+
+
+def test_explain_takes_a_name_and_limits_after_filtering(cli, cache):
+    fill = {"name": "fill.cu", "source": "#define TILE 2\n" + FILL, "arch": ARCH}
+    assert compile_in_child(cache["dir"], [fill])["compiles"] == 1  # a fill.cu miss, newest
+    everything = cli.json("cache", "explain")["misses"]
+    assert {m["name"] for m in everything} >= {"saxpy.cu", "fill.cu"}, everything
+    assert everything[-1]["name"] == "fill.cu"
+    only = cli.json("cache", "explain", "fill")["misses"]
+    assert only and {m["name"] for m in only} == {"fill.cu"}, only
+    # the limit counts the misses of that name: the newest saxpy.cu one, the UNROLL change
+    last = cli.json("cache", "explain", "saxpy.cu", "--limit", "1")["misses"]
+    assert [m["key"] for m in last] == [cache["miss_key"]], last
+    human = cli("cache", "explain", "fill")
+    assert human.returncode == 0 and "fill.cu" in human.stdout
+    assert "saxpy.cu" not in human.stdout
+
+
+def test_every_command_takes_cache_dir(cli, cache, tmp_path):
+    """--cache-dir DIR: the command operates on DIR, whatever CUFORGE_CACHE_DIR says."""
+    elsewhere = str(tmp_path / "elsewhere")
+    env = {"CUFORGE_CACHE_DIR": elsewhere}
+    stats = cli.json("cache", "stats", "--cache-dir", cache["dir"], env=env)
+    assert stats["cache_dir"] == cache["dir"] and stats["entries"] >= 3, stats
+    listed = cli.json("cache", "ls", "--cache-dir", cache["dir"], env=env)
+    assert {e["name"] for e in listed["entries"]} >= {"saxpy.cu", "fill.cu", "scale.cu"}
+    misses = cli.json("cache", "explain", "--cache-dir", cache["dir"], env=env)["misses"]
+    assert any(m["key"] == cache["miss_key"] for m in misses)
+    # a compile through --cache-dir stores there, not in CUFORGE_CACHE_DIR
+    other = str(tmp_path / "other")
+    src = tmp_path / "saxpy.cu"
+    src.write_text(SAXPY)
+    done = cli.json("compile", str(src), "--arch", ARCH, "--cache-dir", other, env=env)
+    assert done["results"][0]["source_of_result"] == "compiled", done
+    assert cli.json("cache", "ls", "--cache-dir", other, env=env)["matched"] >= 1
+    assert not os.path.exists(elsewhere) or not cli.json("cache", "ls", env=env)["matched"]
+    again = cli.json("compile", str(src), "--arch", ARCH, "--cache-dir", other, env=env)
+    assert again["results"][0]["source_of_result"] == "disk", again
+    for command in (("doctor",), ("env",), ("build",), ("bundle", "ls", "x"), ("cache", "prune")):
+        helped = cli(*command, "--help")
+        assert helped.returncode == 0 and "--cache-dir DIR" in helped.stdout, command
 
 
 # -- verify / prune / clear -----------------------------------------------------------

@@ -84,6 +84,8 @@ def test_cache_import_of_garbage_prints_a_json_error(cache, tmp_path):
         (("cache", "show"), "cache show", "key"),
         (("cache", "nosuch"), "cache nosuch", "invalid choice"),
         (("doctor", "--bogus"), "doctor", "--bogus"),
+        (("cache", "ls", "--bogus"), "cache ls", "--bogus"),
+        (("build", "--nope"), "build", "--nope"),
         (("compile", "x.cu", "-D", "=1"), "compile", "-D"),
         (("compile", "x.cu", "--backend", "clang"), "compile", "--backend"),
     ],
@@ -96,6 +98,31 @@ def test_usage_errors_exit_2_with_a_json_document(cache, args, command, words):
     # without --json: the same exit code, the message on stderr, nothing on stdout
     plain = run(cache["dir"], *args)
     assert plain.returncode == 2 and words in plain.stderr and plain.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("args", "usage"),
+    [
+        (("cache", "ls", "--bogus"), "usage: cuforge cache ls "),
+        (("cache", "explain", "--bogus"), "usage: cuforge cache explain "),
+        (("build", "--nope"), "usage: cuforge build "),
+        (("bundle", "ls", "x.cfb", "--nope"), "usage: cuforge bundle ls "),
+        (("compile", "x.cu", "--nope"), "usage: cuforge compile "),
+    ],
+)
+def test_an_unknown_flag_prints_the_subcommands_usage(cache, args, usage):
+    done = run(cache["dir"], *args)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith(usage), done.stderr
+    command = usage.removeprefix("usage: ").strip()
+    assert f"{command}: error: unrecognized arguments: {args[-1]}" in done.stderr
+
+
+def test_bench_build_is_no_longer_a_command(cache):
+    """The extension-build benchmark is bench/build_extension.py, not part of the CLI."""
+    done = run(cache["dir"], "bench-build", "--help")
+    assert done.returncode == 2 and "invalid choice: 'bench-build'" in done.stderr
+    assert "bench-build" not in run(cache["dir"], "--help").stdout
 
 
 def test_prune_bad_size_is_usage_not_failure(cache):

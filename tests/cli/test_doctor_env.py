@@ -317,16 +317,6 @@ def test_usage_errors_go_to_stderr_with_exit_2(cli):
     assert done.returncode == 2 and "invalid choice" in done.stderr
 
 
-def test_bench_build_is_registered(cli):
-    done = cli("bench-build", "--help")
-    try:
-        import cuforge.cli.bench_build  # noqa: F401
-    except ImportError:
-        assert done.returncode == 1 and "bench_build" in done.stderr
-    else:
-        assert done.returncode == 0 and "usage" in done.stdout.lower()
-
-
 def _run_on_a_terminal(args: list[str], env: dict[str, str]) -> str:
     """Run the CLI with stdout and stderr on a pseudo-terminal; return what it drew."""
     import pty

@@ -130,6 +130,9 @@ def test_compile_error_points_at_the_users_file_and_line(tmp_path):
     assert (first.file, first.line) == ("kernels/broken.cu", 3)
     assert "kernels/broken.cu:3" in str(err)
     assert "undefined_thing(x);" in str(err)
+    headline = str(err).splitlines()[0]
+    assert headline.startswith("kernels/broken.cu:3: error: ") and "nvcc" in headline
+    assert headline.count("broken.cu") == 1, headline
 
 
 @needs_nvcc
@@ -138,6 +141,7 @@ def test_unknown_option_bad_arch_and_empty_source():
     with pytest.raises(CompileError) as info:
         compile_nvcc(src, name="k.cu", options=("--no-such-flag",), archs=["sm_90"])
     assert "--no-such-flag" in info.value.summary
+    assert str(info.value).splitlines()[0].count("k.cu") == 1, str(info.value)
     with pytest.raises(ArchError, match="sm_99"):
         compile_nvcc(src, name="k.cu", options=(), archs=["sm_99"])
     with pytest.raises(ValueError, match="empty"):

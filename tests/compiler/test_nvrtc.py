@@ -116,6 +116,44 @@ def test_syntax_error_names_file_and_line():
     assert err.options and "-arch=sm_90" in err.options
 
 
+def test_compile_error_names_the_file_once_in_its_headline():
+    src = 'extern "C" __global__ void k(float* x) {\n    *x = 1.0f;\n    undefined_thing(x);\n}\n'
+    with pytest.raises(CompileError) as info:
+        compile_nvrtc(src, name="kernels/broken.cu", options=(), arch="sm_90")
+    text = str(info.value)
+    headline = text.splitlines()[0]
+    assert headline.startswith("kernels/broken.cu:3: error: "), headline
+    assert "undefined_thing" in headline and "nvrtc" in headline
+    assert headline.count("broken.cu") == 1, headline
+    # the log follows, with each error's file and line as the compiler wrote them, and
+    # without the "1 error detected in the compilation of ..." trailer
+    assert "kernels/broken.cu(3): error:" in text
+    assert "detected in the compilation" not in text
+    assert text.count("broken.cu") == 2, text
+    # two errors: the headline counts the others
+    two = src.replace("*x = 1.0f;", "other_thing(x);")
+    with pytest.raises(CompileError) as info:
+        compile_nvrtc(two, name="kernels/broken.cu", options=(), arch="sm_90")
+    headline = str(info.value).splitlines()[0]
+    assert headline.startswith("kernels/broken.cu:2: error: ") and "1 more error below" in headline
+    assert headline.count("broken.cu") == 1, headline
+
+
+def test_compile_error_in_a_header_names_the_header_and_the_source_once():
+    src = '#include "scale.cuh"\nextern "C" __global__ void k(float* x) { *x *= SCALE; }\n'
+    with pytest.raises(CompileError) as info:
+        compile_nvrtc(
+            src,
+            name="k.cu",
+            options=(),
+            arch="sm_90",
+            headers={"scale.cuh": "#define SCALE 3.0f\n__device__ int broken = missing_name;\n"},
+        )
+    headline = str(info.value).splitlines()[0]
+    assert headline.startswith("scale.cuh:2: error: "), headline
+    assert headline.count("k.cu") == 1 and headline.endswith("(compiling k.cu with nvrtc)")
+
+
 def test_empty_source():
     for src in ("", "   \n\t\n"):
         with pytest.raises(ValueError, match="empty"):
@@ -127,6 +165,9 @@ def test_unknown_option_names_the_option():
         compile_nvrtc(SAXPY, name="saxpy.cu", options=("--no-such-flag",), arch="sm_90")
     assert "--no-such-flag" in info.value.summary
     assert "rejected" in info.value.summary
+    headline = str(info.value).splitlines()[0]
+    assert headline.startswith("compiling saxpy.cu with nvrtc failed: NVRTC rejected option")
+    assert headline.count("saxpy.cu") == 1, headline
 
 
 def test_bad_arch():

@@ -109,7 +109,7 @@ class FakeCupy:
         self.data, self.dtype, self._c_contiguous = FakeMem(ptr, device), dtype, contiguous
 
 
-def _setup(env, decls, check_device=0, use_ex=False):
+def _setup(env, decls, check_device=0):
     module, mock = env
     params = [parse_param(i, d) for i, d in enumerate(decls)]
     layout = Layout(params)
@@ -123,7 +123,6 @@ def _setup(env, decls, check_device=0, use_ex=False):
         ctypes.addressof(buf),
         params_addr,
         ctypes.cast(mock.cuLaunchKernel, ctypes.c_void_p).value,
-        ctypes.cast(mock.cuLaunchKernelEx, ctypes.c_void_p).value if use_ex else 0,
         check_device,
         lambda cfg, args: slow_calls.append(args) or "slow",
         lambda code, cfg, args: fail_calls.append(code) or "failed",
@@ -289,7 +288,6 @@ def test_cycles_through_the_c_objects_are_collected(env):
         addr,
         ctypes.cast(mock.cuLaunchKernel, ctypes.c_void_p).value,
         0,
-        0,
         owner.slow,
         owner.fail,
         (buf, array),
@@ -301,13 +299,15 @@ def test_cycles_through_the_c_objects_are_collected(env):
     assert ref() is None
 
 
-def test_launch_through_cuLaunchKernelEx(env):
+def test_the_c_launcher_has_one_entry_cuLaunchKernel(env):
     state, launcher, layout, mock, slow, fail = _setup(
-        env, ["float* y", "const float* x", "float a", "int n"], use_ex=True
+        env, ["float* y", "const float* x", "float a", "int n"]
     )
     before = ctypes.c_int.in_dll(mock, "ex_calls").value
+    calls = ctypes.c_int.in_dll(mock, "calls").value
     assert launcher(FakeTensor(0x1000), FakeTensor(0x2000), 2.0, 5) is None
-    assert ctypes.c_int.in_dll(mock, "ex_calls").value == before + 1
+    assert ctypes.c_int.in_dll(mock, "ex_calls").value == before  # never cuLaunchKernelEx
+    assert ctypes.c_int.in_dll(mock, "calls").value == calls + 1
     assert _last(mock, layout) == layout.struct.pack(0x1000, 0x2000, 2.0, 5)
     assert list((ctypes.c_uint * 7).in_dll(mock, "last_dims")) == [2, 3, 4, 128, 1, 1, 0]
     assert ctypes.c_void_p.in_dll(mock, "last_stream").value == 0xABC0
@@ -586,24 +586,19 @@ def test_python_fast_path(mock, use_ex):
 
 
 def test_settings_choose_the_launch_path(tmp_path):
-    """CUFORGE_FAST_LAUNCH and CUFORGE_LAUNCH_ENTRY are read through cuforge.config."""
+    """CUFORGE_FAST_LAUNCH is read through cuforge.config."""
     from tests.conftest import child_env, run_python
 
     code = """
     import json
-    from cuforge.runtime import fastlaunch, kernel
-    print(json.dumps({"module": fastlaunch.load() is not None, "error": fastlaunch.error(),
-                      "entry": kernel.C_LAUNCH_ENTRY}))
+    from cuforge.runtime import fastlaunch
+    print(json.dumps({"module": fastlaunch.load() is not None, "error": fastlaunch.error()}))
     """
     cache = tmp_path / "cache"
-    env = child_env(
-        CUFORGE_CACHE_DIR=str(cache), CUFORGE_FAST_LAUNCH=" Python ", CUFORGE_LAUNCH_ENTRY="EX"
-    )
+    env = child_env(CUFORGE_CACHE_DIR=str(cache), CUFORGE_FAST_LAUNCH=" Python ")
     report = run_python(code, env)
-    assert report == {"module": False, "error": "CUFORGE_FAST_LAUNCH=python", "entry": "ex"}
+    assert report == {"module": False, "error": "CUFORGE_FAST_LAUNCH=python"}
     assert not cache.exists()  # nothing was built
-    env.pop("CUFORGE_LAUNCH_ENTRY")
-    assert run_python(code, env)["entry"] == "classic"
 
 
 # -- which path is in use: installed extension, else runtime build, else Python ---------------

@@ -102,52 +102,6 @@ def test_nvcc_split_plans_two_lanes_from_a_dry_run():
     assert final.endswith('-o "a.o"')
 
 
-def test_bench_build_parser_rows_and_table():
-    import argparse
-
-    from cuforge.cli import bench_build
-    from cuforge.torch.bench import format_table, pick_rows
-
-    parser = argparse.ArgumentParser()
-    bench_build.add_parser(parser.add_subparsers())
-    args = parser.parse_args(["bench-build", "--rows", "quick,torch_default", "--json"])
-    assert args.func is bench_build.run
-    rows = args.rows
-    assert rows == pick_rows("quick,torch_default")
-    assert rows[0] == "torch_jobs" and rows[-1] == "torch_default"
-    with pytest.raises(ValueError, match="no_such_row"):
-        pick_rows("no_such_row")
-    with pytest.raises(SystemExit):
-        parser.parse_args(["bench-build", "--rows", "no_such_row"])
-    doc = {
-        "sources": ["ops.cu", "binding.cpp"],
-        "layout": "classic",
-        "arch": "sm_90",
-        "cores": 2,
-        "edited": "ops.cu",
-        "rows": [
-            {
-                "row": "torch_jobs",
-                "seconds": 100.0,
-                "vs_default": None,
-                "vs_tuned": 1.0,
-                "runs": [{"seconds": 100.0}],
-            },
-            {
-                "row": "cuforge_edit",
-                "seconds": 2.0,
-                "vs_default": None,
-                "vs_tuned": 0.02,
-                "runs": [{"seconds": 2.0, "compiled": ["ops.cu"]}],
-            },
-            {"row": "torch_ccache", "note": "ccache is not installed", "runs": []},
-        ],
-    }
-    table = format_table(doc)
-    assert "0.020x" in table and "compiled: ops.cu" in table
-    assert "ccache is not installed" in table
-
-
 def test_ninja_build_lines_keep_paths_with_dollar_space_and_colon(tmp_path):
     import subprocess
 

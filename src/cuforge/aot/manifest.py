@@ -126,7 +126,8 @@ def find_manifest(start: str | None = None) -> str:
         start,
         0,
         "no cuforge.toml here (and no pyproject.toml with a [tool.cuforge] table); "
-        "write one (see docs/aot.md) or name the manifest: cuforge build path/to/cuforge.toml",
+        "write one (`cuforge build --help` shows the format) or name the manifest: "
+        "cuforge build path/to/cuforge.toml",
     )
 
 

@@ -24,10 +24,38 @@ def _jobs(text: str) -> int:
     return value
 
 
+#: ``cuforge build --help``'s manifest primer (the wheel ships no docs/ directory).
+_MANIFEST_HELP = """\
+a manifest (cuforge.toml, or [tool.cuforge] in pyproject.toml):
+
+  arch = ["sm_80", "sm_90"]                 # default for every entry
+
+  [[kernel]]                                # a cuforge.compile_file call
+  source = "red.cu"                         # relative to the manifest
+  include_dirs = ["include"]
+  name_expressions = ["blk<{BLOCK}, {T}>"]  # {NAME} expands over [kernel.grid]
+  defines = { TILE = "{BLOCK}" }            # also: options, arch, backend, output
+  [kernel.grid]
+  BLOCK = [128, 256]
+  T = ["float", "double"]
+
+  [[extension]]                             # a cuforge.torch.load call
+  name = "my_ext"
+  sources = ["ext.cpp", "ext_kernel.cu"]    # also: extra_cflags, extra_cuda_cflags, ...
+
+  [[python]]                                # a function making cuforge.cccl / cuforge.cute calls
+  call = "kernels:build_reduce"             # module:function, next to the manifest
+
+Every variant is exactly the cache entry the same JIT call makes, so the call hits later.
+"""
+
+
 def add_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:
     p = subparsers.add_parser(
         "build",
         parents=[common],
+        epilog=_MANIFEST_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         help="build every variant a manifest (cuforge.toml) lists, in parallel",
         description="Build every kernel / extension / python variant of a manifest (cuforge.toml, or "
         "[tool.cuforge] in pyproject.toml) ahead of time. Variants already in the cache count "

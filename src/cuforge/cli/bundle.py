@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from cuforge.cli import output
+from cuforge.cli.common import cache_root
 
 __all__ = ["add_parser"]
 
@@ -43,7 +44,6 @@ def add_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:
 
 def run_install(args: argparse.Namespace) -> int:
     from cuforge.aot.bundle import install_bundle
-    from cuforge.config import settings
 
     done = install_bundle(args.file)
     if args.json:
@@ -52,14 +52,14 @@ def run_install(args: argparse.Namespace) -> int:
                 "command": "bundle install",
                 "ok": True,
                 "file": args.file,
-                "cache_dir": settings().cache_dir,
+                "cache_dir": cache_root(args),
                 **done,
             }
         )
         return 0
     print(
         f"installed {done['stored']} of {done['entries']} entries "
-        f"({output.human_bytes(done['bytes'])}) from {args.file} into {settings().cache_dir}"
+        f"({output.human_bytes(done['bytes'])}) from {args.file} into {cache_root(args)}"
     )
     return 0
 

@@ -34,6 +34,7 @@ import time
 from typing import Any
 
 from cuforge.cli import output
+from cuforge.cli.common import cache_root
 from cuforge.store.base import ENTRY_KINDS
 
 __all__ = ["add_parser"]
@@ -42,17 +43,20 @@ __all__ = ["add_parser"]
 _KINDS = ENTRY_KINDS
 
 
-def _store():
+def _store(args: argparse.Namespace | None = None):
+    """The disk store of the cache dir the command operates on (``--cache-dir``, else
+    CUFORGE_CACHE_DIR)."""
     from cuforge.config import settings
     from cuforge.layout import CacheLayout
     from cuforge.store.disk import DiskStore
 
     st = settings()
-    problem = CacheLayout(st.cache_dir).trust_problem()
+    root = cache_root(args) if args is not None else st.cache_dir
+    problem = CacheLayout(root).trust_problem()
     if problem is not None:
         output.warn(f"{problem} (until then, compiles do not read or write this cache)")
     # telemetry=False: the CLI's own reads and writes are not cache traffic.
-    return DiskStore(st.cache_dir, st.cache_max_bytes, telemetry=False)
+    return DiskStore(root, st.cache_max_bytes, telemetry=False)
 
 
 # -- filters --------------------------------------------------------------------------
@@ -104,7 +108,7 @@ def _arch_text(value: Any) -> str:
 def run_stats(args: argparse.Namespace) -> int:
     from cuforge.store import telemetry
 
-    store = _store()
+    store = _store(args)
     stats = store.stats()
     summ = telemetry.summary(store.root, top=args.top)
     kinds = stats.extra.get("kinds", {})
@@ -243,7 +247,7 @@ _SORTS = {
 
 
 def run_ls(args: argparse.Namespace) -> int:
-    store = _store()
+    store = _store(args)
     match = _matcher(args)
     items = [i for i in store.iterate_index() if match(i)]
     items.sort(key=_SORTS[args.sort])
@@ -299,7 +303,7 @@ def run_ls(args: argparse.Namespace) -> int:
 
 
 def run_show(args: argparse.Namespace) -> int:
-    store = _store()
+    store = _store(args)
     try:
         key = store.resolve_key(args.key)
     except LookupError as exc:
@@ -407,13 +411,16 @@ def _file_size(path: str) -> int | None:
 
 
 def run_explain(args: argparse.Namespace) -> int:
-    from cuforge.config import settings
     from cuforge.explain import recent_misses
 
-    root = settings().cache_dir
-    misses = recent_misses(root, limit=args.limit)
-    if args.name:
-        misses = [m for m in misses if args.name in str(m.get("name", ""))]
+    root = cache_root(args)
+    names = [n for n in (args.source, args.name) if n]
+    # the filter applies before the limit: --limit counts the misses shown
+    misses = recent_misses(root, limit=0 if names else args.limit)
+    if names:
+        misses = [m for m in misses if all(n in str(m.get("name", "")) for n in names)]
+        if args.limit and args.limit > 0:
+            misses = misses[-args.limit :]
     if args.json:
         output.emit_json({"command": "cache explain", "cache_dir": root, "misses": misses})
         return 0
@@ -439,7 +446,7 @@ def run_explain(args: argparse.Namespace) -> int:
 
 def run_clear(args: argparse.Namespace) -> int:
 
-    store = _store()
+    store = _store(args)
     stats = store.stats()
     what = f"{stats.entries} entries ({output.human_bytes(stats.bytes)}) from {store.root}"
     if not args.yes:
@@ -466,7 +473,7 @@ def run_clear(args: argparse.Namespace) -> int:
 def run_prune(args: argparse.Namespace) -> int:
     from cuforge.config import parse_size
 
-    store = _store()
+    store = _store(args)
     max_bytes = (
         output.usage_value("--max-bytes", parse_size, args.max_bytes)
         if args.max_bytes is not None
@@ -510,7 +517,7 @@ def run_prune(args: argparse.Namespace) -> int:
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    store = _store()
+    store = _store(args)
     label = "verifying (quick)" if args.quick else "verifying checksums"
     with output.progress(label, enabled=not args.json) as bar:
         report = store.verify(repair=args.repair, quick=args.quick, progress=bar)
@@ -684,7 +691,7 @@ def run_push(args: argparse.Namespace) -> int:
             "push; unset it on the machine that should write (e.g. CI)"
         )
         return 1
-    store = _store()
+    store = _store(args)
     select = _matcher(args)
     results = []
     for remote in remotes:
@@ -701,7 +708,7 @@ def run_pull(args: argparse.Namespace) -> int:
     from cuforge.store.remote import sync
 
     remotes = sync.open_targets(args.remote)
-    store = _store()
+    store = _store(args)
     results = []
     for remote in remotes:
         with output.progress(f"pulling from {sync.describe(remote)}", enabled=not args.json) as bar:
@@ -765,9 +772,28 @@ def add_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--payload", metavar="FILE", help="also write the entry's binary to FILE")
     p.set_defaults(func=run_show)
 
-    p = sub.add_parser("explain", parents=[common], help="the last misses and why")
-    p.add_argument("--limit", type=int, default=20)
-    p.add_argument("--name", help="only misses of sources whose name contains this")
+    p = sub.add_parser(
+        "explain",
+        parents=[common],
+        help="the last misses and why",
+        description="The last cache misses, each with why it missed: what changed since "
+        "the previous compile of the same source or build name (a define, an option, a "
+        "header, the toolchain).",
+    )
+    p.add_argument(
+        "source",
+        nargs="?",
+        metavar="NAME",
+        help="only misses of sources or builds whose name contains NAME (saxpy.cu)",
+    )
+    p.add_argument(
+        "--limit",
+        type=int,
+        default=20,
+        metavar="N",
+        help="show at most the N most recent misses (0: all; default 20)",
+    )
+    p.add_argument("--name", help="the same as NAME")
     p.set_defaults(func=run_explain)
 
     p = sub.add_parser("clear", parents=[common], help="remove every entry")

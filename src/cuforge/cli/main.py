@@ -8,7 +8,9 @@
     cuforge compile FILE...             compile kernels through the cache; says where each came from
     cuforge build [MANIFEST] [--jobs N] build every variant of cuforge.toml ahead of time (--bundle)
     cuforge bundle install|ls FILE      install or list a bundle of prebuilt variants
-    cuforge bench-build ...             time extension builds (see its --help)
+
+Every command takes ``--cache-dir DIR``: it operates on the cache in DIR instead of
+CUFORGE_CACHE_DIR (:mod:`cuforge.cli.common`).
 
 Every command takes ``--json`` (one JSON document on stdout with a ``"schema"`` field).
 Errors go to stderr and give a non-zero exit code: 1 for a failure (or problems found),
@@ -32,6 +34,7 @@ from typing import Any
 
 from cuforge._version import __version__
 from cuforge.cli import output
+from cuforge.cli.common import apply_cache_dir
 
 __all__ = ["main", "build_parser"]
 
@@ -40,6 +43,12 @@ def _common() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--json", action="store_true", help="print one JSON document (stable schema) on stdout"
+    )
+    common.add_argument(
+        "--cache-dir",
+        metavar="DIR",
+        default=None,
+        help="operate on the cache in DIR instead of CUFORGE_CACHE_DIR",
     )
     return common
 
@@ -77,36 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_compile_parser(subparsers, common)
     build.add_parser(subparsers, common)
     bundle.add_parser(subparsers, common)
-    _add_bench_build(subparsers)
     return parser
-
-
-# -- bench-build: owned by cuforge.cli.bench_build ------------------------------------
-
-
-def _add_bench_build(subparsers: Any) -> None:
-    try:
-        from cuforge.cli import bench_build
-    except ImportError as exc:
-        reason = str(exc)
-        p = subparsers.add_parser(
-            "bench-build", help="time torch extension builds (not available in this install)"
-        )
-        p.set_defaults(func=lambda args: _missing_bench_build(reason))
-        return
-    bench_build.add_parser(subparsers)
-    # Its parser sets its own func when it wants to; else dispatch to its run().
-    chosen = subparsers.choices.get("bench-build")
-    if chosen is not None and chosen.get_default("func") is None:
-        chosen.set_defaults(func=bench_build.run)
-
-
-def _missing_bench_build(reason: str) -> int:
-    output.error(
-        f"'cuforge bench-build' is not available: cuforge.cli.bench_build cannot be imported "
-        f"({reason}). Reinstall cuforge (pip install -e '.[torch]') or update it."
-    )
-    return 1
 
 
 # -- compile --------------------------------------------------------------------------
@@ -310,19 +290,19 @@ def main(argv: list[str] | None = None) -> int:
 
 def _dispatch(argv: list[str], as_json: bool) -> tuple[int, str | None]:
     """(exit code, error kind or None). Usage errors propagate as :class:`_UsageExit`."""
-    if argv[:1] == ["bench-build"]:
-        try:
-            import cuforge.cli.bench_build  # noqa: F401
-        except ImportError as exc:
-            return _missing_bench_build(str(exc)), "ImportError"
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        # argparse reports a subcommand's unknown flags from the top-level parser (with
+        # the top-level usage): report them from the subcommand that was given them
+        raise _UsageExit(_subparser_of(parser, args), "unrecognized arguments: " + " ".join(extra))
     func = getattr(args, "func", None)
     if func is None:
         if as_json:
             raise _UsageExit(parser, "no command given: choose one of " + _choices(parser))
         parser.print_help(sys.stderr)
         return 2, "usage"
+    apply_cache_dir(args)
     try:
         return int(func(args) or 0), None
     except KeyboardInterrupt:
@@ -359,6 +339,15 @@ def _choices(parser: argparse.ArgumentParser) -> str:
         if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
             return ", ".join(action.choices)
     return "?"
+
+
+def _subparser_of(
+    parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> argparse.ArgumentParser:
+    """The (sub)parser that parsed ``args`` (``cache ls``: the ``ls`` parser)."""
+    words = [getattr(args, "command", None)]
+    words.append(getattr(args, "cache_command", None) or getattr(args, "bundle_command", None))
+    return _subparser(parser, [w for w in words if w])
 
 
 def _subparser(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.ArgumentParser:

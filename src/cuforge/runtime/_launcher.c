@@ -21,13 +21,6 @@
 
 typedef int (*launch_t)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                         unsigned, void*, void**, void**);
-typedef struct {  /* CUlaunchConfig */
-    unsigned gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
-    void* hStream;
-    void* attrs;
-    unsigned numAttrs;
-} LaunchConfigC;
-typedef int (*launch_ex_t)(const LaunchConfigC*, void*, void**, void**);
 
 enum { K_PTR = 0, K_F32, K_F64, K_F16, K_I8, K_U8, K_I16, K_U16, K_I32, K_U32, K_I64, K_U64 };
 #define MAXP 64
@@ -47,8 +40,7 @@ typedef struct {
     void* funcs[MAXDEV];
     long long shm_ok[MAXDEV];
     int check_device;
-    launch_t launch;
-    launch_ex_t launch_ex;  /* used instead of launch when not NULL */
+    launch_t launch;  /* cuLaunchKernel */
     PyObject* tensor_type;
     PyObject* t_dtype;          /* torch.Tensor's descriptors, called directly */
     PyObject* t_is_contiguous;
@@ -110,13 +102,13 @@ static void State_dealloc(State* self) {
     Py_TYPE(self)->tp_free((PyObject*)self);
 }
 
-/* State(kinds, offsets, buf_addr, params_addr, launch_addr, launch_ex_addr, check_device,
+/* State(kinds, offsets, buf_addr, params_addr, launch_addr, check_device,
          slow, fail, keep); then set_torch(...) / set_cupy(...) as those frameworks appear */
 static int State_init(State* self, PyObject* args, PyObject* kw) {
     PyObject *kinds, *offsets, *slow, *fail, *keep;
-    unsigned long long buf, params, launch, launch_ex;
+    unsigned long long buf, params, launch;
     int check_device;
-    if (!PyArg_ParseTuple(args, "OOKKKKiOOO", &kinds, &offsets, &buf, &params, &launch, &launch_ex,
+    if (!PyArg_ParseTuple(args, "OOKKKiOOO", &kinds, &offsets, &buf, &params, &launch,
                           &check_device, &slow, &fail, &keep))
         return -1;
     if (self->n) { PyErr_SetString(PyExc_RuntimeError, "State is initialized once"); return -1; }
@@ -141,7 +133,6 @@ static int State_init(State* self, PyObject* args, PyObject* kw) {
     self->buf = (char*)(uintptr_t)buf;
     self->params = (void**)(uintptr_t)params;
     self->launch = (launch_t)(uintptr_t)launch;
-    self->launch_ex = (launch_ex_t)(uintptr_t)launch_ex;
     self->check_device = check_device;
     for (int i = 0; i < MAXDEV; i++) { self->funcs[i] = NULL; self->shm_ok[i] = -1; }
     Py_INCREF(slow); self->slow = slow;
@@ -432,15 +423,8 @@ static PyObject* Launcher_vectorcall(PyObject* op, PyObject* const* args, size_t
             default: { uint8_t v = (uint8_t)vals[i]; memcpy(slot, &v, 1); break; }
         }
     }
-    int code;
-    if (st->launch_ex != NULL) {
-        LaunchConfigC c = {self->g[0], self->g[1], self->g[2], self->b[0], self->b[1], self->b[2],
-                           self->shmem, stream, NULL, 0};
-        code = st->launch_ex(&c, st->funcs[dev], st->params, NULL);
-    } else {
-        code = st->launch(st->funcs[dev], self->g[0], self->g[1], self->g[2], self->b[0], self->b[1],
-                          self->b[2], self->shmem, stream, st->params, NULL);
-    }
+    int code = st->launch(st->funcs[dev], self->g[0], self->g[1], self->g[2], self->b[0],
+                          self->b[1], self->b[2], self->shmem, stream, st->params, NULL);
     if (code != 0) {
         PyObject* t = args_tuple(args, nargs);
         if (!t) return NULL;

@@ -273,23 +273,20 @@ def c_state(
     array,
     params_arg: int,
     d,
-    entry: str,
     check_device: bool,
     slow,
     fail,
     devices: list[DeviceState],
 ):
     """A new C launcher state (``module.State``) for one argument layout, with every loaded
-    device of ``devices`` registered. ``entry``: "ex" calls ``cuLaunchKernelEx``, anything
-    else ``cuLaunchKernel``. ``buf`` and ``array`` are kept alive by the state."""
-    launch_ex = ctypes.cast(d.launch_ex, c_void_p).value if entry == "ex" else 0
+    device of ``devices`` registered; it launches through ``cuLaunchKernel``. ``buf`` and
+    ``array`` are kept alive by the state."""
     state = module.State(
         [c_kind(p) for p in params],
         list(layout.offsets),
         ctypes.addressof(buf),
         params_arg or 0,
         ctypes.cast(d.pydll.cuLaunchKernel, c_void_p).value,
-        launch_ex or 0,
         1 if check_device else 0,
         slow,
         fail,

@@ -44,7 +44,6 @@ import sys
 import threading
 from ctypes import c_void_p
 
-from cuforge.config import settings
 from cuforge.runtime import args as argmod
 from cuforge.runtime import driver as drv_mod
 from cuforge.runtime import fastpath
@@ -67,19 +66,9 @@ from cuforge.runtime.fastpath import (
 from cuforge.runtime.signature import Param, find_kernel, kernel_names
 from cuforge.runtime.streams import default_stream, stream_handle
 
-__all__ = ["Kernel", "LAUNCH_API"]
+__all__ = ["Kernel"]
 
 _get_ident = threading.get_ident
-
-#: The fast path: "c" (the C launcher of :mod:`cuforge.runtime.fastlaunch` when it can be
-#: built, else "ex"), "ex" (generated Python calling cuLaunchKernelEx through ctypes with a
-#: prebuilt CUlaunchConfig: 4 ctypes arguments) or "classic" (generated Python calling
-#: cuLaunchKernel: 11 ctypes arguments). The benchmark switches it to compare.
-LAUNCH_API = "c"
-#: The driver entry point the C launcher calls: "classic" (cuLaunchKernel) or "ex"
-#: (cuLaunchKernelEx). ``CUFORGE_LAUNCH_ENTRY`` (read when this module is imported, through
-#: :func:`cuforge.config.settings`) sets it; the benchmark switches it to compare.
-C_LAUNCH_ENTRY = settings().launch_entry
 
 
 def _dims(value, what: str) -> tuple[int, int, int]:
@@ -232,7 +221,7 @@ class Kernel:
         if not usable or torch is None:
             self._fast = self._generic_entry
             return
-        use_ex = LAUNCH_API in ("c", "ex") and d is not None and d.launch_ex is not None
+        use_ex = d is not None and d.launch_ex is not None
         self._fast, self._fast_source = fastpath.python_launcher(
             self.name,
             params,
@@ -256,8 +245,6 @@ class Kernel:
 
         One C state per argument layout; torch and CuPy are switched on in it as they appear,
         so launchers made earlier (``f = k[grid, block]``) stay fast. False if unavailable."""
-        if LAUNCH_API != "c":
-            return False
         from cuforge.runtime import fastlaunch
 
         module = fastlaunch.load()
@@ -277,7 +264,6 @@ class Kernel:
                 self._array,
                 self._params_arg,
                 d,
-                C_LAUNCH_ENTRY,
                 d.device_count() > 1,
                 self._generic,
                 self._fast_failed,

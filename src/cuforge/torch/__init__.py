@@ -16,8 +16,6 @@ a cached link and a warm load that runs no subprocess.
   ``.cu`` without torch headers (the fast-edit layout)
 * :func:`build_extension` -- the build alone (no import): a :class:`BuildSpec` in, a
   :class:`BuildResult` out
-* :func:`bench_build` -- how long builds take here, torch's ``load()`` against cuforge's
-  (``cuforge bench-build`` on the command line)
 * :func:`custom_op` -- a cuforge kernel (or a Python launcher around kernels) as a torch
   custom op that works under ``torch.compile(fullgraph=True)`` and in CUDA graphs, no C++
   (:func:`derive_schema` shows the schema it derives; errors are :class:`CustomOpError`)
@@ -36,7 +34,6 @@ __all__ = [
     "CppExtension",
     "generate_binding",
     "Op",
-    "bench_build",
     "custom_op",
     "derive_schema",
     "CustomOpError",
@@ -53,7 +50,6 @@ _LAZY = {
     "CppExtension": ("cuforge.torch.aot", "CppExtension"),
     "generate_binding": ("cuforge.torch.binding", "generate_binding"),
     "Op": ("cuforge.torch.binding", "Op"),
-    "bench_build": ("cuforge.torch.bench", "bench_build"),
     "custom_op": ("cuforge.torch.custom_ops", "custom_op"),
     "derive_schema": ("cuforge.torch.custom_ops", "derive_schema"),
     "CustomOpError": ("cuforge.torch.custom_ops", "CustomOpError"),

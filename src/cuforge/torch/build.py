@@ -58,7 +58,7 @@ __all__ = [
     "warn_ignored",
 ]
 
-#: process-wide counters (tests and bench-build read them)
+#: process-wide counters (tests and bench/build_extension.py read them)
 counters = {"compiles": 0, "links": 0, "object_hits": 0, "module_hits": 0, "warm": 0}
 
 #: what the last build() of this process did

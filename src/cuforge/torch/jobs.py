@@ -23,13 +23,10 @@ __all__ = [
     "job_count",
     "recommended_jobs",
     "TORCH_TU_BYTES",
-    "SMALL_TU_BYTES",
 ]
 
 #: memory estimate of one compile of a TU that includes torch's headers
 TORCH_TU_BYTES = int(2.5 * 1024**3)
-#: memory estimate of a TU without torch's headers (a kernel .cu, a plain .cpp)
-SMALL_TU_BYTES = 512 * 1024**2
 
 
 def cpu_count() -> int:

@@ -1,4 +1,4 @@
-"""The bundled sample PyTorch extension, in two layouts (``cuforge bench-build`` builds it).
+"""The bundled sample PyTorch extension, in two layouts (``bench/build_extension.py`` builds it).
 
 * ``classic/``: ``ops.cu`` (3 kernels + torch wrappers, includes torch's headers) and
   ``binding.cpp`` -- the layout torch's tutorials use;
