@@ -84,6 +84,7 @@ COMPILE_KWARGS = (
     "output",
     "headers",
     "source_name",
+    "cache",
 )
 
 # -- dtype -> C++ ---------------------------------------------------------------------------
@@ -697,8 +698,10 @@ def jit(
             arguments; a mapping gives default values.
         compile_kwargs: ``options`` (a list or :class:`cuforge.Options`), ``include_dirs``,
             ``defines``, ``arch``, ``backend``, ``output``, ``headers`` -- as for
-            :func:`cuforge.compile` -- and ``source_name`` (the source's name in logs and the
-            key; default ``<name>.cu``, or the file's name).
+            :func:`cuforge.compile` -- ``source_name`` (the source's name in logs and the
+            key; default ``<name>.cu``, or the file's name) and ``cache`` (the
+            :class:`cuforge.Cache` its specializations are compiled through; default
+            :func:`cuforge.default_cache`).
 
     Returns:
         A :class:`JitKernel`: ``k[grid, block](*args, **constexprs)`` launches,
@@ -715,6 +718,10 @@ def jit(
             f"cuforge.jit() got an unexpected keyword {unknown[0]!r}; it takes template=, "
             f"constexpr= and the compile keywords {', '.join(COMPILE_KWARGS)}"
         )
+    if compile_kwargs.get("cache") is not None:
+        from cuforge.caching import resolve
+
+        resolve(compile_kwargs["cache"])  # a wrong argument is named now, not at launch
     source, source_dir, default_name = _source_of(source_or_path, name)
     source_name = compile_kwargs.pop("source_name", None) or default_name
     return JitKernel(

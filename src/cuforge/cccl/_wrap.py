@@ -23,8 +23,8 @@ import threading
 
 # loaded with the module: `import cuforge.cccl` is the import cost, the first call is not
 from cuforge.blobcache import BlobResult, get_or_build, make_key
+from cuforge.caching import Cache, resolve
 from cuforge.cccl._key import key_fields
-from cuforge.config import settings
 from cuforge.pyhash import UnstableKeyError
 
 TYPE_CHECKING = False  # typing costs ~15 ms to import; annotations are strings here
@@ -175,6 +175,11 @@ def cached_oneshot(name: str) -> Callable:
 
 
 def _call(name: str, original: Callable, signature: Any, args: tuple, kwargs: dict) -> Any:
+    cache = None
+    if "cache" in kwargs and "cache" not in signature.parameters:
+        kwargs = dict(kwargs)
+        cache = kwargs.pop("cache")  # cuforge's keyword, not cuda.compute's
+    cache = resolve(cache if cache is not None else _enabled_cache[0])
     reason = None
     try:
         fields = key_fields(name, signature, args, kwargs)
@@ -183,14 +188,13 @@ def _call(name: str, original: Callable, signature: Any, args: tuple, kwargs: di
         reason = str(exc)
     if fields is None:  # no device and no compute_capability: the factory explains
         return original(*args, **kwargs)
-    cfg = settings()
-    if cfg.disable_cache and not cfg.offline:  # cuda.compute exactly as it is
+    if not cache.enabled and not cache.offline:  # cuda.compute exactly as it is
         value = original(*args, **kwargs)
         _local.last = BlobResult(value, "compiled", "", fields, "CUFORGE_DISABLE_CACHE is set")
         return value
     if reason is None and _uses_hostjit():
         reason = HOSTJIT_REASON
-    memo = _memo()
+    memo = _memo(cache)
     key = None
     if reason is None:
         key, recorded = make_key(KIND, fields)
@@ -220,6 +224,7 @@ def _call(name: str, original: Callable, signature: Any, args: tuple, kwargs: di
         load,
         uncacheable=reason,
         meta={"arch": _arch_text(fields.get("compute_capability", ""))},
+        cache=cache,
     )
     value = result.value
     if result.source_of_result == "compiled" and built:
@@ -241,24 +246,33 @@ def _arch_text(ccs: str) -> str:
         return ccs
 
 
-def _memo() -> dict[str, Any]:
-    memo = getattr(_local, "memo", None)
-    if memo is None:
-        memo = _local.memo = {}
-    return memo
+def _memo(cache: Cache) -> dict[str, Any]:
+    """This thread's algorithm objects made through ``cache`` (algorithm objects are kept
+    per thread, as cuda.compute makes them; the memo never outlives or crosses its cache)."""
+    return cache.memo(f"cccl:{threading.get_ident()}")
 
 
-def clear_memo() -> None:
-    """Forget this thread's algorithm objects (the store keeps its entries)."""
-    _memo().clear()
+def clear_memo(cache: Cache | None = None) -> None:
+    """Forget this thread's algorithm objects of ``cache`` (default: the default cache);
+    the store keeps its entries."""
+    _memo(resolve(cache)).clear()
 
 
-def enable() -> None:
+#: the cache enable() was given (None: the default cache at each call)
+_enabled_cache: list[Cache | None] = [None]
+
+
+def enable(cache: Cache | None = None) -> None:
     """Patch cuda.compute in place: every ``make_*`` factory, wherever cuda.compute's own
     modules hold it (so its one-shot algorithms use the cached factories too), becomes
     cuforge's cached version. Code that imports names from cuda.compute *after* this call
     gets the cached versions; names imported before keep what they were. Idempotent;
-    :func:`disable` undoes it."""
+    :func:`disable` undoes it. ``cache``: the :class:`cuforge.Cache` the patched factories
+    use (default: :func:`cuforge.default_cache` at each call); a factory call may also
+    pass ``cache=`` itself."""
+    if cache is not None:
+        resolve(cache)  # a wrong argument is named now
+    _enabled_cache[0] = cache
     import sys
 
     with _lock:
@@ -286,6 +300,7 @@ def disable() -> None:
     with _lock:
         patches = list(_patches)
         _patches.clear()
+        _enabled_cache[0] = None
     for module, attr, value in reversed(patches):
         setattr(module, attr, value)
 

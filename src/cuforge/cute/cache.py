@@ -48,6 +48,8 @@ from __future__ import annotations
 import os
 import threading
 
+from cuforge.caching import Cache, resolve
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any
@@ -73,8 +75,7 @@ _RECORD = "record.json"
 #: "trace" (verify traces), "memo" (in-process memo hits)
 counters: dict[str, int] = {"compile": 0, "load": 0, "trace": 0, "memo": 0}
 
-# key -> (loaded function, record); guarded by _LOCK
-_memo: dict[str, tuple[Any, dict]] = {}
+# the loaded functions live in each cache's memo "cute": key -> (function, record)
 # one cuforge.cute compile at a time in a process: the DSL's tracing state is global
 _LOCK = threading.RLock()
 
@@ -136,10 +137,11 @@ class CuteResult:
         return f"CuteResult({self.source_of_result}, key={self.key[:12]}{why})"
 
 
-def clear_memo() -> None:
-    """Forget this process's loaded functions (the store keeps its entries)."""
+def clear_memo(cache: Cache | None = None) -> None:
+    """Forget the functions loaded through ``cache`` (default: the default cache); the
+    store keeps its entries."""
     with _LOCK:
-        _memo.clear()
+        resolve(cache).memo("cute").clear()
 
 
 # --------------------------------------------------------------------------- the key
@@ -481,19 +483,26 @@ def _load_object(obj: bytes, symbol: str) -> Any:
 # --------------------------------------------------------------------------- public
 
 
-def compile(fn: Any, *args: Any, verify: str | None = None, **kwargs: Any) -> Any:
+def compile(
+    fn: Any, *args: Any, verify: str | None = None, cache: Cache | None = None, **kwargs: Any
+) -> Any:
     """Drop-in for ``cutlass.cute.compile(fn, *args, **kwargs)``, cached (see the module doc).
 
     ``verify="trace"``: also trace and treat a hit whose traced module differs from the one
-    it was built from as a miss. Returns the ready JIT function."""
-    return compile_cached(fn, *args, verify=verify, **kwargs).value
+    it was built from as a miss. ``cache``: the :class:`cuforge.Cache` (default:
+    :func:`cuforge.default_cache`). Returns the ready JIT function."""
+    return compile_cached(fn, *args, verify=verify, cache=cache, **kwargs).value
 
 
-def compile_cached(fn: Any, *args: Any, verify: str | None = None, **kwargs: Any) -> CuteResult:
+def compile_cached(
+    fn: Any, *args: Any, verify: str | None = None, cache: Cache | None = None, **kwargs: Any
+) -> CuteResult:
     """Like :func:`compile`, but returns a :class:`CuteResult` saying where the function came
     from and why it is not cached, when it is not."""
     if verify not in (None, "trace"):
         raise ValueError(f"verify={verify!r}: expected None or 'trace'")
+    cache = resolve(cache)
+    loaded = cache.memo("cute")  # key -> (function, record)
     from cuforge import blobcache
     from cuforge.cute.spec import UnkeyableArgument
     from cuforge.pyhash import UnstableKeyError
@@ -511,7 +520,7 @@ def compile_cached(fn: Any, *args: Any, verify: str | None = None, **kwargs: Any
         key, _recorded = blobcache.make_key(KIND, fields)
         symbol = _symbol_for(key)
         if reason is None and verify is None:
-            memo = _memo.get(key)
+            memo = loaded.get(key)
             if memo is not None:
                 counters["memo"] += 1
                 return CuteResult(memo[0], "memo", key, fields, record=memo[1])
@@ -538,16 +547,21 @@ def compile_cached(fn: Any, *args: Any, verify: str | None = None, **kwargs: Any
 
         try:
             res = blobcache.get_or_build(
-                KIND, name, fields, build, load, uncacheable=reason, meta={"symbol": symbol}
+                KIND,
+                name,
+                fields,
+                build,
+                load,
+                uncacheable=reason,
+                meta={"symbol": symbol},
+                cache=cache,
             )
         except _NotExportable:
             why = state.get("not_exportable", "not exportable")
             return CuteResult(state["compiled"], "uncached", key, fields, reason=why)
         value, record = res.value
-        from cuforge.config import settings
-
-        if res.source_of_result != "uncached" and not settings().disable_cache:
-            _memo[key] = (value, record)
+        if res.source_of_result != "uncached" and cache.enabled:
+            loaded[key] = (value, record)
         return CuteResult(
             value,
             res.source_of_result,

@@ -36,13 +36,20 @@ def _is_cute_function(fn: Any) -> bool:
 
 
 def jit(
-    fn: Any = None, /, *, verify: str | None = None, options: str | None = None, **jit_kwargs: Any
+    fn: Any = None,
+    /,
+    *,
+    verify: str | None = None,
+    options: str | None = None,
+    cache: Any = None,
+    **jit_kwargs: Any,
 ) -> Any:
     """Decorate ``fn`` like ``@cute.jit`` (or wrap an existing ``@cute.jit`` function) so
     that each call compiles through cuforge's cache, then runs.
 
-    ``@cuforge.cute.jit`` or ``@cuforge.cute.jit(verify="trace", options="...", **cute_jit_kwargs)``;
-    ``cute_jit_kwargs`` go to ``cute.jit`` (e.g. ``preprocess=False``)."""
+    ``@cuforge.cute.jit`` or ``@cuforge.cute.jit(verify="trace", options="...", cache=...,
+    **cute_jit_kwargs)``; ``cache``: the :class:`cuforge.Cache` (default: the default
+    cache at each call); ``cute_jit_kwargs`` go to ``cute.jit`` (e.g. ``preprocess=False``)."""
     if verify not in (None, "trace"):
         raise ValueError(f"verify={verify!r}: expected None or 'trace'")
 
@@ -67,6 +74,8 @@ def jit(
             kw = dict(kwargs)
             if options is not None:
                 kw.setdefault("options", options)
+            if cache is not None:
+                kw["cache"] = cache
             return kw
 
         @functools.wraps(f)
