@@ -196,11 +196,17 @@ class CacheLayout:
         problem, or None. A directory that cannot be created is no trust problem (nothing
         can be planted where nothing exists): whoever writes there reports the error."""
         targets = dirs or self.own_dirs()
+        try:  # the dirs above the root are the user's; the root and below are cuforge's
+            os.makedirs(os.path.dirname(self.root), exist_ok=True)
+        except OSError:
+            pass  # then the root cannot be made either: nothing to check below
         for directory in self._dirs_to_check(targets, True):
             try:
                 os.mkdir(directory, 0o700)
+            except FileExistsError:
+                continue  # checked below
             except OSError:
-                break  # exists (checked below), or cannot be made (nor anything below it)
+                break  # cannot be made, nor anything below it
         for directory in self._dirs_to_check(targets, True):
             problem = _dir_problem(directory)
             if problem is not None:

@@ -330,15 +330,17 @@ def compile_cached(
     # needs no cache object: the counters to bump travel with the answer
     if cache is None:
         cache = _cache_override.get()
-    table = DEFAULT_CALL_MEMO if cache is None else cache.call_memo
+        table = DEFAULT_CALL_MEMO if cache is None else cache.call_memo
+    elif isinstance(cache, Cache):
+        table = cache.call_memo
+    else:
+        raise TypeError(f"cache must be a cuforge.Cache or None, not {type(cache).__name__}")
     memo = table.get(memo_key)
     if memo is not None and ((not memo[1] and not memo[2]) or _still_valid(memo[1], memo[2])):
         memo[3]["call_memo_hits"] += 1
         return memo[0]
     if cache is None:
         cache = default_cache()
-    elif not isinstance(cache, Cache):
-        raise TypeError(f"cache must be a cuforge.Cache or None, not {type(cache).__name__}")
     cfg = settings()
     started = time.perf_counter()
     request = _normalize(CompileCall._make(memo_key), cfg, cache)
