@@ -7,7 +7,7 @@ How a call is answered, fastest first:
    snapshot find the earlier result; its headers are re-checked with one ``stat`` each
    (and include paths that did not exist must still not exist). ~1 microsecond.
 2. **Direct mode** (as ccache): a *base key* of source + options + arch + toolchain +
-   allow-listed env finds the *manifest* (:mod:`cuforge.manifest`) of the last compiles:
+   allow-listed env finds the *manifest* (:mod:`cuforge.direct_mode`) of the last compiles:
    the user headers each read, by path. The first whose headers still have the recorded
    content digests (memoized by stat) completes the *final key*, which finds the entry in
    the store (memory tier, then disk); so reverting an edit is a hit. No preprocessor, no compiler,
@@ -48,9 +48,9 @@ from cuforge.compiler.nvrtc import NvrtcBackend
 from cuforge.compiler.outputs import OUTPUT_KINDS, Artifact, CompileOutput
 from cuforge.config import Settings, memo_environment, settings
 from cuforge.deps import file_digest, scan_includes, settled, stat_signature
+from cuforge.direct_mode import Variant, manifest_key, match, read_variants, write_variant
 from cuforge.errors import OfflineMissError
 from cuforge.key import KeyBuilder, text_digest
-from cuforge.manifest import Variant, manifest_key, match, read_variants, write_variant
 from cuforge.paths import keyed_path, real_path
 from cuforge.store.base import Entry
 from cuforge.toolchain import resolve_archs, toolkit_include_dirs, toolkit_root

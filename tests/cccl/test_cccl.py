@@ -288,7 +288,7 @@ def test_an_unkeyable_argument_is_named(cuda_env, tmp_path):
     out = run_child(
         """
         import threading
-        from cuforge.pyhash import UnstableKeyError
+        from cuforge.fingerprint import UnstableKeyError
         LOCK = threading.Lock()
         def op(a, b):
             return a + b if LOCK else b

@@ -38,8 +38,8 @@ from tests.cute import kernels as K
 import cuforge.cute as cc
 from cuforge.cute.cache import counters
 if os.environ.get("CF_BLIND"):  # simulate a key that misses a change of the function
-    import cuforge.pyhash
-    cuforge.pyhash.fingerprint = lambda obj, **kw: "blind"
+    import cuforge.fingerprint
+    cuforge.fingerprint.fingerprint = lambda obj, **kw: "blind"
 a, b = K.fake_args()
 fn = getattr(K, os.environ.get("CF_FN", "scale"))
 out = []

@@ -16,19 +16,19 @@
   values (numpy arrays and scalars, :class:`~cuda.compute.ProxyValue`) by dtype, GPU
   structs by type name and layout, iterators by their kind (their value types, modifiers,
   nested iterators and operators, never their state), ``OpKind`` and other enums by name,
-  Python callables by :func:`cuforge.pyhash.fingerprint` (code, constants, closures,
+  Python callables by :func:`cuforge.fingerprint.fingerprint` (code, constants, closures,
   globals, recursively; device arrays they capture by dtype and shape), plain data by value.
 
 An argument that cannot be keyed the same way in every process raises
-:class:`cuforge.pyhash.UnstableKeyError`; the caller then builds without caching.
+:class:`cuforge.fingerprint.UnstableKeyError`; the caller then builds without caching.
 """
 
 from __future__ import annotations
 
 import sys
 
-from cuforge.pyhash import UNHANDLED, _normalize, fingerprint
-from cuforge.pyhash import installed_versions as _installed_versions
+from cuforge.fingerprint import UNHANDLED, _normalize, fingerprint
+from cuforge.fingerprint import installed_versions as _installed_versions
 
 TYPE_CHECKING = False  # typing costs ~15 ms to import; annotations are strings here
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ CODEGEN_DISTRIBUTIONS = (
 
 
 def installed_versions() -> dict[str, str]:
-    """Normalized distribution name -> version (:func:`cuforge.pyhash.installed_versions`)."""
+    """Normalized distribution name -> version (:func:`cuforge.fingerprint.installed_versions`)."""
     return _installed_versions()
 
 
@@ -104,7 +104,7 @@ def target_ccs(compute_capability: Any) -> str | None:
 def key_fields(algorithm: str, signature: Any, args: tuple, kwargs: dict) -> dict[str, str] | None:
     """The key fields of ``algorithm(*args, **kwargs)`` (see the module doc), or None when
     the targets cannot be determined (no device and no ``compute_capability=``). Raises
-    :class:`cuforge.pyhash.UnstableKeyError` for an argument that cannot be keyed, and the
+    :class:`cuforge.fingerprint.UnstableKeyError` for an argument that cannot be keyed, and the
     binding's TypeError for arguments the factory would reject."""
     import inspect
 
@@ -170,7 +170,7 @@ def spec(value: Any, what: str) -> str:
 
 
 def hook(obj: Any) -> Any:
-    """:func:`cuforge.pyhash.fingerprint`'s hook for cuda.compute's own objects: type
+    """:func:`cuforge.fingerprint.fingerprint`'s hook for cuda.compute's own objects: type
     descriptors, iterators, operator adapters, GPU struct types and values, device arrays
     captured by an operator (dtype and shape: their pointer is state, set at call time)
     and JIT dispatchers (their Python function)."""

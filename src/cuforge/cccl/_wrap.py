@@ -25,7 +25,7 @@ import threading
 from cuforge.blobcache import BlobResult, get_or_build, make_key
 from cuforge.caching import Cache, resolve
 from cuforge.cccl._key import key_fields
-from cuforge.pyhash import UnstableKeyError
+from cuforge.fingerprint import UnstableKeyError
 
 TYPE_CHECKING = False  # typing costs ~15 ms to import; annotations are strings here
 if TYPE_CHECKING:
@@ -108,7 +108,7 @@ def _uses_hostjit() -> bool:
 
 def key_of(name: str, *args: Any, **kwargs: Any) -> tuple[str, dict[str, str]]:
     """``(key, fields)`` a call ``name(*args, **kwargs)`` of a factory would use, without
-    building or looking anything up. Raises :class:`cuforge.pyhash.UnstableKeyError` for an
+    building or looking anything up. Raises :class:`cuforge.fingerprint.UnstableKeyError` for an
     argument that cannot be keyed, and ValueError when no compute capability is given and
     no device can be queried."""
     import inspect

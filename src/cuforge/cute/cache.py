@@ -15,7 +15,7 @@ The key (:func:`key_fields`) is made of:
 * ``dsl_settings``: the DSL's own compile-affecting settings (``CUTE_DSL_*``: opt level,
   debug, line info, ...) with library paths reduced to their file names;
 * ``options``: the ``options=`` string (and ``is_experimental``);
-* ``function``: ``module.qualname`` and ``fingerprint``: :func:`cuforge.pyhash.fingerprint`
+* ``function``: ``module.qualname`` and ``fingerprint``: :func:`cuforge.fingerprint.fingerprint`
   of the ``@cute.jit`` function -- its code, defaults, closure values and the globals it
   reads, recursively, so every ``@cute.jit`` / ``@cute.kernel`` function it reaches (and
   every constant and helper those read) is in it. The DSL rewrites a function's code when it
@@ -184,7 +184,7 @@ def _unwrap(fn: Any) -> Any:
 
 
 def _original_code_hook() -> Any:
-    """A :func:`cuforge.pyhash.fingerprint` hook that hashes every ``@cute.jit`` /
+    """A :func:`cuforge.fingerprint.fingerprint` hook that hashes every ``@cute.jit`` /
     ``@cute.kernel`` function as its *original* code.
 
     The DSL replaces such a function's ``__code__`` with a rewritten one the first time it
@@ -196,7 +196,7 @@ def _original_code_hook() -> Any:
     reaching itself through its globals) end as for any function."""
     import types
 
-    from cuforge.pyhash import UNHANDLED
+    from cuforge.fingerprint import UNHANDLED
 
     stand_ins: dict[int, tuple[Any, Any]] = {}
 
@@ -244,7 +244,7 @@ def _options_field(options: Any, extra: dict) -> str:
 def key_fields(fn: Any, *args: Any, **kwargs: Any) -> dict[str, str]:
     """The labeled fields of the key of ``cute.compile(fn, *args, **kwargs)`` (see the module
     doc). Raises :class:`cuforge.cute.spec.UnkeyableArgument` or
-    :class:`cuforge.pyhash.UnstableKeyError` when something cannot be keyed stably."""
+    :class:`cuforge.fingerprint.UnstableKeyError` when something cannot be keyed stably."""
     with _LOCK:
         fields, _ = _key_fields(fn, args, dict(kwargs))
     return fields
@@ -261,7 +261,7 @@ def _split_kwargs(kwargs: dict) -> tuple[dict, Any, dict, Any]:
     return kwargs, options, extra, hooks
 
 
-def _teach_pyhash() -> None:
+def _teach_fingerprint() -> None:
     """Register the DSL's stream types with the fingerprint (once per process).
 
     A stream is a runtime handle (a default argument such as the examples'
@@ -274,14 +274,14 @@ def _teach_pyhash() -> None:
 
     from cutlass.runtime import _FakeStream
 
-    from cuforge import pyhash
+    from cuforge import fingerprint
 
     stream_types = [_FakeStream]
     driver = sys.modules.get("cuda.bindings.driver")
     if driver is not None and isinstance(getattr(driver, "CUstream", None), type):
         stream_types.append(driver.CUstream)
     for cls in stream_types:
-        pyhash.register(cls, _stream_type)
+        fingerprint.register(cls, _stream_type)
     _taught = True
 
 
@@ -299,7 +299,7 @@ def _key_fields(fn: Any, args: tuple, kwargs: dict) -> tuple[dict[str, str], dic
 
     from cuforge.cute.spec import UnkeyableArgument, describe_args
     from cuforge.cute.version import dsl_version
-    from cuforge.pyhash import fingerprint
+    from cuforge.fingerprint import fingerprint
 
     if type(fn) is not types.FunctionType:
         raise UnkeyableArgument(
@@ -311,7 +311,7 @@ def _key_fields(fn: Any, args: tuple, kwargs: dict) -> tuple[dict[str, str], dic
     if not hasattr(inner, "_dsl_object") and not hasattr(inner, "_dsl_cls"):
         raise UnkeyableArgument("fn", f"{fn.__qualname__} is not decorated with @cute.jit")
     fkwargs, options, extra, hooks = _split_kwargs(kwargs)
-    _teach_pyhash()
+    _teach_fingerprint()
     dsl = _dsl_of(inner)
     fields = {
         "format": FORMAT,
@@ -505,7 +505,7 @@ def compile_cached(
     loaded = cache.memo("cute")  # key -> (function, record)
     from cuforge import blobcache
     from cuforge.cute.spec import UnkeyableArgument
-    from cuforge.pyhash import UnstableKeyError
+    from cuforge.fingerprint import UnstableKeyError
 
     with _LOCK:
         name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"

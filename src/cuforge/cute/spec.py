@@ -100,7 +100,7 @@ def describe_value(value: Any, annotation: Any, where: str, syms: _SymNames) -> 
     from cutlass.cute import runtime as cute_rt
     from cutlass.cute.typing import SymInt
 
-    from cuforge.pyhash import UnstableKeyError, fingerprint
+    from cuforge.fingerprint import UnstableKeyError, fingerprint
 
     cls = type(value)  # the real class: _Tensor reports `Tensor` through __class__
     if _is_constexpr_annotation(annotation):

@@ -23,7 +23,7 @@ Keys (all :class:`cuforge.key.KeyBuilder`):
 * link key = the objects' keys in order + the link flags + the host compiler.
 * load key = everything the build depends on except header contents; its manifest maps
   header contents to the link key (a direct-mode manifest, like ccache's: the format of
-  :mod:`cuforge.manifest`, shared with the kernel pipeline; a TU key's manifest maps them
+  :mod:`cuforge.direct_mode`, shared with the kernel pipeline; a TU key's manifest maps them
   to the object key the same way).
 
 Paths under the sources' root and the build dir are written as placeholders in every
@@ -36,7 +36,7 @@ import os
 import sys
 import time
 
-from cuforge import manifest
+from cuforge import direct_mode
 from cuforge._fs import atomic_write, locked, read_bytes, write_if_changed
 from cuforge.caching import Cache, resolve
 from cuforge.config import settings
@@ -362,11 +362,11 @@ def _resolve(p: Plan, path: str) -> str:
     return path
 
 
-def _match(p: Plan, store, base_digest: str) -> manifest.Variant | None:
+def _match(p: Plan, store, base_digest: str) -> direct_mode.Variant | None:
     """The newest variant of ``base_digest``'s manifest whose headers all still have the
     recorded contents, when its target is a well-formed key."""
-    variants = manifest.read_variants(store, manifest.manifest_key(base_digest))
-    found = manifest.match(variants, lambda path: _resolve(p, path))
+    variants = direct_mode.read_variants(store, direct_mode.manifest_key(base_digest))
+    found = direct_mode.match(variants, lambda path: _resolve(p, path))
     if found is None or not _is_key(found[0].target):
         return None
     return found[0]
@@ -688,11 +688,11 @@ def _object_lookup(p: Plan, tu: TU, store) -> bytes | None:
     name's object of such a TU is never served)."""
     if store is None:
         return None
-    variants = manifest.read_variants(store, manifest.manifest_key(tu.key.hexdigest()))
+    variants = direct_mode.read_variants(store, direct_mode.manifest_key(tu.key.hexdigest()))
     for variant in variants:
         if not _is_key(variant.target):
             continue
-        if manifest.match([variant], lambda path: _resolve(p, path)) is None:
+        if direct_mode.match([variant], lambda path: _resolve(p, path)) is None:
             continue
         if _object_key(p, tu, variant.headers).hexdigest() != variant.target:
             continue  # built for another extension name, and this TU uses the name
@@ -868,11 +868,11 @@ def _record_object(p: Plan, tu: TU, store, seconds: float) -> None:
             },
         )
     )
-    manifest.write_variant(
+    direct_mode.write_variant(
         store,
-        manifest.manifest_key(tu.key.hexdigest()),
+        direct_mode.manifest_key(tu.key.hexdigest()),
         tu.rel,
-        manifest.Variant(tu.headers, (), tu.okey),
+        direct_mode.Variant(tu.headers, (), tu.okey),
     )
 
 
@@ -888,11 +888,11 @@ def _remember_load(p: Plan, store, link_key: str, digest: str) -> None:
     headers: dict[str, str] = {}
     for tu in p.tus:
         headers.update(tu.headers)
-    manifest.write_variant(
+    direct_mode.write_variant(
         store,
-        manifest.manifest_key(p.load_key),
+        direct_mode.manifest_key(p.load_key),
         p.spec.name,
-        manifest.Variant(headers, (), link_key, digest),
+        direct_mode.Variant(headers, (), link_key, digest),
     )
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 
-from cuforge import manifest
+from cuforge import direct_mode
 from cuforge.deps import file_digest, stat_signature
+from cuforge.direct_mode import MAX_VARIANTS, Variant, match, read_variants, write_variant
 from cuforge.key import KeyBuilder
-from cuforge.manifest import MAX_VARIANTS, Variant, match, read_variants, write_variant
 from cuforge.store.base import Entry
 from cuforge.store.disk import DiskStore
 from cuforge.store.memory import MemoryStore
@@ -31,16 +31,16 @@ def _variant(path: str, target: str, probes=()) -> Variant:
 
 
 def test_manifest_key_is_the_pipeline_derivation():
-    assert manifest.manifest_key("ab" * 32) == (
+    assert direct_mode.manifest_key("ab" * 32) == (
         KeyBuilder("manifest").text("base", "ab" * 32).hexdigest()
     )
-    assert manifest.manifest_key("ab" * 32) != manifest.manifest_key("cd" * 32)
+    assert direct_mode.manifest_key("ab" * 32) != direct_mode.manifest_key("cd" * 32)
 
 
 def test_round_trip_through_the_disk_store(tmp_path):
     store = DiskStore(str(tmp_path / "cache"), 1 << 24, telemetry=False)
     h = _header(tmp_path, "a.h", "int a;\n")
-    key = manifest.manifest_key("00" * 32)
+    key = direct_mode.manifest_key("00" * 32)
     variant = Variant({h: file_digest(h)}, [str(tmp_path / "absent.h")], "t1" * 32)
     write_variant(store, key, "kern.cu", variant)
     entry = DiskStore(str(tmp_path / "cache"), 1 << 24, telemetry=False).get(key)

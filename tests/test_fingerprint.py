@@ -1,4 +1,4 @@
-"""cuforge.pyhash: stable fingerprints of Python objects (the op part of integration keys)."""
+"""cuforge.fingerprint: stable fingerprints of Python objects (the op part of integration keys)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import threading
 import numpy as np
 import pytest
 
-from cuforge import pyhash
-from cuforge.pyhash import UNHANDLED, UnstableKeyError, fingerprint, module_fingerprint
+import cuforge.fingerprint as fpmod
+from cuforge.fingerprint import UNHANDLED, UnstableKeyError, fingerprint, module_fingerprint
 from tests.conftest import child_env
 
 
@@ -152,7 +152,7 @@ def test_a_local_module_is_keyed_by_its_source_contents_not_its_path(tmp_path):
         spec = importlib.util.spec_from_file_location("mylocalmod", sys.argv[1])
         mod = importlib.util.module_from_spec(spec); sys.modules["mylocalmod"] = mod
         spec.loader.exec_module(mod)
-        from cuforge.pyhash import fingerprint
+        from cuforge.fingerprint import fingerprint
         def op(a):
             return mod.f(a)
         print(fingerprint(op, what="op"))
@@ -200,7 +200,7 @@ def test_stable_across_processes_hash_seeds_and_directories(tmp_path):
             return helper(a) + b if Kind.PLUS else b
         """
     )
-    code = "import sys; sys.path.insert(0, sys.argv[1]); import opmod; from cuforge.pyhash import fingerprint; print(fingerprint(opmod.op, what='op'))"
+    code = "import sys; sys.path.insert(0, sys.argv[1]); import opmod; from cuforge.fingerprint import fingerprint; print(fingerprint(opmod.op, what='op'))"
     seen = set()
     for i, sub in enumerate(("one", "two/deeper")):
         d = tmp_path / sub
@@ -307,19 +307,19 @@ def test_custom_fingerprint_method():
     assert fp(Tagged("a")) == fp(Tagged("a")) != fp(Tagged("b"))
 
 
-def test_importing_pyhash_does_not_import_numpy_or_ctypes():
-    code = "import sys, cuforge.pyhash; print(sorted(m for m in ('numpy', 'ctypes', 'dis') if m in sys.modules))"
+def test_importing_fingerprint_does_not_import_numpy_or_ctypes():
+    code = "import sys, cuforge.fingerprint; print(sorted(m for m in ('numpy', 'ctypes', 'dis') if m in sys.modules))"
     assert _run(code) == "[]"
 
 
 def test_registered_types(monkeypatch):
-    from cuforge import pyhash
+    import cuforge.fingerprint as fpmod
 
     class Spec:
         def __init__(self, n):
             self.n = n
 
-    monkeypatch.setitem(pyhash._registry, Spec, lambda s: ("spec", s.n))
+    monkeypatch.setitem(fpmod._registry, Spec, lambda s: ("spec", s.n))
     assert fp(Spec(1)) != fp(Spec(2))
 
 
@@ -340,7 +340,7 @@ def test_global_names_read_from_raw_bytecode_match_dis():
                 yield from nested(const)
 
     checked = 0
-    for module in (argparse, json.decoder, cuforge.pipeline, pyhash):
+    for module in (argparse, json.decoder, cuforge.pipeline, fpmod):
         for obj in vars(module).values():
             code = getattr(obj, "__code__", None)
             if not isinstance(code, types.CodeType):
@@ -348,8 +348,8 @@ def test_global_names_read_from_raw_bytecode_match_dis():
             want: dict[str, None] = {}
             for c in nested(code):
                 for ins in dis.get_instructions(c):
-                    if ins.opname in pyhash._GLOBAL_OPS:
+                    if ins.opname in fpmod._GLOBAL_OPS:
                         want[ins.argval] = None
-            assert list(pyhash._global_names(code)) == list(want), obj
+            assert list(fpmod._global_names(code)) == list(want), obj
             checked += 1
     assert checked > 20
