@@ -17,6 +17,7 @@ launcher and the torch build are handed the paths they need from it.
       runtime/                   the C launcher built for this machine
       torch/build/<name>/        torch extension build dirs (ninja objects, depfiles)
       torch/modules/<key>/       torch extension modules, by link key
+      torch/paths.json           the torch build's probe memo (include dirs, compilers)
 
 **The trust rule** (ssh's StrictModes, applied to every directory on the way): whoever can
 write a cache dir can make the processes that use it run their code. So a directory that
@@ -67,6 +68,7 @@ class CacheLayout:
         "torch",
         "torch_builds",
         "torch_modules",
+        "torch_paths_memo",
         "_entry_prefix",
     )
 
@@ -89,6 +91,7 @@ class CacheLayout:
         self.torch = join(self.root, "torch")
         self.torch_builds = join(self.torch, "build")
         self.torch_modules = join(self.torch, "modules")
+        self.torch_paths_memo = join(self.torch, "paths.json")
         self._entry_prefix = self.entries + os.sep
 
     def __repr__(self) -> str:
@@ -170,25 +173,48 @@ class CacheLayout:
                 seen[current] = None
         return list(seen)
 
+    def fix_command(self, problem: str) -> str | None:
+        """The shell command that fixes ``problem`` (a :meth:`trust_problem` message) for
+        the whole tree, or None when it is not an ownership or mode problem."""
+        head = problem.split("; ", 1)[0]
+        if "owned by" in head:
+            return f"chown -R $(id -un) {self.root} && chmod -R go-w {self.root}"
+        if "writable by" in head:
+            return f"chmod -R go-w {self.root}"
+        return None
+
     def _with_recursive_fix(self, problem: str) -> str:
         # _fs names a fix for the one directory; any directory may have been replaced by
         # another user, so the fix must cover the whole tree
         head = problem.split("; ", 1)[0]
+        command = self.fix_command(problem)
+        if command is None:
+            return problem
         if "owned by" in head:
             fix = (
                 "use a cache dir of your own (export CUFORGE_CACHE_DIR=~/.cache/cuforge), or "
-                "if you trust every file in it: "
-                f"`chown -R $(id -un) {self.root} && chmod -R go-w {self.root}`"
-            )
-        elif "writable by" in head:
-            fix = (
-                "anyone who could write it may have replaced entries: if you trust every "
-                f"file in it, `chmod -R go-w {self.root}`; otherwise remove it "
-                f"(`rm -rf {self.root}`) and let cuforge recreate it"
+                f"if you trust every file in it: `{command}`"
             )
         else:
-            return problem
+            fix = (
+                "anyone who could write it may have replaced entries: if you trust every "
+                f"file in it, `{command}`; otherwise remove it (`rm -rf {self.root}`) and let "
+                "cuforge recreate it"
+            )
         return f"{head}; {fix}"
+
+    def tree_problems(self, limit: int = 20) -> list[str]:
+        """:meth:`trust_problem` for the root and every directory under it (not following
+        links), at most ``limit`` of them: what ``cuforge doctor`` reports."""
+        found: list[str] = []
+        for dirpath, subdirs, _files in os.walk(self.root):
+            problem = _dir_problem(dirpath)
+            if problem is not None:
+                found.append(self._with_recursive_fix(problem))
+                if len(found) >= limit:
+                    break
+            subdirs.sort()
+        return found
 
     def ensure(self, *dirs: str) -> str | None:
         """Create ``dirs`` (default: :meth:`own_dirs`) and every directory between the root

@@ -381,15 +381,23 @@ def test_doctor_fails_a_group_or_world_writable_cache_dir_and_prints_the_fix(
     row = rows["cache.dir"]
     assert row["status"] == "FAIL" and doc["_rc"] == 1
     assert "writable by group and others" in row["detail"]
-    assert row["fix"] == f"chmod go-w {cache['dir']}"
+    assert row["fix"] == f"chmod -R go-w {cache['dir']}"  # the fix covers the whole tree
     # nothing is read from an untrusted dir: the checks that would read it are skipped
     for check_id in ("cache.size", "cache.hits", "cache.integrity"):
         assert rows[check_id]["status"] == "SKIP"
     stdout, _ = _doctor(capsys, *CACHE_ROWS, json_=False)
-    assert f"fix: chmod go-w {cache['dir']}" in stdout
+    assert f"fix: chmod -R go-w {cache['dir']}" in stdout
     # the fix works
     os.chmod(cache["dir"], 0o700)
     assert _rows(_doctor(capsys, "cache.dir"))["cache.dir"]["status"] == "PASS"
+    # a fan-out dir deep under it is checked too, as the runtime checks it
+    deep = os.path.join(cache["dir"], "v1", "entries", "ab", "cd")
+    os.makedirs(deep, mode=0o700, exist_ok=True)
+    os.chmod(deep, 0o777)
+    row = _rows(_doctor(capsys, "cache.dir"))["cache.dir"]
+    assert row["status"] == "FAIL" and deep in row["detail"]
+    assert row["fix"] == f"chmod -R go-w {cache['dir']}"
+    os.chmod(deep, 0o700)
 
 
 def test_doctor_fails_a_cache_subdir_owned_by_another_user(doctor_env, capsys, cache):
@@ -401,4 +409,5 @@ def test_doctor_fails_a_cache_subdir_owned_by_another_user(doctor_env, capsys, c
     row = _rows(_doctor(capsys, "cache.dir"))["cache.dir"]
     assert row["status"] == "FAIL"
     assert sub in row["detail"] and "not by the current user" in row["detail"]
-    assert row["fix"] == f"chown -R $(id -un) {sub}"
+    root = cache["dir"]  # the fix covers the whole tree, sub included
+    assert row["fix"] == f"chown -R $(id -un) {root} && chmod -R go-w {root}"

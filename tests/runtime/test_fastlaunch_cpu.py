@@ -469,7 +469,9 @@ def test_group_writable_runtime_dir_is_not_used(tmp_path, planted):
     assert not report["file"].startswith(str(runtime))  # built privately instead
     assert not os.path.exists(report["file"])  # ... and that temp dir is gone again
     assert os.listdir(runtime) == [first["expected"]]  # nothing was written there
-    assert "writable by group" in report["notice"] and "chmod go-w" in report["notice"]
+    assert (
+        "writable by group" in report["notice"] and "chmod -R go-w" in report["notice"]
+    )  # the whole tree
     assert stderr.count("writable by group") == 1
 
 

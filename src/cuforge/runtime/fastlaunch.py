@@ -305,16 +305,14 @@ def _say(message: str) -> None:
 
 def _runtime_dir() -> tuple[str | None, str | None]:
     """``(<cache>/runtime, None)`` when the library may be kept there, else ``(None, why)``."""
-    from cuforge import _fs
     from cuforge.config import settings
+    from cuforge.layout import CacheLayout
 
-    cache_dir = settings().cache_dir
-    runtime = os.path.join(cache_dir, "runtime")
-    for d in (cache_dir, runtime):
-        problem = _fs.trust_problem(d)
-        if problem:
-            return None, problem
-    return runtime, None
+    layout = CacheLayout(settings().cache_dir)
+    problem = layout.trust_problem(layout.runtime)
+    if problem:
+        return None, problem
+    return layout.runtime, None
 
 
 def _build(src: bytes, cc: list[str], path: str) -> None:

@@ -57,8 +57,11 @@ def memo_path() -> str:
 
 
 def _trusted(path: str) -> bool:
-    """Whether the memo's directory may be read from and written to (see module doc)."""
-    return _fs.trust_problem(os.path.dirname(path)) is None
+    """Whether the memo's directory may be read from and written to (see module doc): the
+    cache dir's one trust rule (:meth:`cuforge.layout.CacheLayout.trust_problem`)."""
+    from cuforge.layout import CacheLayout
+
+    return CacheLayout(os.path.dirname(path)).trust_problem(path) is None
 
 
 def load() -> dict:

@@ -25,6 +25,7 @@ import sys
 from cuforge.arch import gencode_flags
 from cuforge.config import settings
 from cuforge.deps import stat_signature
+from cuforge.layout import CacheLayout
 
 __all__ = [
     "PRESETS",
@@ -76,21 +77,19 @@ def is_cuda_file(path: str) -> bool:
 
 
 def trusted_memo_dir() -> str | None:
-    """``<cache_dir>/torch`` when the cache dir (and that subdirectory) passes
-    :func:`cuforge._fs.trust_problem`, else None: an untrusted memo could name the include
-    dirs a build uses, so it is neither read nor written then."""
-    from cuforge._fs import trust_problem
-
-    cache = settings().cache_dir
-    directory = os.path.join(cache, "torch")
-    if trust_problem(cache) is not None or trust_problem(directory) is not None:
+    """``<cache_dir>/torch`` when the cache dir (and that subdirectory) passes the cache
+    dir's trust rule (:meth:`cuforge.layout.CacheLayout.trust_problem`), else None: an
+    untrusted memo could name the include dirs a build uses, so it is neither read nor
+    written then."""
+    layout = CacheLayout(settings().cache_dir)
+    if layout.trust_problem(layout.torch) is not None:
         return None
-    return directory
+    return layout.torch
 
 
 def _memo_path() -> str | None:
-    directory = trusted_memo_dir()
-    return None if directory is None else os.path.join(directory, "paths.json")
+    layout = CacheLayout(settings().cache_dir)
+    return None if trusted_memo_dir() is None else layout.torch_paths_memo
 
 
 def _load_memo() -> dict:

@@ -22,26 +22,14 @@ def _probe_writable(root: str) -> bool:
 
 
 def _trust_problems(root: str) -> list[tuple[str, str | None]]:
-    """(problem, fix) for the cache dir and each directory directly under it (``v1``,
-    ``locks``, ``runtime``, ...) that fails :func:`cuforge._fs.trust_problem`."""
-    from cuforge import _fs
+    """(problem, fix) for the cache dir and every directory under it (the fan-out dirs
+    of the entries and the torch module dirs included) that fails the cache dir's one
+    trust rule (:meth:`cuforge.layout.CacheLayout.trust_problem`, as the runtime applies
+    it); the fix covers the whole tree."""
+    from cuforge.layout import CacheLayout
 
-    dirs = [root]
-    try:
-        with os.scandir(root) as it:
-            dirs += sorted(e.path for e in it if e.is_dir(follow_symlinks=False))
-    except OSError:
-        pass
-    found: list[tuple[str, str | None]] = []
-    for path in dirs:
-        problem = _fs.trust_problem(path)
-        if problem is None:
-            continue
-        # trust_problem ends with the fix in backquotes: pull it out for the fix line
-        start, end = problem.find("`"), problem.rfind("`")
-        fix = problem[start + 1 : end] if 0 <= start < end else None
-        found.append((problem, fix))
-    return found
+    layout = CacheLayout(root)
+    return [(problem, layout.fix_command(problem)) for problem in layout.tree_problems()]
 
 
 def _check_cache_dir(root: str, disabled: str | None) -> list[Check]:
