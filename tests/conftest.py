@@ -4,11 +4,7 @@ user's real cache, and a test never sees another test's entries."""
 from __future__ import annotations
 
 import ctypes
-import json
 import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 
@@ -77,24 +73,5 @@ def cache(isolated_cache):
     return cuforge.Cache(isolated_cache.parent / "own-cache")
 
 
-def child_env(**overrides: str) -> dict[str, str]:
-    """The current environment (with the test's cache dir) for a child process."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = SRC + os.pathsep + env.get("PYTHONPATH", "")
-    env.update(overrides)
-    return env
-
-
-def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 300) -> dict:
-    """Run ``code`` in a fresh interpreter; it must print one JSON line last. Returns it."""
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        env=env or child_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise AssertionError(f"child failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+# the one child-process runner lives in tests/child.py; re-exported for the tests' imports
+from tests.child import child_env, run_python  # noqa: E402,F401

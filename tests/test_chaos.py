@@ -21,18 +21,14 @@ import time
 
 import pytest
 
-from tests.conftest import child_env
+from tests.chaos_trial import KERNELS, kernel_source, trial
+from tests.child import ROOT, child_env, run_python
 
 pytestmark = pytest.mark.chaos
 
-KERNELS = 12
 #: a cap small enough that the storm evicts all the time (entries are ~3-5 KiB)
 STORM_CAP = 24 * 1024
 STORM_SECONDS = float(os.environ.get("CUFORGE_CHAOS_SECONDS", "12"))
-
-
-def kernel_source(i: int) -> str:
-    return f'extern "C" __global__ void k{i}(int* out) {{ *out = {i * 7919}; }}\n'
 
 
 @pytest.fixture(scope="module")
@@ -59,32 +55,20 @@ def report(test: str, **figures) -> None:
             f.write(json.dumps({"test": test, **figures}) + "\n")
 
 
-#: Compiles every kernel (in a random order, ``rounds`` times) and prints one line per
-#: result: "OK name" or "BAD name". Used by every test below.
-WORKER = r"""
-import hashlib, json, os, random, sys
-import cuforge
-expected = json.loads(os.environ["CHAOS_EXPECTED"])
-rounds = int(os.environ.get("CHAOS_ROUNDS", "1"))
-names = sorted(expected)
-for _ in range(rounds):
-    random.shuffle(names)
-    for name in names:
-        i = int(name[1:-3])
-        src = 'extern "C" __global__ void k%d(int* out) { *out = %d; }\n' % (i, i * 7919)
-        prog = cuforge.compile(src, name=name, arch="sm_90")
-        ok = hashlib.sha256(prog.binary).hexdigest() == expected[name]
-        print(("OK " if ok else "BAD ") + name + " " + prog.source_of_result, flush=True)
-"""
+#: A worker: compiles every kernel (in a random order, ``$CHAOS_ROUNDS`` times) and prints
+#: one line per result: "OK name source" or "BAD name source". Used by every test below.
+WORKER = "from tests.chaos_trial import worker; worker()"
 
 
 def worker_env(cache_dir, expected: dict, **extra: str) -> dict[str, str]:
-    return child_env(
+    env = child_env(
         CUFORGE_CACHE_DIR=str(cache_dir),
         CHAOS_EXPECTED=json.dumps(expected),
         PYTHONUNBUFFERED="1",
         **extra,
     )
+    env["PYTHONPATH"] += os.pathsep + ROOT  # for tests.chaos_trial
+    return env
 
 
 def run_worker(env: dict, timeout: float = 120) -> tuple[list[str], subprocess.CompletedProcess]:
@@ -257,13 +241,48 @@ def _mutate(path: str, how: str, rng: random.Random, victim: str) -> None:
             os.symlink(victim, path)
 
 
-def test_corruption_fuzzer_over_every_file_class(tmp_path, reference):
+#: damage that could make a careless reader block forever (opening a FIFO; following a
+#: symlink): its trials run in a child, so a hang is a timeout, not a stuck test run
+MAY_HANG = ("fifo", "symlink")
+
+
+def _fresh_process(monkeypatch) -> None:
+    """Forget what this process remembers of earlier cache dirs, as a new process would:
+    the call memo, the store, the toolchain memo and identity, the miss history."""
+    from cuforge import explain
+    from cuforge.pipeline import reset_memo
+    from cuforge.store import reset_default_store
+    from cuforge.toolchain import identity
+    from cuforge.toolchain import memo as toolchain_memo
+
+    reset_memo()
+    reset_default_store()
+    monkeypatch.setattr(toolchain_memo, "_cache", None)
+    monkeypatch.setattr(identity, "_identity_memo", {})
+    monkeypatch.setattr(explain, "_memory_history", {})
+    monkeypatch.setattr(explain, "_last_misses", [])
+
+
+def _trial_in_child(cache, reference, label: str) -> list[str]:
+    """:func:`tests.chaos_trial.trial` in a fresh interpreter; a hang fails it by timeout."""
+    env = worker_env(cache, reference, CHAOS_LABEL=label)
+    try:
+        out = run_python("from tests.chaos_trial import trial_main; trial_main()", env, 150)
+    except AssertionError as exc:  # a hang (killed at the timeout) or a crash
+        return [f"{label}: {str(exc)[-2000:]}"]
+    return out["problems"]
+
+
+def test_corruption_fuzzer_over_every_file_class(tmp_path, reference, monkeypatch):
     """For one file of every class under the cache dir (entries, manifests, the journal and
     its lock, telemetry, the explain history, the toolchain memo, lock files) and every
     kind of damage (truncated, zeroed, a flipped byte, garbage, a FIFO, a directory, a
     symlink to a file outside): compiles still return the right bytes, nothing hangs,
     nothing is written through the symlink, and `verify --repair`, `stats`, `ls` and
-    `prune` finish."""
+    `prune` finish (then `verify` is clean).
+
+    Each trial compiles and runs the commands in one process (tests/chaos_trial.py): this
+    one, made to forget earlier cache dirs, or a child for damage that :data:`MAY_HANG`."""
     pristine = tmp_path / "pristine"
     _populate(pristine, reference)
     classes = _file_classes(str(pristine))
@@ -275,44 +294,25 @@ def test_corruption_fuzzer_over_every_file_class(tmp_path, reference):
         rel = os.path.relpath(path, pristine)
         for how in MUTATIONS:
             trials += 1
-            trial = tmp_path / f"t{trials}"
-            shutil.copytree(pristine, trial / "cache", symlinks=True)
-            victim = trial / "victim.txt"
+            trial_dir = tmp_path / f"t{trials}"
+            cache = trial_dir / "cache"
+            shutil.copytree(pristine, cache, symlinks=True)
+            victim = trial_dir / "victim.txt"
             victim.write_text("do not touch\n")
-            _mutate(str(trial / "cache" / rel), how, rng, str(victim))
-            try:
-                lines, done = run_worker(worker_env(trial / "cache", reference), timeout=90)
-                results = [line for line in lines if line.startswith(("OK ", "BAD "))]
-                ok = done.returncode == 0 and len(results) == KERNELS
-                ok = ok and all(line.startswith("OK ") for line in results)
-                for args in (
-                    ("cache", "verify", "--repair"),
-                    ("cache", "stats"),
-                    ("cache", "ls"),
-                    ("cache", "prune"),
-                ):
-                    c = cli(trial / "cache", *args, timeout=60)
-                    if c.returncode not in (0, 1) or "Traceback" in c.stderr:
-                        ok = False
-                        problems.append(
-                            f"{cls} {how}: cuforge {' '.join(args)} -> {c.returncode}\n{c.stderr[-2000:]}"
-                        )
-                again = cli(trial / "cache", "cache", "verify")
-                if again.returncode != 0:
-                    ok = False
-                    problems.append(
-                        f"{cls} {how}: verify after --repair still fails:\n{again.stdout[-1500:]}"
-                    )
-                if not ok and done.returncode != 0:
-                    problems.append(f"{cls} {how}: compile failed:\n{done.stderr[-2000:]}")
-            except subprocess.TimeoutExpired as exc:
-                ok = False
-                problems.append(f"{cls} {how}: hung ({exc.cmd[-1] if exc.cmd else ''})")
+            _mutate(str(cache / rel), how, rng, str(victim))
+            label = f"{cls} {how}"
+            if how in MAY_HANG:
+                found = _trial_in_child(cache, reference, label)
+            else:
+                _fresh_process(monkeypatch)
+                monkeypatch.setenv("CUFORGE_CACHE_DIR", str(cache))
+                found = trial(reference, label)
             if victim.read_text() != "do not touch\n":
-                ok = False
-                problems.append(f"{cls} {how}: wrote through a planted symlink")
-            failures += not ok
-            shutil.rmtree(trial, ignore_errors=True)
+                found.append(f"{label}: wrote through a planted symlink")
+            failures += bool(found)
+            problems += found
+            shutil.rmtree(trial_dir, ignore_errors=True)
+    _fresh_process(monkeypatch)
     report(
         "corruption_fuzzer",
         classes=sorted(classes),

@@ -8,14 +8,11 @@ would change what later tests in the same session see of "the driver"."""
 from __future__ import annotations
 
 import importlib.util
-import json
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
-from tests.conftest import child_env
+from tests.child import child_env, run_python
 from tests.libcuda_stub import child_env_or_skip
 
 if importlib.util.find_spec("cuda") is None or importlib.util.find_spec("cuda.compute") is None:
@@ -68,18 +65,6 @@ def run_child(
     stdout line is JSON. Returns it, with the child's stderr under ``"_stderr"``."""
     environ = child_env(CUFORGE_CACHE_DIR=cache_dir, **cuda_env, **env)
     environ.pop("CUFORGE_ARCH", None)
-    done = subprocess.run(
-        [sys.executable, "-c", PRELUDE + textwrap.dedent(code)],
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-        cwd=cwd,
+    return run_python(
+        PRELUDE + textwrap.dedent(code), environ, timeout, cwd=cwd, stderr_key="_stderr"
     )
-    if done.returncode != 0:
-        raise AssertionError(f"child failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    if isinstance(result, dict):
-        result["_stderr"] = done.stderr
-    return result

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
-import sys
-import textwrap
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SRC = os.path.join(ROOT, "src")
+# the one child-process runner (tests/child.py), under the names these tests use
+from tests.child import ROOT, child_env, finish, spawn  # noqa: F401
+from tests.child import run_python as run_child  # noqa: F401
 
 
 def key_of(i: int | str) -> str:
@@ -19,49 +17,6 @@ def key_of(i: int | str) -> str:
     import hashlib
 
     return hashlib.sha256(str(i).encode()).hexdigest()
-
-
-def child_env(**overrides: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = SRC + os.pathsep + env.get("PYTHONPATH", "")
-    env.update(overrides)
-    return env
-
-
-def python_cmd(code: str) -> list[str]:
-    return [sys.executable, "-c", textwrap.dedent(code)]
-
-
-def run_child(code: str, env: dict[str, str] | None = None, timeout: float = 120) -> dict:
-    """Run ``code`` in a fresh interpreter; its last stdout line is JSON; returns it."""
-    done = subprocess.run(
-        python_cmd(code),
-        env=env or child_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise AssertionError(f"child failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def spawn(code: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-    return subprocess.Popen(
-        python_cmd(code),
-        env=env or child_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def finish(proc: subprocess.Popen, timeout: float = 120) -> dict:
-    out, err = proc.communicate(timeout=timeout)
-    if proc.returncode != 0:
-        raise AssertionError(f"child failed ({proc.returncode}):\n{out}\n{err}")
-    return json.loads(out.strip().splitlines()[-1])
 
 
 def wait_for(path: str, timeout: float = 60) -> None:
