@@ -7,14 +7,13 @@ tests share nothing but the cache dir of the test.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
-import textwrap
 
 import pytest
 
+from tests.child import finish, run_python, spawn
 from tests.conftest import GPU_VISIBLE, ROOT, SRC  # noqa: E402
 
 if not GPU_VISIBLE:
@@ -64,20 +63,9 @@ def _env(**overrides: str) -> dict[str, str]:
 
 
 def _child(code: str = CHILD, **overrides: str) -> dict:
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        env=_env(**overrides),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        cwd=ROOT,
-    )
-    if done.returncode != 0:
-        raise AssertionError(f"child failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    result["stderr"] = done.stderr
-    return result
+    """Run ``code`` in a fresh interpreter (in the repository root, for ``tests.cute``);
+    its last stdout line as JSON, with its stderr under ``"stderr"``."""
+    return run_python(code, _env(**overrides), cwd=ROOT, stderr_key="stderr")
 
 
 KEY_CHILD = """
@@ -342,22 +330,8 @@ def test_damaged_file_on_disk_is_rebuilt(isolated_cache):
 
 
 def test_single_flight_across_processes():
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", textwrap.dedent(CHILD)],
-            env=_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=ROOT,
-        )
-        for _ in range(3)
-    ]
-    results = []
-    for p in procs:
-        out, err = p.communicate(timeout=300)
-        assert p.returncode == 0, err
-        results.append(json.loads(out.strip().splitlines()[-1]))
+    procs = [spawn(CHILD, _env(), cwd=ROOT) for _ in range(3)]
+    results = [finish(p) for p in procs]
     sources = sorted(r["sources"][0] for r in results)
     assert sources.count("compiled") == 1, sources
     assert sum(r["counters"]["compile"] for r in results) == 1
@@ -470,17 +444,8 @@ def test_another_checkout_hits_and_verifies(tmp_path):
         d.mkdir()
         with open(source) as f:
             (d / "kmod.py").write_text(f.read())
-        done = subprocess.run(
-            [sys.executable, "-c", textwrap.dedent(CHECKOUT_CHILD)],
-            env={**_env(CF_VERIFY=verify), "PYTHONPATH": os.pathsep.join([SRC, str(d)])},
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-            cwd=str(d),
-        )
-        assert done.returncode == 0, done.stderr
-        results.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        env = {**_env(CF_VERIFY=verify), "PYTHONPATH": os.pathsep.join([SRC, str(d)])}
+        results.append(run_python(CHECKOUT_CHILD, env, cwd=str(d)))
     first, second = results
     assert first["source"] == "compiled"
     assert second["source"] == "disk" and second["verified"] is True
