@@ -248,15 +248,14 @@ MAY_HANG = ("fifo", "symlink")
 
 def _fresh_process(monkeypatch) -> None:
     """Forget what this process remembers of earlier cache dirs, as a new process would:
-    the call memo, the store, the toolchain memo and identity, the miss history."""
+    the call memo, the toolchain memo and identity, the miss history. (A new cache dir
+    is a new default cache: its tiers and counters start empty.)"""
     from cuforge import explain
     from cuforge.pipeline import reset_memo
-    from cuforge.store import reset_default_store
     from cuforge.toolchain import identity
     from cuforge.toolchain import memo as toolchain_memo
 
     reset_memo()
-    reset_default_store()
     monkeypatch.setattr(toolchain_memo, "_cache", None)
     monkeypatch.setattr(identity, "_identity_memo", {})
     monkeypatch.setattr(explain, "_memory_history", {})
