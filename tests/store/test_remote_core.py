@@ -416,10 +416,10 @@ def test_docstring_plugin_example_works(tmp_path, monkeypatch):
 
 _LAZY_CHILD = """
     import json, sys
-    from cuforge.store import default_store
+    from cuforge import default_cache
     from cuforge.store.base import Entry
     key, mode = sys.argv[1], sys.argv[2]
-    store = default_store()
+    store = default_cache().store
     if mode == "put":
         ok = store.put(Entry(key, "kernel", b"payload" * 100, {{"name": "lazy.cu"}}))
         print(json.dumps({{"ok": ok}}))
