@@ -99,7 +99,7 @@ class Cache:
     keep an in-process tier of ``memory_max_bytes``. ``remotes``: URLs (``redis://``,
     ``http(s)://``, ``file://``, a plug-in's scheme) or :class:`~cuforge.store.base.Store`
     objects, tried in order after the disk; URLs use the signing key and timeouts of the
-    ``CUFORGE_REMOTE_*`` settings. ``read_only``: never write the remotes. ``base_dir``:
+    remote settings of the environment (key, timeouts). ``read_only``: never write the remotes. ``base_dir``:
     paths under it enter keys relative to it (default: the working directory of each
     call). ``offline``: strict mode, a miss raises :class:`~cuforge.errors.OfflineMissError`
     and nothing is built. ``bundles``: paths of ``.cfb`` bundles (or loaded
