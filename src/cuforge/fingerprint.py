@@ -6,13 +6,23 @@ changes when anything that could change the object's behaviour changes:
 
 * **functions** (and lambdas): the code object -- bytecode, names, constants (nested code
   objects included, recursively), argument layout and flags -- the defaults and keyword
-  defaults, the values of the closure cells, and every global the code (or a nested code
-  object) loads, resolved in the function's globals, then builtins; recursively, with cycles
-  (a recursive function, two functions calling each other) handled. File names and line
+  defaults, the values of the closure cells, the function's attributes (``f.__dict__``) and
+  annotations, and every global the code (or a nested code object) loads, resolved in the
+  function's globals, then builtins; recursively, with cycles (a recursive function, two
+  functions calling each other, a cycle through a set) handled. File names and line
   numbers are *not* part of it: moving a function does not change its fingerprint.
-* **modules** by name and the version of the distribution that installs them (stdlib and
-  built-in modules by the Python version). A module no distribution installs (the user's own
-  module, an editable install) by the contents of its source files, never their paths.
+  Nesting deeper than :data:`MAX_DEPTH` raises :class:`UnstableKeyError`.
+* **modules** by name and the version of the distribution that installed them, when the
+  module's file is one that distribution installed (its wheel's ``RECORD`` lists it with
+  its current size; a distribution without a ``RECORD``: the file lies under the
+  ``site-packages`` directory that holds its metadata); stdlib and built-in modules by the
+  Python version. Any other module (the user's own, an editable install, a checkout run
+  beside an older ``pip install .`` of itself or holding a leftover ``*.egg-info``) by the
+  contents of its source files, never their paths. Such a module is keyed by the source
+  this process loaded: a source file edited after the module's first fingerprint, while
+  the module loaded from it is still in use (not reloaded), raises
+  :class:`UnstableKeyError` ("changed since it was imported") rather than key the old code
+  by the new text.
 * **functions, classes and other objects of an installed module** (stdlib, a wheel) that can
   be found again by ``module.qualname``: by that name plus the module's fingerprint.
 * **builtins** by qualified name; **numpy** dtypes, scalar types, scalars and arrays,
@@ -20,7 +30,13 @@ changes when anything that could change the object's behaviour changes:
 * **plain data** by value: None, bool, int, float, complex, str, bytes, bytearray, tuple,
   list, dict, set, frozenset, range, slice, Ellipsis, enum members (class name and member
   name), dataclass instances (class and field values), :func:`functools.partial`, bound
-  methods (function and ``__self__``), staticmethod / classmethod / property.
+  methods (function and ``__self__``), staticmethod / classmethod / property; namedtuples
+  (``typing.NamedTuple`` too), :class:`types.SimpleNamespace`, ``OrderedDict``,
+  ``defaultdict`` (with its ``default_factory``), ``Fraction``, ``Decimal``, subclasses of
+  str and int (type and value), :func:`functools.lru_cache` wrappers (the wrapped function),
+  annotations' ``list[int]`` / ``Optional[X]`` / ``TypeVar``. Classes by content, their
+  metaclass included; numpy array subclasses by type too (a masked array by its mask).
+  Loggers and weak references are refused, with the reason.
 * anything with a ``__cuforge_fingerprint__()`` method (it returns plain data to hash), and
   any type an integration registered with :func:`register`.
 
