@@ -12,38 +12,31 @@ import functools
 import hashlib
 import importlib
 import inspect
-import json
 import logging
-import subprocess
 import sys
 import textwrap
 import types
 import typing
 import uuid
 import weakref
+from typing import Any
 
 import numpy as np
 import pytest
 
 from cuforge.fingerprint import MAX_DEPTH, UnstableKeyError, fingerprint, module_fingerprint
-from tests.conftest import child_env
+from tests.conftest import child_env, run_python
 
 
 def fp(obj):
     return fingerprint(obj, what="op")
 
 
-def _child(code: str, *args: str, seed: str = "0") -> dict:
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code), *args],
-        env=child_env(PYTHONHASHSEED=seed),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.strip().splitlines()[-1])
+def _child(code: str, *args: str, seed: str = "0") -> Any:
+    """Run ``code`` in a fresh interpreter with ``args`` as ``sys.argv[1:]``; the JSON it
+    prints last."""
+    argv = f"import sys; sys.argv[1:] = {list(args)!r}\n"
+    return run_python(argv + textwrap.dedent(code), env=child_env(PYTHONHASHSEED=seed))
 
 
 # -- item 1: a module is keyed by a distribution only when that distribution installed it --
