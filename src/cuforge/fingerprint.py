@@ -6,13 +6,23 @@ changes when anything that could change the object's behaviour changes:
 
 * **functions** (and lambdas): the code object -- bytecode, names, constants (nested code
   objects included, recursively), argument layout and flags -- the defaults and keyword
-  defaults, the values of the closure cells, and every global the code (or a nested code
-  object) loads, resolved in the function's globals, then builtins; recursively, with cycles
-  (a recursive function, two functions calling each other) handled. File names and line
+  defaults, the values of the closure cells, the function's attributes (``f.__dict__``) and
+  annotations, and every global the code (or a nested code object) loads, resolved in the
+  function's globals, then builtins; recursively, with cycles (a recursive function, two
+  functions calling each other, a cycle through a set) handled. File names and line
   numbers are *not* part of it: moving a function does not change its fingerprint.
-* **modules** by name and the version of the distribution that installs them (stdlib and
-  built-in modules by the Python version). A module no distribution installs (the user's own
-  module, an editable install) by the contents of its source files, never their paths.
+  Nesting deeper than :data:`MAX_DEPTH` raises :class:`UnstableKeyError`.
+* **modules** by name and the version of the distribution that installed them, when the
+  module's file is one that distribution installed (its wheel's ``RECORD`` lists it with
+  its current size; a distribution without a ``RECORD``: the file lies under the
+  ``site-packages`` directory that holds its metadata); stdlib and built-in modules by the
+  Python version. Any other module (the user's own, an editable install, a checkout run
+  beside an older ``pip install .`` of itself or holding a leftover ``*.egg-info``) by the
+  contents of its source files, never their paths. Such a module is keyed by the source
+  this process loaded: a source file edited after the module's first fingerprint, while
+  the module loaded from it is still in use (not reloaded), raises
+  :class:`UnstableKeyError` ("changed since it was imported") rather than key the old code
+  by the new text.
 * **functions, classes and other objects of an installed module** (stdlib, a wheel) that can
   be found again by ``module.qualname``: by that name plus the module's fingerprint.
 * **builtins** by qualified name; **numpy** dtypes, scalar types, scalars and arrays,
@@ -20,7 +30,13 @@ changes when anything that could change the object's behaviour changes:
 * **plain data** by value: None, bool, int, float, complex, str, bytes, bytearray, tuple,
   list, dict, set, frozenset, range, slice, Ellipsis, enum members (class name and member
   name), dataclass instances (class and field values), :func:`functools.partial`, bound
-  methods (function and ``__self__``), staticmethod / classmethod / property.
+  methods (function and ``__self__``), staticmethod / classmethod / property; namedtuples
+  (``typing.NamedTuple`` too), :class:`types.SimpleNamespace`, ``OrderedDict``,
+  ``defaultdict`` (with its ``default_factory``), ``Fraction``, ``Decimal``, subclasses of
+  str and int (type and value), :func:`functools.lru_cache` wrappers (the wrapped function),
+  annotations' ``list[int]`` / ``Optional[X]`` / ``TypeVar``. Classes by content, their
+  metaclass included; numpy array subclasses by type too (a masked array by its mask).
+  Loggers and weak references are refused, with the reason.
 * anything with a ``__cuforge_fingerprint__()`` method (it returns plain data to hash), and
   any type an integration registered with :func:`register`.
 
@@ -69,7 +85,11 @@ __all__ = [
 UNHANDLED = object()
 
 #: Bump when the encoding or what is hashed changes: every old fingerprint then differs.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+
+#: how deep :func:`fingerprint` follows nested objects before it gives up (an UnstableKeyError,
+#: never a RecursionError: the integrations catch the former and run uncached)
+MAX_DEPTH = 200
 
 #: the most bytes of local (not installed) module sources hashed for one module
 MAX_MODULE_SOURCE_BYTES = 64 << 20
@@ -119,7 +139,13 @@ def fingerprint(obj: Any, *, what: str, hook: Callable[[Any], Any] | None = None
     or :data:`UNHANDLED`. Raises :class:`UnstableKeyError` when ``obj`` holds anything that
     cannot be keyed the same way in every process."""
     hasher = _Hasher(what, hook)
-    hasher.feed(obj, what)
+    try:
+        hasher.feed(obj, what)
+    except RecursionError:
+        raise hasher._fail(
+            hasher._last,
+            "it is nested too deeply to follow (Python's recursion limit was reached)",
+        ) from None
     return hasher.hexdigest()
 
 
@@ -132,21 +158,105 @@ def module_fingerprint(module: types.ModuleType) -> str:
     top = name.partition(".")[0]
     if top in sys.builtin_module_names or top in getattr(sys, "stdlib_module_names", ()):
         return f"{name} python-{sys.version_info[0]}.{sys.version_info[1]}"
+    installed = _installed_key(module)
+    if installed is not None:
+        return installed
+    return _local_module_fingerprint(module)
+
+
+def _installed_key(module: types.ModuleType) -> str | None:
+    """``"name dist==version ..."`` when ``module``'s file is one its distributions installed
+    (listed in the wheel's ``RECORD`` with its current size; for a distribution with no
+    ``RECORD``, under the ``site-packages`` directory that holds its metadata), else None:
+    the module then is the user's (a checkout beside an older ``pip install .``, a leftover
+    ``*.egg-info``) and is keyed by its source."""
+    name = module.__name__
     cached = _module_cache.get(name)
     if cached is not None and cached[0] is None:
         return cached[1]
-    dists = [d for d in distributions_of(module) if not _editable(d)]
-    if dists:
-        versions = []
-        for dist in sorted(set(dists)):
-            version = installed_version(dist)
-            if version is not None:
-                versions.append(f"{dist}=={version}")
-        if versions:
-            result = f"{name} " + " ".join(versions)
-            _module_cache[name] = (None, result)
-            return result
-    return _local_module_fingerprint(module)
+    if name in _not_installed:
+        return None
+    versions = []
+    for dist in sorted(set(distributions_of(module))):
+        if _editable(dist) or not _installed_from(dist, module):
+            continue
+        version = installed_version(dist)
+        if version is not None:
+            versions.append(f"{dist}=={version}")
+    if not versions:
+        _not_installed.add(name)
+        return None
+    result = f"{name} " + " ".join(versions)
+    _module_cache[name] = (None, result)
+    return result
+
+
+_not_installed: set[str] = set()  # module names whose files no distribution installed
+_record_texts: dict[str, bytes] = {}  # *.dist-info dir -> its RECORD (b"" when none)
+
+
+def _installed_from(dist: str, module: types.ModuleType) -> bool:
+    """Whether ``dist`` installed ``module``'s file (a namespace package: its directories)."""
+    installed_versions()
+    info = _info_paths.get(_normalize(dist))
+    if info is None:
+        return False
+    root = os.path.dirname(info)
+    file = getattr(module, "__file__", None)
+    if isinstance(file, str):
+        paths = [file]
+    else:  # a namespace package: directories only, which no RECORD lists
+        paths = [p for p in getattr(module, "__path__", None) or () if isinstance(p, str)]
+        if not paths:
+            return False
+        return all(_under(p, root) for p in paths) and _site_dir(root)
+    real = os.path.realpath(file)
+    rel = os.path.relpath(real, os.path.realpath(root)).replace(os.sep, "/")
+    record = b""
+    if info.endswith(".dist-info"):
+        record = _record_texts.get(info)
+        if record is None:
+            try:
+                with open(os.path.join(info, "RECORD"), "rb") as f:
+                    record = b"\n" + f.read()
+            except OSError:
+                record = b""
+            _record_texts[info] = record
+    if not record:  # no RECORD (an egg-info): under the site-packages dir that holds it
+        return _site_dir(root) and _under(real, os.path.realpath(root))
+    at = record.find(b"\n" + _enc_path(rel) + b",")
+    if at < 0:
+        return False
+    end = record.find(b"\n", at + 1)
+    size = record[at + 1 : end if end > 0 else len(record)].rstrip(b"\r").rpartition(b",")[2]
+    try:
+        return int(size) == os.stat(real).st_size
+    except (OSError, ValueError):
+        return False
+
+
+def _enc_path(rel: str) -> bytes:
+    return rel.encode("utf-8", "surrogateescape")
+
+
+def _under(path: str, root: str) -> bool:
+    rel = os.path.relpath(os.path.abspath(path), os.path.abspath(root))
+    return rel != ".." and not rel.startswith(".." + os.sep)
+
+
+def _site_dir(directory: str) -> bool:
+    """Whether ``directory`` is where installers put distributions (not a source checkout)."""
+    if os.path.basename(directory) in ("site-packages", "dist-packages"):
+        return True
+    site = sys.modules.get("site")
+    dirs: list[str] = []
+    if site is not None:
+        try:
+            dirs = [*site.getsitepackages(), site.getusersitepackages()]
+        except AttributeError:  # a virtualenv's old site.py
+            dirs = []
+    real = os.path.realpath(directory)
+    return any(os.path.realpath(d) == real for d in dirs)
 
 
 def _distributions() -> dict[str, list[str]]:
@@ -195,6 +305,8 @@ def _distributions() -> dict[str, list[str]]:
 
 _versions: dict[str, str] | None = None
 _info_dirs: list[str] = []  # the sys.path entries that hold *.dist-info / *.egg-info
+# normalized distribution name -> its *.dist-info / *.egg-info directory (the first found)
+_info_paths: dict[str, str] = {}
 
 
 def _normalize(dist: str) -> str:
@@ -224,6 +336,8 @@ def installed_versions() -> dict[str, str]:
                 stem, _, suffix = name.rpartition(".")
                 if suffix in ("dist-info", "egg-info"):
                     dist, sep, version = stem.partition("-")
+                    if dist:
+                        _info_paths.setdefault(_normalize(dist), os.path.join(entry or ".", name))
                     if sep and dist:
                         holds = True
                         found.setdefault(_normalize(dist), version)
@@ -350,8 +464,58 @@ def _local_module_fingerprint(module: types.ModuleType) -> str:
             )
         h.update(_enc(rel) + _U64(len(data)) + data)
     result = f"{name} sha256:{h.hexdigest()}"
+    if cached is not None and cached[1] != result:
+        stale = _stale_source(name, cached[0], sig)
+        if stale is not None:
+            raise UnstableKeyError(
+                what,
+                what,
+                f"its source {stale} changed since it was imported: this process runs the "
+                "code it loaded, not the new text, so the call is not cached (a new process, "
+                "or importlib.reload, keys the new text)",
+            )
     _module_cache[name] = (sig, result)
+    _loaded_specs[name] = _specs_loaded_from(name)
     return result
+
+
+# local module name -> {source file: the __spec__ of the module loaded from it} at the time
+# its fingerprint was first taken (or last taken after a reload): the baseline an edit of
+# the file while the process runs is told from
+_loaded_specs: dict[str, dict[str, Any]] = {}
+
+
+def _specs_loaded_from(name: str) -> dict[str, Any]:
+    """Source file -> ``__spec__`` of ``name`` and its submodules loaded now."""
+    found: dict[str, Any] = {}
+    prefix = name + "."
+    for modname, mod in list(sys.modules.items()):
+        if modname == name or modname.startswith(prefix):
+            file = getattr(mod, "__file__", None)
+            if isinstance(file, str):
+                found[os.path.abspath(file)] = getattr(mod, "__spec__", None)
+    return found
+
+
+def _stale_source(name: str, old_sig: Any, new_sig: list) -> str | None:
+    """The first source file of local module ``name`` that changed (or appeared, or went)
+    since its fingerprint was first taken while a module loaded from it, not reloaded
+    since, is still in use; None when every change is one this process will read (a file
+    not imported yet, or a module reloaded since)."""
+    before = {entry[0]: entry[1:] for entry in old_sig or ()}
+    after = {entry[0]: entry[1:] for entry in new_sig}
+    changed = sorted(p for p in before.keys() | after.keys() if before.get(p) != after.get(p))
+    baseline = _loaded_specs.get(name, {})
+    now = _specs_loaded_from(name)
+    for path in changed:
+        key = os.path.abspath(path)
+        if key not in now:
+            continue  # not imported: an import reads the new text
+        old_spec = baseline.get(key)
+        if old_spec is not None and now[key] is not old_spec:
+            continue  # reloaded since the baseline
+        return path
+    return None
 
 
 def _enc(text: str) -> bytes:
@@ -416,18 +580,27 @@ def _resolvable(obj: Any) -> types.ModuleType | None:
         return module
     if modname == "__main__":
         return None
-    dists = distributions_of(module)
-    if not dists or any(_editable(d) for d in dists):
+    if _installed_key(module) is None:
         return None
     return module
 
 
 class _Hasher:
-    __slots__ = ("_h", "_hook", "_keep", "_seen", "_what")
+    __slots__ = ("_h", "_hook", "_keep", "_last", "_seen", "_stack", "_what")
 
-    def __init__(self, what: str, hook: Callable[[Any], Any] | None = None) -> None:
+    def __init__(
+        self,
+        what: str,
+        hook: Callable[[Any], Any] | None = None,
+        stack: dict[int, int] | None = None,
+    ) -> None:
         self._what = what
         self._hook = hook
+        # id -> depth of every object being hashed now (shared with the hashers of set
+        # items, which start afresh: a set item that refers back to an object being hashed
+        # is keyed by that object's depth, so a cycle through a set ends)
+        self._stack: dict[int, int] = {} if stack is None else stack
+        self._last = what  # the path of the object met last (for a RecursionError)
         self._h = hashlib.sha256(b"cuforge-pyhash" + _U64(FORMAT_VERSION))
         # id -> visit index, for cycles only: what is hashed is the index, never the id;
         # every object in here is alive for the whole call (reachable from the root)
@@ -448,6 +621,15 @@ class _Hasher:
 
     def _fail(self, path: str, reason: str) -> UnstableKeyError:
         return UnstableKeyError(self._what, path, reason)
+
+    def _sub_digest(self, obj: Any, path: str) -> str:
+        """The digest of ``obj`` on its own (a set item: the set's key sorts them)."""
+        sub = _Hasher(self._what, self._hook, self._stack)
+        try:
+            sub.feed(obj, path)
+        finally:
+            self._last = sub._last
+        return sub.hexdigest()
 
     def feed(self, obj: Any, path: str) -> None:
         t = type(obj)
@@ -484,9 +666,23 @@ class _Hasher:
             self._tag("ref")
             self._str(str(index))
             return
+        stack = self._stack
+        depth = stack.get(key)
+        if depth is not None:  # met again inside a set item's own hasher
+            self._tag("up")
+            self._str(str(depth))
+            return
+        depth = len(stack)
+        self._last = path
+        if depth >= MAX_DEPTH:
+            raise self._fail(path, f"it is nested more than {MAX_DEPTH} levels deep")
         self._seen[key] = len(self._seen)
         self._keep.append(obj)
-        self._feed_object(obj, t, path)
+        stack[key] = depth
+        try:
+            self._feed_object(obj, t, path)
+        finally:
+            del stack[key]
 
     def _feed_object(self, obj: Any, t: type, path: str) -> None:
         if self._hook is not None:
@@ -514,16 +710,11 @@ class _Hasher:
             return
         if t is dict:
             self._tag("dict")
-            self._str(str(len(obj)))
-            for k, v in obj.items():  # insertion order: it is part of the value
-                self.feed(k, f"{path} key {k!r}" if _plain_repr(k) else f"{path} key")
-                self.feed(v, f"{path}[{k!r}]" if _plain_repr(k) else f"{path}[...]")
+            self._items(obj, path)
             return
         if t in (set, frozenset):
             self._tag(t.__name__)
-            digests = sorted(
-                _sub_digest(self._what, self._hook, item, f"{path} item") for item in obj
-            )
+            digests = sorted(self._sub_digest(item, f"{path} item") for item in obj)
             self._str(" ".join(digests))
             return
         if t is bytearray:
@@ -599,6 +790,8 @@ class _Hasher:
             self.feed(obj.args, f"{path}.args")
             self.feed(obj.keywords, f"{path}.keywords")
             return
+        if self._stdlib_value(obj, t, path):
+            return
         fields = getattr(t, "__dataclass_fields__", None)
         if isinstance(fields, dict):
             self._tag("dataclass")
@@ -616,6 +809,124 @@ class _Hasher:
             f"it is a {_type_name(t)}, which has no stable value (it would be keyed by address)",
         )
 
+    def _items(self, obj: Any, path: str) -> None:
+        self._str(str(len(obj)))
+        for k, v in obj.items():  # insertion order: it is part of the value
+            self.feed(k, f"{path} key {k!r}" if _plain_repr(k) else f"{path} key")
+            self.feed(v, f"{path}[{k!r}]" if _plain_repr(k) else f"{path}[...]")
+
+    def _attrs(self, attrs: dict, path: str) -> None:
+        """An object's ``__dict__``, in name order (the order they were set in is not
+        part of the value)."""
+        names = sorted(attrs, key=lambda k: (type(k).__name__, str(k)))
+        self._str(str(len(names)))
+        for name in names:
+            self.feed(name, f"{path} attribute")
+            self.feed(attrs[name], f"{path}.{name}")
+
+    def _instance_dict(self, obj: Any, path: str) -> None:
+        attrs = getattr(obj, "__dict__", None)
+        if attrs:
+            self._tag("attrs")
+            self._attrs(attrs, path)
+
+    def _stdlib_value(self, obj: Any, t: type, path: str) -> bool:
+        """The standard library's value types (and subclasses of str and int), by value;
+        False for anything else. Refuses loggers and weak references, with the reason."""
+        mods = sys.modules
+        if isinstance(obj, tuple) and isinstance(getattr(t, "_fields", None), tuple):
+            self._tag("namedtuple")  # collections.namedtuple and typing.NamedTuple
+            self.feed(t, f"{path}.__class__")
+            self._str(str(len(obj)))
+            for i, item in enumerate(obj):
+                self.feed(item, f"{path}[{i}]")
+            self._instance_dict(obj, path)
+            return True
+        if t is types.SimpleNamespace:
+            self._tag("SimpleNamespace")
+            self._attrs(vars(obj), path)
+            return True
+        if isinstance(obj, (str, int)):  # a subclass: the exact types never get here
+            self._tag("str-subclass" if isinstance(obj, str) else "int-subclass")
+            self.feed(t, f"{path}.__class__")
+            self._str(str.__str__(obj) if isinstance(obj, str) else int.__repr__(obj))
+            self._instance_dict(obj, path)
+            return True
+        collections = mods.get("collections")
+        if collections is not None:
+            if t is collections.OrderedDict:
+                self._tag("OrderedDict")
+                self._items(obj, path)
+                return True
+            if t is collections.defaultdict:
+                self._tag("defaultdict")
+                self.feed(obj.default_factory, f"{path}.default_factory")
+                self._items(obj, path)
+                return True
+            if t is getattr(collections, "_tuplegetter", None):  # a namedtuple's field
+                self._tag("tuplegetter")
+                self.feed(obj.__reduce__()[1], path)
+                return True
+        fractions = mods.get("fractions")
+        if fractions is not None and t is fractions.Fraction:
+            self._tag("Fraction")
+            self._str(f"{obj.numerator}/{obj.denominator}")
+            return True
+        decimal = mods.get("decimal")
+        if decimal is not None and t is decimal.Decimal:
+            self._tag("Decimal")
+            self._str(str(obj))  # keeps the exponent: 1.0 and 1.00 differ
+            return True
+        functools = mods.get("functools")
+        if functools is not None and t is getattr(functools, "_lru_cache_wrapper", None):
+            self._tag("lru_cache")
+            self.feed(obj.__wrapped__, f"{path}.__wrapped__")
+            self.feed(obj.cache_parameters(), f"{path}.cache_parameters()")
+            return True
+        if t is types.GenericAlias or t is types.UnionType or t.__module__ == "typing":
+            origin = getattr(obj, "__origin__", None)
+            args = getattr(obj, "__args__", None)
+            if origin is not None and isinstance(args, tuple):  # list[int], Optional[X]
+                self._tag("generic")
+                self.feed(origin, f"{path}.__origin__")
+                self.feed(args, f"{path}.__args__")
+                return True
+            if t is types.UnionType:
+                self._tag("union")
+                self.feed(obj.__args__, f"{path}.__args__")
+                return True
+            if type(obj).__name__ == "TypeVar":  # its bound and constraints are not in its repr
+                self._tag("TypeVar")
+                self._str(obj.__name__)
+                self.feed(
+                    (obj.__bound__, obj.__constraints__, obj.__covariant__, obj.__contravariant__),
+                    f"{path}<TypeVar>",
+                )
+                return True
+            text = repr(obj)  # typing.Any, ForwardRef('X'): no address in them
+            if " at 0x" not in text:
+                self._tag("typing")
+                self._str(text)
+                return True
+        logging = mods.get("logging")
+        if logging is not None and isinstance(obj, (logging.Logger, logging.LoggerAdapter)):
+            raise self._fail(
+                path,
+                "it is a logging.Logger, whose level, handlers and filters are process "
+                "state, not a value; keep loggers out of what is keyed (log outside the "
+                "function, or pass in the values it decides on)",
+            )
+        weakref = mods.get("weakref")
+        if weakref is not None and isinstance(
+            obj, (weakref.ref, weakref.ProxyType, weakref.CallableProxyType)
+        ):
+            raise self._fail(
+                path,
+                "it is a weak reference, whose target may be gone or differ in another "
+                "process; pass the object itself",
+            )
+        return False
+
     def _named(self, obj: Any) -> None:
         module = _resolvable(obj)
         assert module is not None
@@ -632,6 +943,13 @@ class _Hasher:
         self._code(fn.__code__, f"{path}.__code__")
         self.feed(fn.__defaults__, f"{path}.__defaults__")
         self.feed(fn.__kwdefaults__, f"{path}.__kwdefaults__")
+        if fn.__dict__:  # attributes set on the function: trace-time code may read them
+            self._tag("attrs")
+            self._attrs(fn.__dict__, f"{path}.__dict__")
+        annotations = fn.__annotations__
+        if annotations:
+            self._tag("annotations")
+            self.feed(annotations, f"{path}.__annotations__")
         closure = fn.__closure__ or ()
         self._str(str(len(closure)))
         for name, cell in zip(fn.__code__.co_freevars, closure, strict=False):
@@ -716,6 +1034,9 @@ class _Hasher:
         self._str(str(len(cls.__bases__)))
         for i, base in enumerate(cls.__bases__):
             self.feed(base, f"{path}.__bases__[{i}]")
+        if type(cls) is not type:  # its attributes and methods are the class's too
+            self._tag("metaclass")
+            self.feed(type(cls), f"{path}.__class__")
         skip = set(_CLASS_SKIP)
         fields = cls.__dict__.get("__dataclass_fields__")
         if isinstance(fields, dict):  # the generated methods follow from the fields and params
@@ -770,6 +1091,16 @@ class _Hasher:
                 self.feed(obj.tolist(), f"{path}.tolist()")
             else:
                 self._bytes(np.ascontiguousarray(obj).tobytes())
+            if t is not np.ndarray:  # a subclass: its type and its own state
+                self.feed(t, f"{path}.__class__")
+                ma = sys.modules.get("numpy.ma")
+                if ma is not None and isinstance(obj, ma.MaskedArray):
+                    self._tag("masked")
+                    self.feed(ma.getmaskarray(obj), f"{path}.mask")
+                    self.feed(obj.fill_value, f"{path}.fill_value")
+                    self._str(str(bool(obj.hardmask)))
+                else:
+                    self._instance_dict(obj, path)
             return True
         if isinstance(obj, np.generic):
             self._tag("numpy-scalar")
@@ -826,7 +1157,6 @@ _CLASS_SKIP = (
     "__module__",
     "__doc__",
     "__qualname__",
-    "__annotations__",
 )
 _DATACLASS_GENERATED = (
     "__dataclass_params__",
@@ -846,12 +1176,6 @@ _DATACLASS_GENERATED = (
     "__setstate__",
     "__slots__",
 )
-
-
-def _sub_digest(what: str, hook: Any, obj: Any, path: str) -> str:
-    hasher = _Hasher(what, hook)
-    hasher.feed(obj, path)
-    return hasher.hexdigest()
 
 
 def _plain_repr(key: Any) -> bool:
