@@ -7,7 +7,6 @@ import stat
 
 import pytest
 
-from cuforge.store.remote import envelope
 from cuforge.store.remote.base import RemoteError
 from cuforge.store.remote.envelope import namespace
 from cuforge.store.remote.file import FileBackend

@@ -43,8 +43,7 @@ from time import monotonic
 
 from cuforge.store import telemetry as _telemetry
 from cuforge.store.base import ENTRY_KINDS, Entry, Store, StoreStats
-from cuforge.store.remote.base import DEFAULT_MAX_BYTES
-from cuforge.store.remote.base import RemoteUnavailable
+from cuforge.store.remote.base import DEFAULT_MAX_BYTES, RemoteUnavailable
 from cuforge.store.remote.breaker import CircuitBreaker
 
 TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs ~10 ms
