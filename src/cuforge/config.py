@@ -37,11 +37,14 @@ CUFORGE_REMOTE             remote cache tiers, comma-separated, tried in order:
                            ``file:///shared/dir``
 CUFORGE_REMOTE_BACKEND     ``module:Class``: a plug-in backend, used for the CUFORGE_REMOTE URLs
                            whose scheme it lists in ``schemes``
-CUFORGE_REMOTE_KEY         HMAC-SHA256 key: sign remote entries, refuse unsigned ones
+CUFORGE_REMOTE_KEY         HMAC-SHA256 key: sign remote entries, refuse unsigned ones (set
+                           but empty is an error: an unexpanded CI secret must not mean "none")
 CUFORGE_REMOTE_KEY_FILE    a file holding that key (instead of the variable)
 CUFORGE_REMOTE_READONLY    ``1``: read remote tiers, never write them
 CUFORGE_REMOTE_CONNECT_TIMEOUT  seconds to connect to a remote (default 0.1)
-CUFORGE_REMOTE_TIMEOUT     seconds for one remote transfer (default 1)
+CUFORGE_REMOTE_TIMEOUT     seconds for one remote get or put, all of it (default 1)
+CUFORGE_REMOTE_MAX_BYTES   the largest remote value read or written (128 MiB); a larger
+                           one is refused unread and counts as a failure of that remote
 CUFORGE_REMOTE_TTL         seconds a remote entry lives where the backend supports expiry
                            (default 0: no expiry)
 CUFORGE_OFFLINE            ``1``: strict production mode: a kernel not in the cache or a
@@ -91,6 +94,8 @@ DEFAULT_MEMORY_MAX_BYTES = 256 * 1024**2
 DEFAULT_LOCK_TIMEOUT = 600.0
 DEFAULT_REMOTE_CONNECT_TIMEOUT = 0.1
 DEFAULT_REMOTE_TIMEOUT = 1.0
+#: the largest remote value (envelope) read or written: above the largest real entries
+DEFAULT_REMOTE_MAX_BYTES = 128 * 1024**2
 
 #: Environment variables that change generated code. They are part of every cache key;
 #: any other variable may change freely and still hit.
@@ -129,6 +134,7 @@ _SETTING_VARS: tuple[str, ...] = (
     "CUFORGE_REMOTE_CONNECT_TIMEOUT",
     "CUFORGE_REMOTE_TIMEOUT",
     "CUFORGE_REMOTE_TTL",
+    "CUFORGE_REMOTE_MAX_BYTES",
     "CUFORGE_OFFLINE",
     "TORCH_CUDA_ARCH_LIST",
     "XDG_CACHE_HOME",
@@ -199,6 +205,7 @@ class Settings:
         "remote_connect_timeout",
         "remote_timeout",
         "remote_ttl",
+        "remote_max_bytes",
         "offline",
     )
 
@@ -257,6 +264,12 @@ class Settings:
         #: the HMAC-SHA256 signing key (entries are signed when written and refused unsigned
         #: or badly signed when read); CUFORGE_REMOTE_KEY_FILE names a file holding it
         self.remote_key: str = get("CUFORGE_REMOTE_KEY") or ""
+        if not self.remote_key.strip() and get("CUFORGE_REMOTE_KEY") is not None:
+            raise ConfigError(
+                "CUFORGE_REMOTE_KEY is set but empty (a CI secret that did not expand?); "
+                "an empty key would silently mean unsigned entries. Set it to the shared key, "
+                "or unset it (unset CUFORGE_REMOTE_KEY) to use unsigned entries"
+            )
         self.remote_key_file: str = (get("CUFORGE_REMOTE_KEY_FILE") or "").strip()
         self.remote_readonly: bool = _switch(get, "CUFORGE_REMOTE_READONLY", False)
         self.remote_connect_timeout: float = _seconds(
@@ -265,6 +278,10 @@ class Settings:
         self.remote_timeout: float = _seconds(get, "CUFORGE_REMOTE_TIMEOUT", DEFAULT_REMOTE_TIMEOUT)
         #: seconds an entry lives in a remote that supports expiry (0: no expiry)
         self.remote_ttl: float = _seconds(get, "CUFORGE_REMOTE_TTL", 0.0)
+        #: the largest remote value read or written (bytes); larger ones are refused unread
+        self.remote_max_bytes: int = _size(
+            get, "CUFORGE_REMOTE_MAX_BYTES", DEFAULT_REMOTE_MAX_BYTES
+        )
         #: strict production mode: any kernel miss raises instead of compiling
         self.offline: bool = _switch(get, "CUFORGE_OFFLINE", False)
 
@@ -280,6 +297,7 @@ class Settings:
             self.remote_connect_timeout,
             self.remote_timeout,
             self.remote_ttl,
+            self.remote_max_bytes,
         )
 
     def __repr__(self) -> str:

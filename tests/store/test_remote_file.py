@@ -7,7 +7,6 @@ import stat
 
 import pytest
 
-from cuforge.store.remote import envelope
 from cuforge.store.remote.base import RemoteError
 from cuforge.store.remote.envelope import namespace
 from cuforge.store.remote.file import FileBackend
@@ -54,7 +53,7 @@ def test_refuses_symlinks_non_files_and_oversize(tmp_path, monkeypatch):
     os.unlink(path)
     with open(path, "wb") as f:
         f.write(b"x" * 100)
-    monkeypatch.setattr(envelope, "MAX_VALUE_BYTES", 99)
+    b.max_bytes = 99  # (CUFORGE_REMOTE_MAX_BYTES)
     with pytest.raises(RemoteError, match="cap"):
         b.get("kernel", key)
     with pytest.raises(ValueError):

@@ -129,14 +129,15 @@ def _parse_meta(raw: bytes, *, schema: bool = True) -> dict:
 def decode_entry(data: bytes) -> tuple[dict, bytes]:
     """(header object ``{"key","kind","meta","created"}``, payload) of a whole entry file.
 
-    Raises :class:`CorruptEntry` on any damage, including metadata of the wrong shape."""
+    Raises :class:`CorruptEntry` on any damage, including metadata of the wrong shape.
+    ``data`` may be a memoryview (a remote's buffer): only the payload is copied out."""
     meta_len, payload_len = _parse_header(data, len(data))
     view = memoryview(data)
     if _blake2b(view[:-DIGEST_SIZE], digest_size=DIGEST_SIZE).digest() != data[-DIGEST_SIZE:]:
         raise CorruptEntry("checksum mismatch")
     end = HEADER_SIZE + meta_len
-    obj = _parse_meta(data[HEADER_SIZE:end])
-    return obj, data[end : end + payload_len]
+    obj = _parse_meta(bytes(data[HEADER_SIZE:end]))
+    return obj, bytes(data[end : end + payload_len])  # (bytes of bytes: no copy)
 
 
 def read_info(

@@ -30,10 +30,22 @@ def check_remote(p: Probe) -> list[Check]:
                 "file:///dir) or CUFORGE_REMOTE_BACKEND",
             )
         ]
-    return [_remote_row(row, sync.probe(remote, st), st) for remote in remotes]
+    return [_remote_row(row, sync.probe(remote, st), st, remote) for remote in remotes]
 
 
-def _remote_row(row: Callable[..., Check], r: Any, st: Any) -> Check:
+def _share_problem(remote: Any) -> str | None:
+    """Why anyone may write the entries of ``remote`` (a world-writable ``file://`` share),
+    or None (not a share, or a safe one)."""
+    check = getattr(getattr(remote, "backend", None), "share_problem", None)
+    if check is None:
+        return None
+    try:
+        return check()
+    except OSError:  # an unreadable share: the probe already says what is wrong
+        return None
+
+
+def _remote_row(row: Callable[..., Check], r: Any, st: Any, remote: Any = None) -> Check:
     data = r.as_dict()
     if not r.reachable:
         return row(
@@ -58,6 +70,15 @@ def _remote_row(row: Callable[..., Check], r: Any, st: Any) -> Check:
         )
     if not r.signed:
         parts.append("unsigned (CUFORGE_REMOTE_KEY signs entries)")
+        problem = _share_problem(remote)
+        if problem is not None:
+            # unsigned entries from a share anyone can write: anyone can run code here
+            status = "FAIL"
+            parts.append(f"{problem}: anyone can plant an entry that this machine runs")
+            fix = (
+                "set the same CUFORGE_REMOTE_KEY (or CUFORGE_REMOTE_KEY_FILE) on every writer "
+                "and reader, or restrict the share's mode (chmod -R o-w on it)"
+            )
     elif r.verified is False:
         status = "FAIL"
         parts.append("signed, but the probe entry did not verify")

@@ -159,7 +159,7 @@ def _install_fix(scheme: str) -> str:
 def open_remotes(current: Settings, *, telemetry_root: str | None = None) -> list[Store]:
     """One :class:`~cuforge.store.remote.tier.RemoteStore` per URL of ``CUFORGE_REMOTE``
     (``current.remote``), in order, configured from ``current``: the HMAC key
-    (:func:`read_secret`), read-only mode, the timeouts and the TTL. ``telemetry_root``:
+    (:func:`read_secret`), read-only mode, the timeouts, the TTL and the size cap. ``telemetry_root``:
     the local cache dir whose telemetry records the remote tiers' events.
 
     Scheme dispatch: ``file`` -> :class:`~cuforge.store.remote.file.FileBackend`;
@@ -221,6 +221,7 @@ def open_remotes(current: Settings, *, telemetry_root: str | None = None) -> lis
                 connect_timeout=current.remote_connect_timeout,
                 timeout=current.remote_timeout,
                 ttl=current.remote_ttl,
+                max_bytes=current.remote_max_bytes,
             )
         except ConfigError:
             raise

@@ -14,7 +14,14 @@ Guaranteed by every backend:
 * ``get`` returns exactly the bytes a ``put`` of the same ``(kind, key)`` stored, or None;
   a torn or partial value is never returned as a whole one (the envelope's digest would
   catch it anyway).
-* No call blocks longer than ``connect_timeout`` + ``timeout`` (per call).
+* No call blocks longer than ``connect_timeout`` + ``timeout``: ``timeout`` bounds the
+  whole ``get`` / ``put`` (a deadline), not each ``recv``, so a large value or a server
+  that trickles bytes cannot stretch a call.
+* ``get`` never buffers a value larger than ``max_bytes`` (the built-in backends learn the
+  size first: ``Content-Length``, ``STRLEN``, ``fstat``) and, under a tier, reads the
+  first bytes before the rest and asks :meth:`RemoteBackend.check_head` (the tier
+  installs the envelope's check, :attr:`RemoteBackend.head_check`); either refusal is a
+  :class:`DamagedValue`, which counts toward the circuit breaker.
 * Failures raise :class:`RemoteError` (or any exception; the tier counts it and fails open);
   a timeout raises :class:`RemoteTimeout` (or any ``TimeoutError``), which opens the
   tier's circuit breaker at once.
@@ -33,6 +40,8 @@ __all__ = [
     "RemoteError",
     "RemoteTimeout",
     "RemoteUnavailable",
+    "DamagedValue",
+    "DEFAULT_MAX_BYTES",
     "UrlParts",
     "split_url",
     "redact",
@@ -52,6 +61,16 @@ class RemoteUnavailable(RemoteError):
     """A backend that cannot work in this process at all (its client library is missing or
     broken). The tier turns itself off for the rest of the process, with one warning that
     names the fix, instead of asking again after every back-off."""
+
+
+class DamagedValue(RemoteError):
+    """A remote answered a value that cannot be a cuforge entry: over ``max_bytes``, bad
+    magic, a garbled header. Refused before the rest is transferred; a failure of the
+    remote like any other (it counts toward the circuit breaker)."""
+
+
+#: the default cap on one remote value (``CUFORGE_REMOTE_MAX_BYTES``), bytes
+DEFAULT_MAX_BYTES = 128 * 1024**2
 
 
 class UrlParts:
@@ -131,10 +150,17 @@ class RemoteBackend(ABC):
     ``namespace`` separates incompatible writers (cuforge's version and key schema): a
     backend must keep different namespaces apart (e.g. as a path or key prefix).
     ``ttl`` is seconds an entry should live (0: no expiry), honoured where the server can.
+    ``max_bytes``: the largest value a ``get`` may buffer (``CUFORGE_REMOTE_MAX_BYTES``).
     """
 
     #: URL schemes this backend serves (``("redis", "rediss")``)
     schemes: tuple[str, ...] = ()
+    #: how many first bytes of a value :meth:`check_head` wants before the rest is read
+    head_bytes = 9
+    #: ``check(head, total, kind, key, max_bytes) -> end``: the tier's check of a value's first bytes
+    #: (:func:`cuforge.store.remote.envelope.check_head`), installed by the tier; None: the
+    #: backend moves opaque bytes (only the size cap applies)
+    head_check = None
 
     def __init__(
         self,
@@ -144,12 +170,14 @@ class RemoteBackend(ABC):
         connect_timeout: float,
         timeout: float,
         ttl: float = 0.0,
+        max_bytes: int = DEFAULT_MAX_BYTES,
     ) -> None:
         self.url = url
         self.namespace = namespace
         self.connect_timeout = connect_timeout
         self.timeout = timeout
         self.ttl = ttl
+        self.max_bytes = max_bytes
         self.setup()
 
     def setup(self) -> None:  # noqa: B027 - optional hook: a backend may need no setup
@@ -171,6 +199,31 @@ class RemoteBackend(ABC):
     def contains(self, kind: str, key: str) -> bool:
         """Whether ``(kind, key)`` is stored (default: a ``get``)."""
         return self.get(kind, key) is not None
+
+    def check_head(self, head, total: int, kind: str, key: str) -> int:
+        """For a ``get`` that knows a value's size (``total``, or ``max_bytes`` when it
+        does not) and has read its first bytes (``head``: at least :attr:`head_bytes`, or
+        the whole value), before it reads the rest: raises :class:`DamagedValue` for a
+        value over ``max_bytes`` or one the tier's :attr:`head_check` refuses. Returns
+        how many bytes the check would like to see next time (the header's end), or 0."""
+        if total > self.max_bytes:
+            raise DamagedValue(
+                f"remote cache {self.describe()}: {kind}/{key[:16]} is {total} bytes, over "
+                f"the {self.max_bytes}-byte cap (CUFORGE_REMOTE_MAX_BYTES)"
+            )
+        check = self.head_check
+        if check is None:
+            return 0
+        try:
+            return check(head, total, kind, key, self.max_bytes)
+        except DamagedValue as exc:
+            raise DamagedValue(f"remote cache {self.describe()}: {exc}") from None
+
+    def trust_problem(self, kind: str, key: str) -> str | None:
+        """Why an unsigned value read for ``(kind, key)`` cannot be trusted (anyone may
+        have written it: a world-writable shared directory), or None (default: the
+        backend cannot tell). Asked by the tier only when no signing key is set."""
+        return None
 
     def close(self) -> None:  # noqa: B027 - optional hook: most backends hold nothing
         """Release connections (default: nothing to release)."""

@@ -3,6 +3,10 @@
 * Closed (normal): every call goes through. :data:`FAILURES_TO_OPEN` consecutive failures
   open it, and so does one timeout: a remote that does not answer costs the caller its
   timeout once, not once per call.
+* Slowness opens it too: when the median of the last :data:`SLOW_WINDOW` calls took more
+  than :data:`SLOW_FRACTION` of the remote's timeout, the remote is as good as down (a
+  remote that always answers just under its timeout would otherwise cost every lookup
+  most of a timeout, forever). A probe that answers that slowly fails the probe.
 * Open: :meth:`CircuitBreaker.allow` answers False (one clock read) until the back-off
   has passed: :data:`BACKOFF_START` seconds, doubling after each failed probe, at most
   :data:`BACKOFF_MAX`.
@@ -21,7 +25,14 @@ from __future__ import annotations
 from _thread import allocate_lock
 from time import monotonic
 
-__all__ = ["CircuitBreaker", "FAILURES_TO_OPEN", "BACKOFF_START", "BACKOFF_MAX"]
+__all__ = [
+    "CircuitBreaker",
+    "FAILURES_TO_OPEN",
+    "BACKOFF_START",
+    "BACKOFF_MAX",
+    "SLOW_WINDOW",
+    "SLOW_FRACTION",
+]
 
 #: consecutive failures that open the breaker
 FAILURES_TO_OPEN = 3
@@ -29,16 +40,24 @@ FAILURES_TO_OPEN = 3
 BACKOFF_START = 5.0
 #: ... doubling after each failed probe, up to this
 BACKOFF_MAX = 300.0
+#: the last this many calls' durations are kept; a full window whose median is ...
+SLOW_WINDOW = 5
+#: ... above this fraction of the timeout opens the breaker
+SLOW_FRACTION = 0.5
 
 # the remotes whose breaker has opened in this process (warned once each)
 _warned: set[str] = set()
 
 
 class CircuitBreaker:
-    """The breaker of the remote named ``name`` (its redacted URL). Thread-safe."""
+    """The breaker of the remote named ``name`` (its redacted URL). Thread-safe.
+    ``timeout``: the remote's per-call timeout, for the slowness rule (None: no rule)."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, timeout: float | None = None) -> None:
         self.name = name
+        self.timeout = timeout
+        #: durations (seconds) of the last successful calls, newest last
+        self.recent: list[float] = []
         self.failures = 0  # consecutive
         self.opened = 0  # times it opened (this process)
         self.is_open = False
@@ -59,8 +78,28 @@ class CircuitBreaker:
             self._retry_at = now + self._backoff
             return True
 
-    def success(self) -> None:
-        """A call completed: close the breaker."""
+    def success(self, seconds: float = 0.0) -> None:
+        """A call completed in ``seconds``: close the breaker, unless calls have become
+        too slow (see the module doc), which opens it like a failure."""
+        timeout = self.timeout
+        if timeout:
+            slow_after = timeout * SLOW_FRACTION
+            with self._lock:
+                recent = self.recent
+                recent.append(seconds)
+                if len(recent) > SLOW_WINDOW:
+                    del recent[0]
+                median = sorted(recent)[len(recent) // 2] if len(recent) >= SLOW_WINDOW else 0.0
+                probing = self.is_open
+            if (probing and seconds > slow_after) or median > slow_after:
+                took = seconds if probing else median
+                self.failure(
+                    f"too slow: {'the probe' if probing else 'the median of the last calls'} "
+                    f"took {took:.3g} s, over {SLOW_FRACTION:g} of the {timeout:g} s timeout "
+                    "(CUFORGE_REMOTE_TIMEOUT)",
+                    slow=True,
+                )
+                return
         if self.failures or self.is_open:
             with self._lock:
                 if self.is_open:
@@ -73,17 +112,18 @@ class CircuitBreaker:
                 self.is_open = False
                 self._backoff = BACKOFF_START
 
-    def failure(self, error: str, *, timed_out: bool = False) -> bool:
-        """A call failed with ``error`` (``timed_out``: by a timeout, which opens the breaker
-        at once); True when this failure opened the breaker."""
+    def failure(self, error: str, *, timed_out: bool = False, slow: bool = False) -> bool:
+        """A call failed with ``error`` (``timed_out``: by a timeout, ``slow``: calls became
+        too slow; both open the breaker at once); True when this failure opened it."""
         with self._lock:
             self.failures += 1
             if self.is_open:  # the probe failed: wait longer
                 self._backoff = min(self._backoff * 2, BACKOFF_MAX)
                 self._retry_at = monotonic() + self._backoff
                 return False
-            if self.failures < FAILURES_TO_OPEN and not timed_out:
+            if self.failures < FAILURES_TO_OPEN and not (timed_out or slow):
                 return False
+            self.recent.clear()  # a fresh window after the back-off
             self.is_open = True
             self.opened += 1
             self._backoff = BACKOFF_START

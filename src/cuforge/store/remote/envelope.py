@@ -11,8 +11,12 @@ Format (version :data:`VERSION`), integers little-endian::
 * ``entry``: an entry file of the disk tier (:func:`cuforge.store.disk.encode_entry`:
   its own BLAKE2b checksum, and metadata that must follow :mod:`cuforge.store.schema`).
 
+Backends read a value's first :data:`HEAD_BYTES` (and its total size) before the rest, and
+:func:`check_head` refuses it there (size cap, magic, version, header length; the header
+itself when it came along), so garbage or an oversized value is never buffered whole.
+
 :func:`open_envelope` checks, in this order, and raises :class:`Rejected` naming the
-first check that failed: the size cap (:data:`MAX_VALUE_BYTES`), magic and version,
+first check that failed: the size cap (``max_bytes``), magic and version,
 the header, the namespace, kind and key against what was asked, the digest, the
 signature (when a key is set: unsigned or badly signed values are refused; without a key a
 signature is not checked, the digest still is), then the entry's own checksum and schema.
@@ -22,6 +26,7 @@ signature is not checked, the digest still is), then the entry's own checksum an
 from __future__ import annotations
 
 from cuforge.store.remote import namespace  # (defined there: a lazy tier needs no envelope)
+from cuforge.store.remote.base import DEFAULT_MAX_BYTES, DamagedValue
 
 TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs ~10 ms
 if TYPE_CHECKING:  # pragma: no cover
@@ -32,6 +37,8 @@ __all__ = [
     "VERSION",
     "MAX_VALUE_BYTES",
     "MAX_HEADER_BYTES",
+    "HEAD_BYTES",
+    "check_head",
     "Rejected",
     "namespace",
     "seal",
@@ -42,12 +49,15 @@ __all__ = [
 MAGIC = b"CUFR"
 #: version of the envelope layout
 VERSION = 1
-#: a remote value larger than this is refused without being decoded (backends that can
-#: see a size before transferring, such as the file backend, refuse it unread)
-MAX_VALUE_BYTES = 1 << 30
+#: the default cap on a remote value (``CUFORGE_REMOTE_MAX_BYTES``): a larger one is
+#: refused before it is transferred where the backend can see its size first
+MAX_VALUE_BYTES = DEFAULT_MAX_BYTES
 #: the JSON header is a few hundred bytes; anything much larger is garbage
 MAX_HEADER_BYTES = 1 << 16
 _PREFIX = len(MAGIC) + 1 + 4
+#: what a backend reads first to check a value (:func:`check_head`): magic, version and
+#: the header's length
+HEAD_BYTES = _PREFIX
 
 
 class Rejected(Exception):
@@ -87,38 +97,79 @@ def seal(entry: Entry, ns: str, secret: bytes | None = None) -> bytes:
     return b"".join((MAGIC, bytes((VERSION,)), len(raw).to_bytes(4, "little"), raw, body))
 
 
-def open_envelope(
-    data: bytes, *, ns: str, kind: str, key: str, secret: bytes | None = None
-) -> tuple[dict, bytes]:
-    """``(entry header {"key", "kind", "meta", "created"}, payload)`` of a value read for
-    ``(kind, key)``. Raises :class:`Rejected` (see the module doc for the checks)."""
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise Rejected(f"the backend returned {type(data).__name__}, not bytes")
-    if len(data) > MAX_VALUE_BYTES:
-        raise Rejected(f"value of {len(data)} bytes is over the {MAX_VALUE_BYTES}-byte cap")
-    data = bytes(data)
-    if len(data) < _PREFIX or data[:4] != MAGIC:
+def _check_prefix(head, total: int, max_bytes: int) -> int:
+    """The end of the header of a value of ``total`` bytes starting with ``head`` (at
+    least :data:`HEAD_BYTES` of it, or all of it); raises :class:`Rejected`."""
+    if total > max_bytes:
+        raise Rejected(
+            f"value of {total} bytes is over the {max_bytes}-byte cap (CUFORGE_REMOTE_MAX_BYTES)"
+        )
+    if total < _PREFIX or len(head) < _PREFIX or head[:4] != MAGIC:
         raise Rejected("not a cuforge remote entry (bad magic or truncated)")
-    if data[4] != VERSION:
-        raise Rejected(f"envelope version {data[4]}, this cuforge reads {VERSION}")
-    size = int.from_bytes(data[5:9], "little")
-    if size > MAX_HEADER_BYTES or _PREFIX + size > len(data):
+    if head[4] != VERSION:
+        raise Rejected(f"envelope version {head[4]}, this cuforge reads {VERSION}")
+    size = int.from_bytes(head[5:9], "little")
+    if size > MAX_HEADER_BYTES or _PREFIX + size > total:
         raise Rejected("truncated or oversized header")
+    return _PREFIX + size
+
+
+def _parse_header(raw, kind: str, key: str) -> dict:
+    """The JSON header ``raw`` (bytes or a memoryview of them), checked for shape and for
+    naming ``(kind, key)``; raises :class:`Rejected`. The namespace is the caller's check
+    (a trust failure, not damage)."""
     from cuforge._fastjson import loads
 
     try:
-        header = loads(data[_PREFIX : _PREFIX + size].decode("utf-8"))
+        header = loads(bytes(raw).decode("utf-8"))
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise Rejected(f"bad header: {exc}") from None
     if not isinstance(header, dict) or not all(
         isinstance(header.get(f), str) for f in ("ns", "kind", "key", "sha256")
     ):
         raise Rejected("bad header: ns, kind, key and sha256 must be strings")
-    if header["ns"] != ns:
-        raise Rejected(f"namespace {header['ns']!r}, this cuforge uses {ns!r}", trust=True)
     if header["kind"] != kind or header["key"] != key:
         raise Rejected(f"holds {header['kind']} {header['key'][:16]}..., not what was asked")
-    body = data[_PREFIX + size :]
+    return header
+
+
+def check_head(head, total: int, kind: str, key: str, max_bytes: int | None = None) -> int:
+    """For a backend, before it transfers the rest of a value of ``total`` bytes for
+    ``(kind, key)`` whose first bytes are ``head`` (at least :data:`HEAD_BYTES`, or the
+    whole value when shorter): the size cap, magic, version and header length, and the
+    header itself when ``head`` holds all of it. Returns the header's end (the bytes a
+    backend needs to check the header too). Raises
+    :class:`~cuforge.store.remote.base.DamagedValue` naming what is wrong (the tier installs
+    it as its backend's :attr:`~cuforge.store.remote.base.RemoteBackend.head_check`)."""
+    try:
+        end = _check_prefix(head, total, MAX_VALUE_BYTES if max_bytes is None else max_bytes)
+        if len(head) >= end:
+            _parse_header(memoryview(head)[_PREFIX:end], kind, key)
+    except Rejected as exc:
+        raise DamagedValue(f"{kind}/{key[:16]}: {exc.reason}") from None
+    return end
+
+
+def open_envelope(
+    data: bytes,
+    *,
+    ns: str,
+    kind: str,
+    key: str,
+    secret: bytes | None = None,
+    max_bytes: int | None = None,
+) -> tuple[dict, bytes]:
+    """``(entry header {"key", "kind", "meta", "created"}, payload)`` of a value read for
+    ``(kind, key)``. Raises :class:`Rejected` (see the module doc for the checks). Copies
+    nothing but the payload it returns (``data`` may be a bytearray or memoryview)."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise Rejected(f"the backend returned {type(data).__name__}, not bytes")
+    view = memoryview(data).cast("B")
+    end = _check_prefix(view, view.nbytes, MAX_VALUE_BYTES if max_bytes is None else max_bytes)
+    header = _parse_header(view[_PREFIX:end], kind, key)
+    if header["ns"] != ns:
+        raise Rejected(f"namespace {header['ns']!r}, this cuforge uses {ns!r}", trust=True)
+    body = view[end:]
     import hashlib
     import hmac
 

@@ -9,7 +9,13 @@ Layout: ``<dir>/<namespace>/<kind>/<key[:2]>/<key>``, one file per entry (an env
   reader sees the old file or the new one, never part of one; two writers of one key both
   publish a valid entry and the last rename wins.
 * Reads open regular files only, never through a symlink, and refuse a file over
-  :data:`~cuforge.store.remote.envelope.MAX_VALUE_BYTES` from its size, unread.
+  ``max_bytes`` (``CUFORGE_REMOTE_MAX_BYTES``) from its size (``fstat``), unread, and one
+  whose envelope header is wrong after reading just the header; the rest is read into one
+  buffer, in chunks, each started before the deadline (``timeout``).
+* Trust: with no signing key, an entry read from a share that anyone may write to (the
+  share or a directory under it writable by others) is code anyone could have planted:
+  :meth:`FileBackend.trust_problem` says so (the tier warns once), and
+  :meth:`FileBackend.share_problem` checks the whole share for ``cuforge doctor``.
 * TTL: ignored (a shared directory has no expiry; prune it with ``find -mtime``).
 * Timeouts: local and network file systems block in the kernel; cuforge cannot bound a
   hung NFS mount from here (mount it ``soft`` with a ``timeo``).
@@ -18,8 +24,13 @@ Layout: ``<dir>/<namespace>/<kind>/<key[:2]>/<key>``, one file per entry (an env
 from __future__ import annotations
 
 import os
+import stat
+import time
 
-from cuforge.store.remote.base import RemoteBackend, RemoteError
+from cuforge.store.remote.base import RemoteBackend, RemoteError, RemoteTimeout
+
+#: bytes read per ``os.readinto`` (the deadline is checked between chunks)
+_CHUNK = 4 << 20
 
 __all__ = ["FileBackend"]
 
@@ -48,6 +59,8 @@ class FileBackend(RemoteBackend):
         self.root = _path_of(self.url)
         if "/" in self.namespace or self.namespace in ("", ".", ".."):
             raise ValueError(f"namespace {self.namespace!r} cannot be a directory name")
+        #: directories already found not writable by others (each is checked once)
+        self._trusted_dirs: set[str] = set()
 
     def path_for(self, kind: str, key: str) -> str:
         """``<dir>/<namespace>/<kind>/<key[:2]>/<key>``; ValueError for a kind or key that
@@ -59,17 +72,91 @@ class FileBackend(RemoteBackend):
 
     def get(self, kind: str, key: str) -> bytes | None:
         from cuforge import _fs
-        from cuforge.store.remote.envelope import MAX_VALUE_BYTES
 
         path = self.path_for(kind, key)
         try:
-            return _fs.read_bytes(path, max_bytes=MAX_VALUE_BYTES)
+            fd = _fs.open_regular(path)
         except FileNotFoundError:
             if not os.path.isdir(self.root):
                 raise RemoteError(f"shared cache directory {self.root} is missing") from None
             return None
         except OSError as exc:
             raise RemoteError(f"cannot read {path}: {exc.strerror or exc}") from exc
+        try:
+            return self._read(fd, path, kind, key)
+        except OSError as exc:
+            if isinstance(exc, RemoteError):
+                raise
+            raise RemoteError(f"cannot read {path}: {exc.strerror or exc}") from exc
+        finally:
+            os.close(fd)
+
+    def _read(self, fd: int, path: str, kind: str, key: str) -> bytearray:
+        """The file behind ``fd``: its size and first bytes checked (:meth:`check_head`)
+        before the rest is read, into one buffer, in chunks started by the deadline."""
+        deadline = time.monotonic() + self.timeout
+        size = os.fstat(fd).st_size
+        head = os.read(fd, min(size, self.head_bytes))
+        first = self.check_head(head, size, kind, key)  # the header's end: read, check again
+        data = bytearray(size)
+        view = memoryview(data)
+        view[: len(head)] = head
+        done = len(head)
+        while done < size:
+            if time.monotonic() > deadline:
+                raise RemoteTimeout(
+                    f"reading {path} took over {self.timeout:g} s (CUFORGE_REMOTE_TIMEOUT)"
+                )
+            stop = min(size, done + _CHUNK, first if first > done else size)
+            n = os.readv(fd, [view[done:stop]])
+            if n == 0:
+                raise RemoteError(f"{path} shrank while it was read (being replaced?)")
+            done += n
+            if first and done >= first:
+                self.check_head(view[:done], size, kind, key)
+                first = 0
+        if os.read(fd, 1):
+            raise RemoteError(f"{path} grew while it was read (being replaced?)")
+        return data
+
+    def trust_problem(self, kind: str, key: str) -> str | None:
+        """Why the entry of ``(kind, key)`` may have been planted: the share, or a
+        directory on the way to the entry, is writable by others (each directory is
+        checked once per process); None when none is."""
+        directory = self.root
+        for part in (self.namespace, kind, key[:2], None):
+            if directory not in self._trusted_dirs:
+                problem = _world_writable(directory)
+                if problem is not None:
+                    return problem
+                self._trusted_dirs.add(directory)
+            if part is None:
+                break
+            directory = os.path.join(directory, part)
+        return None
+
+    def share_problem(self, limit: int = 10_000) -> str | None:
+        """The first directory of the share that others may write to (the share itself,
+        then every directory up to the entries' fan-out dirs, at most ``limit`` of them),
+        as a sentence, or None."""
+        todo = [(self.root, 0)]
+        seen = 0
+        while todo and seen < limit:
+            directory, depth = todo.pop()
+            seen += 1
+            problem = _world_writable(directory)
+            if problem is not None:
+                return problem
+            if depth >= 3:  # <ns>/<kind>/<xx>: below are the entries
+                continue
+            try:
+                with os.scandir(directory) as it:
+                    for item in it:
+                        if item.is_dir(follow_symlinks=False):
+                            todo.append((item.path, depth + 1))
+            except OSError:
+                continue
+        return None
 
     def put(self, kind: str, key: str, data: bytes) -> None:
         from cuforge import _fs
@@ -92,6 +179,15 @@ class FileBackend(RemoteBackend):
             return False
         except OSError as exc:
             raise RemoteError(f"cannot stat an entry in {self.root}: {exc}") from exc
-        import stat
-
         return stat.S_ISREG(st.st_mode)
+
+
+def _world_writable(directory: str) -> str | None:
+    """``"<dir> is writable by others"`` when it is (a missing dir is no problem)."""
+    try:
+        st = os.lstat(directory)
+    except OSError:
+        return None
+    if st.st_mode & stat.S_IWOTH:
+        return f"the shared directory {directory} is writable by others (mode {stat.filemode(st.st_mode)})"
+    return None

@@ -19,9 +19,11 @@ Guarantees, on top of :class:`~cuforge.store.remote.base.RemoteBackend`'s:
 * ``200`` is a hit, ``404`` a miss, anything else (redirects included, which are never
   followed) a :class:`~cuforge.store.remote.base.RemoteError` with the status and an
   excerpt of the body; a ``PUT`` succeeds on ``200`` / ``201`` / ``204``;
-* a body larger than :attr:`HttpBackend.max_bytes` is refused before it is read (by its
-  ``Content-Length``) or as soon as it grows past the cap; a body shorter than its
-  ``Content-Length`` is an error, never a value;
+* a body larger than ``max_bytes`` (``CUFORGE_REMOTE_MAX_BYTES``) is refused before it is
+  read (by its ``Content-Length``) or as soon as it grows past the cap; its first bytes are
+  checked (:meth:`~cuforge.store.remote.base.RemoteBackend.check_head`: the envelope's
+  magic and header, under a tier) before the rest is read, into one buffer; a body shorter
+  than its ``Content-Length`` is an error, never a value;
 * basic auth from the URL's credentials; https verifies the server against the system's
   certificate authorities (:func:`ssl.create_default_context`).
 
@@ -36,7 +38,14 @@ import os
 import time
 from _thread import _local, allocate_lock  # threading.local / Lock, without importing threading
 
-from cuforge.store.remote.base import RemoteBackend, RemoteError, RemoteTimeout, redact, split_url
+from cuforge.store.remote.base import (
+    DamagedValue,
+    RemoteBackend,
+    RemoteError,
+    RemoteTimeout,
+    redact,
+    split_url,
+)
 
 __all__ = ["HttpBackend"]
 
@@ -58,9 +67,6 @@ class HttpBackend(RemoteBackend):
     """
 
     schemes = ("http", "https")
-
-    #: the largest body a ``get`` accepts (bytes)
-    max_bytes: int = 1024**3
 
     def setup(self) -> None:
         try:
@@ -200,7 +206,7 @@ class HttpBackend(RemoteBackend):
                 conn.sock.settimeout(self.timeout)
                 conn.request(method, path, body=body, headers=headers)
                 resp = conn.getresponse()
-                data = self._read_body(conn, resp, method)
+                data = self._read_body(conn, resp, method, kind, key)
             except RemoteError:  # (an OSError too: before the handlers below)
                 self._discard(conn)
                 raise
@@ -222,46 +228,72 @@ class HttpBackend(RemoteBackend):
             return resp.status, resp.reason, data
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _read_body(self, conn, resp, method: str) -> bytes:
-        """The whole body of a 2xx answer under :attr:`max_bytes`; of any other answer, up
-        to a short excerpt (the connection is dropped when more is left). A body that ends
-        before its ``Content-Length`` raises :class:`http.client.IncompleteRead`."""
+    def _read_body(self, conn, resp, method: str, kind: str, key: str):
+        """The whole body of a ``GET``'s 200 answer (:meth:`_read_value`); of any other
+        answer, up to a short excerpt (the connection is dropped when more is left). A
+        body that ends before its ``Content-Length`` raises
+        :class:`http.client.IncompleteRead`."""
         import http.client
 
-        success = 200 <= resp.status < 300
-        limit = self.max_bytes if success else _DRAIN_LIMIT
         if method == "HEAD":
             resp.read()  # no body: marks the response done so the connection is reusable
             return b""
+        if method == "GET" and resp.status == 200:
+            return self._read_value(resp, kind, key)
         length = resp.length
-        if length is not None and length > limit:
-            if not success:
-                data = resp.read(_EXCERPT)
-                self._discard(conn)
-                return data
-            raise RemoteError(
+        if length is not None and length > _DRAIN_LIMIT:
+            data = resp.read(_EXCERPT)
+            self._discard(conn)
+            return data
+        data = resp.read(_DRAIN_LIMIT + 1)
+        if len(data) > _DRAIN_LIMIT:
+            self._discard(conn)
+        elif resp.length:  # http.client's read(amt) ends quietly when the server hangs up
+            raise http.client.IncompleteRead(data, resp.length)
+        return data
+
+    def _read_value(self, resp, kind: str, key: str) -> bytearray:
+        """A value: refused by its ``Content-Length`` over the cap, or by its first bytes
+        (:meth:`check_head`) before the rest is read; read into one buffer."""
+        import http.client
+
+        length = resp.length
+        if length is not None and length > self.max_bytes:
+            raise DamagedValue(
                 f"remote cache {self.describe()}: the server announced {length} bytes, more "
-                f"than the {self.max_bytes} a cache entry may have"
+                f"than the {self.max_bytes} a cache entry may have (CUFORGE_REMOTE_MAX_BYTES)"
             )
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            chunk = resp.read(min(_CHUNK, limit + 1 - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > limit:
-                if not success:
-                    self._discard(conn)
-                    break
-                raise RemoteError(
-                    f"remote cache {self.describe()}: the answer grew past the "
-                    f"{self.max_bytes} bytes a cache entry may have"
-                )
-        if resp.length:  # http.client's read(amt) ends quietly when the server hangs up
-            raise http.client.IncompleteRead(b"", resp.length)
-        return b"".join(chunks)
+        head = bytearray(self.head_bytes if length is None else min(length, self.head_bytes))
+        got = _fill(resp, memoryview(head))
+        if got < len(head) or length == got:  # that was the whole body
+            if resp.length:  # http.client's readinto ends quietly when the server hangs up
+                raise http.client.IncompleteRead(bytes(head[:got]), resp.length)
+            del head[got:]
+            resp.read()  # (nothing left) marks the response done: the connection is reusable
+            self.check_head(head, got, kind, key)
+            return head
+        end = self.check_head(head, self.max_bytes if length is None else length, kind, key)
+        if length is not None:
+            data = bytearray(length)
+            data[:got] = head
+            done = got + _fill(resp, memoryview(data)[got:])
+            if resp.length:
+                raise http.client.IncompleteRead(b"", resp.length)
+            resp.read()  # (nothing left) marks the response done
+        else:  # no Content-Length: grow in chunks up to the cap
+            data, done = head, got
+            while len(data) == done:
+                if done > self.max_bytes:
+                    raise DamagedValue(
+                        f"remote cache {self.describe()}: the answer grew past the "
+                        f"{self.max_bytes} bytes a cache entry may have (CUFORGE_REMOTE_MAX_BYTES)"
+                    )
+                data.extend(bytes(min(_CHUNK, self.max_bytes + 1 - done)))
+                done += _fill(resp, memoryview(data)[done:])
+            del data[done:]
+        if end > got:  # the whole header has come: check it before the value is used
+            self.check_head(memoryview(data)[:done], done, kind, key)
+        return data
 
     def _fail(self, method: str, kind: str, key: str, exc: BaseException) -> RemoteError:
         return RemoteError(
@@ -312,6 +344,17 @@ class HttpBackend(RemoteBackend):
         for conn in conns:
             conn.close()
         self._local = _local()
+
+
+def _fill(resp, view: memoryview) -> int:
+    """Read into ``view`` until it is full or the body ends; how many bytes came."""
+    done = 0
+    while done < len(view):
+        n = resp.readinto(view[done:])
+        if not n:
+            break
+        done += n
+    return done
 
 
 def _deadline_response_class(conn):

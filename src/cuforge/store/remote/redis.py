@@ -12,8 +12,15 @@ redis-py (~65 ms) nor connects. Guarantees, on top of
 
 * one redis-py client (and connection pool) per backend, shared by every thread; a forked
   child opens its own connections (redis-py checks the pid);
-* connecting takes at most ``connect_timeout`` and each command's reply at most ``timeout``;
-  redis-py never retries on its own (the tier's circuit breaker decides when to try again),
+* connecting takes at most ``connect_timeout``, and then a whole ``get`` / ``put`` /
+  ``contains`` at most ``timeout`` (a deadline: redis-py's own timeout bounds each
+  ``recv``, so a watchdog shuts the connection's socket down when the deadline passes and
+  the call fails with :class:`~cuforge.store.remote.base.RemoteTimeout`);
+* a ``get`` asks ``STRLEN`` and the first bytes (``GETRANGE``) in one round trip, refuses a
+  value over ``max_bytes`` or with a bad header
+  (:meth:`~cuforge.store.remote.base.RemoteBackend.check_head`) before transferring the
+  rest, and reads the rest in ``GETRANGE`` chunks into one buffer;
+* redis-py never retries on its own (the tier's circuit breaker decides when to try again),
   and no extra commands are sent on connect besides ``AUTH`` / ``SELECT`` when the URL asks
   for them (RESP2, no ``CLIENT SETINFO``);
 * every failure (refused, timed out, out of memory, wrong type, ...) is a
@@ -24,6 +31,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from _thread import allocate_lock
 
 from cuforge.store.remote.base import (
@@ -38,6 +46,11 @@ from cuforge.store.remote.base import (
 __all__ = ["RedisBackend"]
 
 _INSTALL_HINT = "pip install 'cuforge[redis]'"
+#: bytes a get asks for with STRLEN (most entries: all of them, in one round trip; never
+#: more than the cap)
+_FIRST = 256 * 1024
+#: bytes per GETRANGE after that (redis-py buffers a reply whole: this bounds the extra copy)
+_CHUNK = 4 * 1024 * 1024
 
 
 class RedisBackend(RemoteBackend):
@@ -119,38 +132,111 @@ class RedisBackend(RemoteBackend):
             f"remote cache {self.describe()}: {op} {kind}/{key[:16]} failed: {what}: {exc}"
         )
 
-    def get(self, kind: str, key: str) -> bytes | None:
-        """The value of ``cuforge:{namespace}:{kind}:{key}``, or None when it is not set."""
-        client = self._client()
+    def _call(self, op: str, kind: str, key: str, work):
+        """``work(connection)`` on a connection of the pool, the whole of it within
+        ``timeout`` after connecting (a watchdog shuts the socket down at the deadline);
+        redis-py's and socket errors become :class:`RemoteError` / :class:`RemoteTimeout`."""
+        self._client()
+        redis, pool = self._redis, self._pool
         try:
-            value = client.get(self._key(kind, key))
-        except (self._redis.RedisError, OSError) as exc:  # type: ignore[union-attr]
-            raise self._fail("GET", kind, key, exc) from exc
-        if value is None:
-            return None
-        if not isinstance(value, bytes):
-            raise RemoteError(
-                f"remote cache {self.describe()}: GET {kind}/{key[:16]} answered a "
-                f"{type(value).__name__}, not bytes"
+            try:
+                conn = pool.get_connection()
+            except TypeError:  # redis-py < 5.3 wants a command name
+                conn = pool.get_connection(op)
+        except (redis.RedisError, OSError) as exc:  # type: ignore[union-attr]
+            raise self._fail(op, kind, key, exc) from exc
+        import threading
+
+        fired: list[bool] = []
+        timer = threading.Timer(self.timeout, _cut, (conn, fired))
+        timer.daemon = True
+        ok = False
+        try:
+            timer.start()
+            result = work(conn)
+            ok = True
+            return result
+        except (redis.RedisError, OSError) as exc:  # type: ignore[union-attr]
+            if fired and not isinstance(exc, RemoteError):
+                raise RemoteTimeout(
+                    f"remote cache {self.describe()}: {op} {kind}/{key[:16]}: Timeout: not done "
+                    f"within {self.timeout:g} s (CUFORGE_REMOTE_TIMEOUT)"
+                ) from exc
+            if isinstance(exc, RemoteError):
+                raise
+            raise self._fail(op, kind, key, exc) from exc
+        finally:
+            timer.cancel()
+            if not ok or fired:  # a reply may be half read, or the socket is shut down
+                conn.disconnect()
+            pool.release(conn)
+
+    def get(self, kind: str, key: str) -> bytes | bytearray | None:
+        """The value of ``cuforge:{namespace}:{kind}:{key}``, or None when it is not set (or
+        empty). Its size and first bytes are checked before the rest is transferred."""
+        name = self._key(kind, key)
+        first_end = min(_FIRST, self.max_bytes) - 1  # an oversized value costs at most the cap
+
+        def work(conn):
+            conn.send_packed_command(
+                conn.pack_commands([("STRLEN", name), ("GETRANGE", name, 0, first_end)])
             )
-        return value
+            size = conn.read_response()
+            first = conn.read_response()
+            if not isinstance(size, int) or not isinstance(first, bytes):
+                raise RemoteError(
+                    f"remote cache {self.describe()}: GET {kind}/{key[:16]} answered a "
+                    f"{type(first).__name__}, not bytes"
+                )
+            if size == 0:
+                return None
+            end = self.check_head(first, size, kind, key)
+            if len(first) >= size:
+                return first
+            deadline = time.monotonic() + self.timeout
+            data = bytearray(size)
+            data[: len(first)] = first
+            done = len(first)
+            del first
+            while done < size:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"Timeout: the deadline of {self.timeout:g} s passed")
+                stop = min(size, done + _CHUNK)
+                conn.send_command("GETRANGE", name, done, stop - 1)
+                chunk = conn.read_response()
+                if not isinstance(chunk, bytes) or len(chunk) != stop - done:
+                    raise RemoteError(
+                        f"remote cache {self.describe()}: GET {kind}/{key[:16]}: the value "
+                        "changed while it was read"
+                    )
+                data[done:stop] = chunk
+                done = stop
+            if end > first_end + 1:  # a header longer than the first read: check it whole now
+                self.check_head(memoryview(data)[:end], size, kind, key)
+            return data
+
+        return self._call("GET", kind, key, work)
 
     def put(self, kind: str, key: str, data: bytes) -> None:
         """``SET`` the value, with ``EX ttl`` (rounded up to whole seconds) when ttl > 0."""
         ex = max(1, -int(-self.ttl // 1)) if self.ttl > 0 else None  # ceil, without math
-        client = self._client()
-        try:
-            client.set(self._key(kind, key), bytes(data), ex=ex)
-        except (self._redis.RedisError, OSError) as exc:  # type: ignore[union-attr]
-            raise self._fail("SET", kind, key, exc) from exc
+        args = ("SET", self._key(kind, key), bytes(data)) + (("EX", ex) if ex else ())
+
+        def work(conn):
+            conn.send_command(*args)
+            return conn.read_response()
+
+        self._call("SET", kind, key, work)
 
     def contains(self, kind: str, key: str) -> bool:
         """``EXISTS``: one round trip, no value transferred."""
-        client = self._client()
-        try:
-            return bool(client.exists(self._key(kind, key)))
-        except (self._redis.RedisError, OSError) as exc:  # type: ignore[union-attr]
-            raise self._fail("EXISTS", kind, key, exc) from exc
+        name = self._key(kind, key)
+
+        def work(conn):
+            conn.send_command("EXISTS", name)
+            return bool(conn.read_response())
+
+        return self._call("EXISTS", kind, key, work)
 
     def close(self) -> None:
         """Close the pool's connections (idempotent; a later call reconnects; nothing to do
@@ -161,6 +247,19 @@ class RedisBackend(RemoteBackend):
             self._pool.disconnect()
         except (self._redis.RedisError, OSError) as exc:  # type: ignore[union-attr]
             raise RemoteError(f"remote cache {self.describe()}: closing failed: {exc}") from exc
+
+
+def _cut(conn, fired: list) -> None:
+    """The watchdog: the deadline passed, so end the call's blocking ``recv`` / ``send``."""
+    fired.append(True)
+    sock = getattr(conn, "_sock", None)
+    if sock is not None:
+        import socket
+
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # already closed
 
 
 def _redis_missing() -> bool:

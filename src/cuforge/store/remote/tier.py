@@ -10,13 +10,17 @@ What it adds to the backend, in one place:
   ``kind`` answers None without asking the backend.
 * **Fail open**: any exception of the backend is counted (``errors``) and the call becomes a
   miss (get) or a dropped write (put); a remote never fails a compile. A value that is not
-  a sound envelope is counted as an error and a miss (a warning, once per remote and
+  a sound envelope (over the size cap, bad magic, bad digest) is counted as an error, a
+  failure toward the circuit breaker, and a miss (a warning, once per remote and
   process); one that fails a trust check (another namespace, unsigned while a key is set,
   a bad signature) is counted as ``rejected`` and a miss (a warning naming the reason,
   once per remote and process).
 * **The circuit breaker** (:mod:`cuforge.store.remote.breaker`): after a few consecutive
-  failures the remote is skipped entirely (no call at all) until a probe after a back-off
-  succeeds.
+  failures, one timeout, or calls that are steadily slower than half the timeout, the
+  remote is skipped entirely (no call at all) until a probe after a back-off succeeds.
+* **Untrusted shares**: with no signing key, a backend that can tell that anyone may have
+  written a value (a world-writable ``file://`` share,
+  :meth:`~cuforge.store.remote.base.RemoteBackend.trust_problem`) gets one warning.
 * **Lazy**: building the tier checks the URL only; the backend imports its client library
   and connects on the first ``get`` / ``put`` (a process that hits a local tier never
   pays for the remote). A client library found missing or broken then
@@ -35,9 +39,11 @@ What it adds to the backend, in one place:
 
 from __future__ import annotations
 
+from time import monotonic
+
 from cuforge.store import telemetry as _telemetry
 from cuforge.store.base import ENTRY_KINDS, Entry, Store, StoreStats
-from cuforge.store.remote.base import RemoteUnavailable
+from cuforge.store.remote.base import DEFAULT_MAX_BYTES, RemoteUnavailable
 from cuforge.store.remote.breaker import CircuitBreaker
 
 TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs ~10 ms
@@ -63,6 +69,14 @@ def _warn_once(remote: str, category: str, message: str, *args) -> None:
     logging.getLogger("cuforge").warning(message, *args)
 
 
+def _check_head(head, total: int, kind: str, key: str, max_bytes: int) -> int:
+    """:func:`cuforge.store.remote.envelope.check_head`, imported on first use (building a
+    tier imports no envelope code)."""
+    from cuforge.store.remote.envelope import check_head
+
+    return check_head(head, total, kind, key, max_bytes)
+
+
 class RemoteStore(Store):
     """One remote cache as a tier. ``secret``: the HMAC key (sign writes, refuse unsigned
     reads); ``readonly``: never write; ``telemetry_root``: the local cache dir whose
@@ -86,7 +100,14 @@ class RemoteStore(Store):
         self.secret = secret or None
         self.readonly = bool(readonly)
         self.telemetry_root = telemetry_root
-        self.breaker = CircuitBreaker(self.url)
+        self.breaker = CircuitBreaker(self.url, getattr(backend, "timeout", None))
+        #: the largest value read or written (the backend's cap, CUFORGE_REMOTE_MAX_BYTES)
+        self.max_bytes: int = getattr(backend, "max_bytes", DEFAULT_MAX_BYTES)
+        #: no more trust checks once one warned (one warning per process is the point)
+        self._trust_warned = False
+        if getattr(backend, "head_check", False) is None:
+            # the backend checks a value's envelope header before transferring the rest
+            backend.head_check = _check_head
         self.hits = self.misses = self.puts = 0
         self.errors = self.rejected = 0
         #: calls not made because the breaker was open
@@ -148,37 +169,70 @@ class RemoteStore(Store):
         if not self._allow():
             self._miss()
             return None
+        start = monotonic()
         try:
             data = self.backend.get(kind, key)
         except Exception as exc:  # noqa: BLE001 - a remote (or plug-in) may raise anything; a remote never fails a compile
             self._failed("get", exc)
             self._miss()
             return None
-        self.breaker.success()
+        seconds = monotonic() - start
         if data is None:
+            self.breaker.success(seconds)
             self._miss()
             return None
         from cuforge.store.remote.envelope import Rejected, open_envelope
 
         try:
             obj, payload = open_envelope(
-                data, ns=self.namespace, kind=kind, key=key, secret=self.secret
+                data,
+                ns=self.namespace,
+                kind=kind,
+                key=key,
+                secret=self.secret,
+                max_bytes=self.max_bytes,
             )
             meta = obj["meta"]
         except Rejected as exc:
-            self._refused(kind, key, exc)
+            self._refused(kind, key, exc, seconds)
             self._miss()
             return None
         except Exception as exc:  # noqa: BLE001 - garbage from a remote must never fail a compile
-            self._refused(kind, key, Rejected(f"{type(exc).__name__}: {exc}"))
+            self._refused(kind, key, Rejected(f"{type(exc).__name__}: {exc}"), seconds)
             self._miss()
             return None
+        finally:
+            del data  # the remote's buffer: the payload is a copy
+        self.breaker.success(seconds)
+        if self.secret is None and not self._trust_warned:
+            self._check_trust(kind, key)
         self.hits += 1
         self._record("hit", kind, meta.get("name"), len(payload), meta.get("compile_seconds", 0.0))
         return Entry(key, kind, payload, meta)
 
-    def _refused(self, kind: str, key: str, exc) -> None:
+    def _check_trust(self, kind: str, key: str) -> None:
+        """Warn once when an unsigned value came from where anyone may write."""
+        try:
+            problem = self.backend.trust_problem(kind, key)
+        except Exception:  # noqa: BLE001 - a plug-in's check may raise anything; no answer is no warning
+            return
+        if problem is None:
+            return
+        self._trust_warned = True
+        _warn_once(
+            self.url,
+            "untrusted",
+            "cuforge: remote cache %s: %s, and CUFORGE_REMOTE_KEY is not set, so anyone who "
+            "can write there can make this process run their code. Set the same "
+            "CUFORGE_REMOTE_KEY (or CUFORGE_REMOTE_KEY_FILE) on writers and readers, or "
+            "restrict the directory's mode (chmod -R o-w). Shown once per process.",
+            self.url,
+            problem,
+        )
+
+    def _refused(self, kind: str, key: str, exc, seconds: float = 0.0) -> None:
         if exc.trust:
+            self.breaker.success(seconds)  # the remote works; the value is not ours to use
             self.rejected += 1
             self._record("rejected")
             _warn_once(
@@ -196,6 +250,8 @@ class RemoteStore(Store):
             self.errors += 1
             self.last_error = f"bad value: {exc.reason}"
             self._record("error")
+            # a remote that answers garbage is as useless as one that is down
+            self.breaker.failure(self.last_error)
             _warn_once(
                 self.url,
                 "garbage",
@@ -213,21 +269,22 @@ class RemoteStore(Store):
         as an error). Returns within the backend's timeouts; never raises."""
         if self.readonly or not self._allow():
             return False
-        from cuforge.store.remote.envelope import MAX_VALUE_BYTES, seal
+        from cuforge.store.remote.envelope import seal
 
         try:
             data = seal(entry, self.namespace, self.secret)
         except (TypeError, ValueError) as exc:  # meta that is not JSON: the disk tier's bug too
             self._failed("put", exc)
             return False
-        if len(data) > MAX_VALUE_BYTES:
-            return False
+        if len(data) > self.max_bytes:
+            return False  # no reader would accept it (CUFORGE_REMOTE_MAX_BYTES)
+        start = monotonic()
         try:
             self.backend.put(entry.kind, entry.key, data)
         except Exception as exc:  # noqa: BLE001 - a remote (or plug-in) may raise anything; a remote never fails a compile
             self._failed("put", exc)
             return False
-        self.breaker.success()
+        self.breaker.success(monotonic() - start)
         self.puts += 1
         self._record("put", entry.kind, entry.meta.get("name"), len(entry.payload))
         return True
