@@ -359,14 +359,10 @@ class DiskStore(Store):
         warm load checks the module file's digest). Reads the entry's header only: the
         hit is credited with the entry's build seconds (``compile_seconds``). False when
         there is no well-formed entry under ``key``."""
-        path = self.path_for(key)
-        try:
-            size = os.lstat(path).st_size
-        except OSError:
+        found = self._header(key)
+        if found is None:
             return False
-        info = read_info(path, size)
-        if info is None or info.get("key") != key:
-            return False
+        path, size, info = found
         try:
             os.utime(path)  # "last used", for LRU eviction
         except OSError:
@@ -381,13 +377,17 @@ class DiskStore(Store):
     def has(self, key: str) -> bool:
         """Whether a well-formed entry is stored under ``key`` (its header and metadata are
         checked, not its checksum; nothing is counted or refreshed)."""
+        return self._header(key) is not None
+
+    def _header(self, key: str) -> tuple[str, int, dict] | None:
+        """(path, file size, header object) of the well-formed entry under ``key``."""
         path = self.path_for(key)
         try:
             size = os.lstat(path).st_size
         except OSError:
-            return False
+            return None
         info = read_info(path, size)
-        return info is not None and info.get("key") == key
+        return (path, size, info) if info is not None and info.get("key") == key else None
 
     def delete(self, key: str) -> bool:
         if remove_path(self.path_for(key)):
