@@ -238,6 +238,41 @@ def test_prune_older_than_removes_only_stale_entries(cli, cache):
     assert human.returncode == 0 and "removed 0 entries" in human.stdout
 
 
+def _walk_bytes(root: str) -> int:
+    return sum(
+        os.lstat(os.path.join(d, name)).st_size
+        for d, _dirs, files in os.walk(root)
+        for name in files
+    )
+
+
+def test_stats_prune_and_clear_cover_the_torch_dirs(cli, cache):
+    root = cache["dir"]
+    now = time.time()
+    planted = {}
+    for where, age in (("build/ext", 40 * 86400), ("modules/" + "ab" * 32, 600)):
+        path = os.path.join(root, "torch", *where.split("/"))
+        os.makedirs(path, mode=0o700)
+        with open(os.path.join(path, "ext.so"), "wb") as f:
+            f.write(os.urandom(1 << 20))
+        os.utime(path, (now - age, now - age))
+        planted[where.split("/")[0]] = path
+    doc = cli.json("cache", "stats")
+    walked = _walk_bytes(root)
+    assert abs(doc["dir_bytes"] - walked) <= 0.05 * walked  # as du counts the dir
+    assert doc["bytes"] >= 2 << 20  # the cap holds the torch dirs
+    assert doc["outside"]["torch build dirs"] == {"dirs": 1, "bytes": 1 << 20}
+    human = cli("cache", "stats")
+    assert "torch module dirs 1.0 MiB (1)" in human.stdout, human.stdout
+    # the build dir is old; the module dir's entry is gone (it was never there)
+    doc = cli.json("cache", "prune", "--older-than", "30d")
+    assert doc["removed"] == 0 and doc["dirs_removed"] == 2
+    assert not any(map(os.path.exists, planted.values()))
+    os.makedirs(planted["build"])
+    assert cli.json("cache", "clear", "--yes")["dirs_removed"] == 1
+    assert not os.path.exists(planted["build"])
+
+
 def test_prune_rejects_bad_limits_on_stderr(cli):
     # a bad flag value is a usage error: exit code 2 (issue 11; it was 1)
     done = cli("cache", "prune", "--older-than", "soon")

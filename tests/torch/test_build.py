@@ -346,3 +346,30 @@ def test_modules_load_from_a_private_dir_when_the_modules_dir_is_writable_by_oth
     assert got["source"] == "cache"
     assert not got["path"].startswith(modules)  # never imported from the untrusted dir
     assert torch_env.compiles() == 0 and torch_env.links() == 0
+
+
+@pytest.mark.slow
+def test_a_warm_load_refreshes_the_module_entry_and_counts_the_time_it_saved(ext, torch_env):
+    from cuforge import default_cache
+    from cuforge.store import telemetry
+    from cuforge.torch.build import counters
+
+    first = _build(ext.spec())
+    cache = default_cache()
+    entry = cache.layout.entry_path(first.key)
+    month_ago = time.time() - 30 * 86400
+    for path in (entry, os.path.dirname(first.path)):
+        os.utime(path, (month_ago, month_ago))  # as if built a month ago
+    telemetry.flush(cache.directory)
+    saved = telemetry.summary(cache.directory)["seconds_saved"]
+    warm = counters["warm"]
+
+    again = _build(ext.spec())
+    assert again.source == "cache" and counters["warm"] == warm + 1
+    assert cache.counters["torch:warm"] == counters["warm"]  # the view is the cache's
+    telemetry.flush(cache.directory)
+    assert telemetry.summary(cache.directory)["seconds_saved"] > saved  # the build it skipped
+    disk = next(t for t in cache.store.tiers if t.tier == "disk")
+    disk.prune(older_than=7 * 86400)
+    assert os.path.isfile(entry)  # used just now: kept
+    assert os.path.isfile(again.path)  # and its module dir

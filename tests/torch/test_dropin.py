@@ -53,10 +53,10 @@ def _ignored_records(caplog) -> list[str]:
 
 
 def test_ignored_arguments_warn_once_per_argument(tmp_path, caplog, monkeypatch):
-    from cuforge.torch import build as build_mod
     from cuforge.torch import load, load_inline
 
-    monkeypatch.setattr(build_mod, "_ignored_warned", set())
+    # warned once per cache: a fresh default cache has warned about nothing
+    monkeypatch.setenv("CUFORGE_CACHE_DIR", str(tmp_path / "fresh-cache"))
     caplog.set_level(logging.WARNING, logger="cuforge")
     missing = str(tmp_path / "missing.cu")
     for _ in range(2):
@@ -73,13 +73,14 @@ def test_ignored_arguments_warn_once_per_argument(tmp_path, caplog, monkeypatch)
     assert any("use_pch=True" in m and "ignored" in m for m in messages)
 
 
-def test_build_extension_with_options_warns_and_honours_no_python_abi_suffix(caplog, monkeypatch):
+def test_build_extension_with_options_warns_and_honours_no_python_abi_suffix(
+    tmp_path, caplog, monkeypatch
+):
     from setuptools import Distribution
 
     from cuforge.torch import BuildExtension
-    from cuforge.torch import build as build_mod
 
-    monkeypatch.setattr(build_mod, "_ignored_warned", set())
+    monkeypatch.setenv("CUFORGE_CACHE_DIR", str(tmp_path / "fresh-cache"))
     caplog.set_level(logging.WARNING, logger="cuforge")
     cls = BuildExtension.with_options(use_ninja=True, no_python_abi_suffix=True)
     assert _ignored_records(caplog) == []  # both are honoured

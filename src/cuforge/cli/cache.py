@@ -120,6 +120,10 @@ def run_stats(args: argparse.Namespace) -> int:
         "bytes": stats.bytes,
         "max_bytes": store.max_bytes,
         "kinds": kinds,
+        # what the cap does not hold, and all of the dir (as `du -sb` counts it)
+        "outside": stats.extra.get("outside", {}),
+        "other_bytes": stats.extra.get("other_bytes", 0),
+        "dir_bytes": stats.extra.get("dir_bytes", stats.bytes),
         "tiers": summ.get("tiers", {}),
         "lookups": summ.get("lookups", {"lookups": 0, "hits": 0, "misses": 0, "builds": 0}),
         "seconds_saved": summ.get("seconds_saved", 0.0),
@@ -143,6 +147,12 @@ def run_stats(args: argparse.Namespace) -> int:
     print(f"cache dir   {store.root}")
     print(f"entries     {stats.entries}" + (f" ({by_kind})" if by_kind else ""))
     print(f"size        {output.human_bytes(stats.bytes)}{share}")
+    parts = [f"entries {output.human_bytes(stats.extra.get('entry_bytes', stats.bytes))}"]
+    for what, row in doc["outside"].items():
+        if row["dirs"]:
+            parts.append(f"{what} {output.human_bytes(row['bytes'])} ({row['dirs']})")
+    parts.append(f"index, logs and memos {output.human_bytes(doc['other_bytes'])}")
+    print(f"dir         {output.human_bytes(doc['dir_bytes'])}: {', '.join(parts)}")
     print(f"time saved  {output.human_seconds(doc['seconds_saved'])} of compiling")
     for r in doc["remotes"]:
         flags = ", ".join(
@@ -459,12 +469,23 @@ def run_clear(args: argparse.Namespace) -> int:
             return 1
     removed = store.clear()
     extra = store.clear_extras() if args.all else []
+    dirs = store.dirs_removed
     if args.json:
         output.emit_json(
-            {"command": "cache clear", "removed": removed, "bytes": stats.bytes, "also": extra}
+            {
+                "command": "cache clear",
+                "removed": removed,
+                "dirs_removed": dirs,
+                "bytes": stats.bytes,
+                "also": extra,
+            }
         )
     else:
-        print(f"removed {removed} entries ({output.human_bytes(stats.bytes)}) from {store.root}")
+        also_dirs = f" and {dirs} torch build / module dirs" if dirs else ""
+        print(
+            f"removed {removed} entries{also_dirs} ({output.human_bytes(stats.bytes)}) "
+            f"from {store.root}"
+        )
         if extra:
             print(f"also removed: {', '.join(extra)}")
     return 0
@@ -495,6 +516,7 @@ def run_prune(args: argparse.Namespace) -> int:
         "max_bytes": max_bytes,
         "older_than_seconds": older,
         "removed": removed,
+        "dirs_removed": store.dirs_removed,
         "freed_bytes": freed,
         "entries_before": before.entries,
         "bytes_before": before.bytes,
@@ -509,8 +531,10 @@ def run_prune(args: argparse.Namespace) -> int:
             limits.append(f"at most {output.human_bytes(max_bytes)}")
         if older is not None:
             limits.append(f"nothing unused for {args.older_than}")
+        dirs = store.dirs_removed
+        also_dirs = f" and {dirs} torch build / module dirs" if dirs else ""
         print(
-            f"removed {removed} entries ({output.human_bytes(freed)}); the cache now holds "
+            f"removed {removed} entries{also_dirs} ({output.human_bytes(freed)}); the cache now holds "
             f"{after.entries} entries, {output.human_bytes(after.bytes)} ({' and '.join(limits)})"
         )
     return 0
@@ -796,7 +820,9 @@ def add_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--name", help="the same as NAME")
     p.set_defaults(func=run_explain)
 
-    p = sub.add_parser("clear", parents=[common], help="remove every entry")
+    p = sub.add_parser(
+        "clear", parents=[common], help="remove every entry and torch build / module dir"
+    )
     p.add_argument("--yes", "-y", action="store_true", help="do not ask")
     p.add_argument(
         "--all", action="store_true", help="also remove telemetry, miss history and probe memos"
@@ -807,9 +833,10 @@ def add_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:
         "prune",
         parents=[common],
         help="trim the cache (least recently used first)",
-        description="Remove entries unused for --older-than, then least recently used ones "
-        "until the cache holds at most --max-bytes. With neither, trim to "
-        "CUFORGE_CACHE_MAX_BYTES.",
+        description="Remove entries and torch build / module dirs unused for --older-than, "
+        "then least recently used ones until the cache holds at most --max-bytes, and module "
+        "dirs whose module entry is gone. With neither, trim to CUFORGE_CACHE_MAX_BYTES. A "
+        "build dir a build is using is kept.",
     )
     p.add_argument("--max-bytes", metavar="SIZE", help="keep at most this much (500M, 2G, bytes)")
     p.add_argument("--older-than", metavar="AGE", help="remove entries unused for AGE (30d, 12h)")

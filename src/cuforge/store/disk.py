@@ -15,6 +15,13 @@ entries, its lock and its format) and :class:`DiskStore`, which reads and writes
 keeps the journal in step and rebuilds it from a scan when it is missing or damaged.
 Upkeep (eviction, ``prune``, ``clear``, ``verify``) is :mod:`cuforge.store.upkeep`.
 
+The size the tier reports (``stats().bytes``, :meth:`DiskStore.total_bytes`) and holds to
+``max_bytes`` is its entries plus the torch extension dirs (``layout.torch_builds``,
+``layout.torch_modules``: counted by :func:`cuforge.store.upkeep.count_torch_dirs` on a
+put or ``total_bytes()`` at most once a minute, and by every eviction and ``stats()``), so that the cap bounds
+what cuforge keeps under the dir; ``stats().extra["dir_bytes"]`` is all of the dir, as
+``du -sb`` counts it.
+
 Every read checks an entry file's magic, version, lengths, digest and metadata's shape
 (:mod:`cuforge.store.schema`); a damaged or malformed entry is a miss: it is deleted, a
 warning is logged to the ``cuforge`` logger, and the caller rebuilds it.
@@ -135,6 +142,12 @@ class DiskStore(Store):
         # live temp files' bytes, as last counted (they count toward the cap)
         self.tmp_bytes = 0
         self.tmp_checked = 0.0
+        # the torch extension dirs' bytes, as last counted (they count toward the cap);
+        # when they were counted (0: not yet in this process)
+        self.torch_bytes = 0
+        self.torch_checked = 0.0
+        # torch dirs removed by eviction, prune and clear in this process
+        self.dirs_removed = 0
         # this process's counters (stats() reports shared telemetry when it is on)
         self.hits = self.misses = self.puts = self.evictions = self.corrupt = 0
         self.journal_rebuilds = 0
@@ -321,22 +334,60 @@ class DiskStore(Store):
 
     def _maybe_evict(self) -> None:
         self.load_index(copy=False)
-        used, cap = self.journal.bytes, self.max_bytes
+        self._count_torch_dirs_once()
+        used, cap = self.journal.bytes + self.torch_bytes, self.max_bytes
         if used * 2 > cap or used + self.tmp_bytes > cap or self.journal.needs_compaction():
             from cuforge.store import upkeep  # not loaded while the tier is under half full
 
             upkeep.maybe_evict(self)
 
+    def _count_torch_dirs_once(self) -> None:
+        """Count the torch dirs when this process has not in the last minute (one stat
+        when there are none)."""
+        if self.torch_checked and monotonic() - self.torch_checked < 60.0:
+            return
+        if os.path.isdir(self.layout.torch):
+            from cuforge.store import upkeep
+
+            upkeep.count_torch_dirs(self)
+        else:
+            self.torch_checked = monotonic()
+
+    def touch(self, key: str) -> bool:
+        """Count a hit on ``key`` and refresh its last use without reading its payload,
+        for a caller that serves a copy of the payload it checked another way (a torch
+        warm load checks the module file's digest). Reads the entry's header only: the
+        hit is credited with the entry's build seconds (``compile_seconds``). False when
+        there is no well-formed entry under ``key``."""
+        found = self._header(key)
+        if found is None:
+            return False
+        path, size, info = found
+        try:
+            os.utime(path)  # "last used", for LRU eviction
+        except OSError:
+            pass  # a read-only cache still serves hits
+        meta = info.get("meta") or {}
+        self.hits += 1
+        self._record(
+            "hit", info.get("kind", ""), meta.get("name"), size, meta.get("compile_seconds", 0)
+        )
+        return True
+
     def has(self, key: str) -> bool:
         """Whether a well-formed entry is stored under ``key`` (its header and metadata are
         checked, not its checksum; nothing is counted or refreshed)."""
+        return self._header(key) is not None
+
+    def _header(self, key: str) -> tuple[str, int, dict] | None:
+        """(path, file size, header object) of the well-formed entry under ``key``."""
         path = self.path_for(key)
         try:
             size = os.lstat(path).st_size
         except OSError:
-            return False
+            return None
         info = read_info(path, size)
-        return info is not None and info.get("key") == key
+        return (path, size, info) if info is not None and info.get("key") == key else None
 
     def delete(self, key: str) -> bool:
         if remove_path(self.path_for(key)):
@@ -457,10 +508,11 @@ class DiskStore(Store):
         return idx
 
     def total_bytes(self) -> int:
-        """Bytes of all entry files, from the index (no stat per entry), plus the live
-        temp files as last counted."""
+        """What the cap holds: bytes of all entry files, from the index (no stat per
+        entry), plus the live temp files and the torch dirs as last counted."""
         self.load_index(copy=False)
-        return self.journal.bytes + self.tmp_bytes
+        self._count_torch_dirs_once()
+        return self.journal.bytes + self.tmp_bytes + self.torch_bytes
 
     # ------------------------------------------------------------------ upkeep
     def prune(
@@ -469,16 +521,17 @@ class DiskStore(Store):
         max_bytes: int | None = None,
         older_than: float | None = None,
     ) -> tuple[int, int]:
-        """Remove entries not used for ``older_than`` seconds, then least-recently-used ones
-        until the tier holds at most ``max_bytes``; also stale temp files and unheld compile
-        lock files. Returns (entries removed, bytes freed). See :mod:`cuforge.store.upkeep`."""
+        """Remove entries and torch dirs not used for ``older_than`` seconds, then
+        least-recently-used ones until the tier holds at most ``max_bytes``; also module
+        dirs whose module entry is gone, stale temp files and unheld compile lock files.
+        Returns (entries removed, bytes freed). See :mod:`cuforge.store.upkeep`."""
         from cuforge.store import upkeep
 
         return upkeep.prune(self, max_bytes=max_bytes, older_than=older_than)
 
     def clear(self) -> int:
-        """Remove every entry, every temp file and every unheld compile lock file. Returns
-        how many entries were removed."""
+        """Remove every entry, every torch dir not being built in, every temp file and
+        every unheld compile lock file. Returns how many entries were removed."""
         from cuforge.store import upkeep
 
         return upkeep.clear(self)
@@ -594,8 +647,15 @@ class DiskStore(Store):
 
     # ------------------------------------------------------------------ stats
     def stats(self) -> StoreStats:
+        from cuforge.store import upkeep
+
         idx = self.load_index()
         self.maybe_compact()
+        torch_dirs = upkeep.count_torch_dirs(self)
+        layout = self.layout
+        other = upkeep.tree_bytes(
+            self.root, skip=(layout.entries, layout.torch_builds, layout.torch_modules)
+        )
         kinds: dict[str, dict[str, int]] = {}
         for size, _created, kind, _name, _arch in idx.values():
             row = kinds.get(kind)
@@ -617,10 +677,19 @@ class DiskStore(Store):
             if settings().telemetry:
                 shared = _telemetry.summary(self.root)["tiers"].get("disk", {})
         counters = process if shared is None else shared
+        entry_bytes = sum(row["bytes"] for row in kinds.values())
+        outside = {
+            "torch build dirs": {"dirs": 0, "bytes": 0},
+            "torch module dirs": {"dirs": 0, "bytes": 0},
+        }
+        for unit in torch_dirs:
+            row = outside[f"torch {unit.kind} dirs"]
+            row["dirs"] += 1
+            row["bytes"] += unit.bytes
         return StoreStats(
             "disk",
             entries=len(idx),
-            bytes=sum(row["bytes"] for row in kinds.values()),
+            bytes=entry_bytes + self.torch_bytes,
             hits=counters.get("hits", 0),
             misses=counters.get("misses", 0),
             puts=counters.get("puts", 0),
@@ -633,6 +702,11 @@ class DiskStore(Store):
                 "disabled_reason": self.disabled_reason,
                 "format_version": DISK_FORMAT_VERSION,
                 "kinds": kinds,
+                "entry_bytes": entry_bytes,
+                "outside": outside,
+                "other_bytes": other,
+                "dir_bytes": entry_bytes + self.tmp_bytes + self.torch_bytes + other,
+                "dirs_removed": self.dirs_removed,
                 "temp_bytes": self.tmp_bytes,
                 "journal_rebuilds": self.journal_rebuilds,
                 "process": process,

@@ -3,12 +3,23 @@
 Functions over a :class:`cuforge.store.disk.DiskStore` (its methods of the same names
 call them; this module is imported only when upkeep runs, never on the hit path).
 
-When a put takes the tier (its entries plus live temp files) over ``max_bytes``, the
-least recently used entries are removed until the tier is under :data:`EVICT_TO` of the
-cap, by one process at a time (``layout.evict_lock``). Temp files a crashed writer left
-behind (older than :data:`STALE_TMP_SECONDS`) are removed by eviction, ``prune``,
-``clear`` and ``verify --repair``; ``prune`` and ``clear`` also remove compile lock files
-nobody holds.
+**What the cap bounds.** The entries, live temp files, and the torch extension dirs
+(``layout.torch_builds/<name>``: ninja objects, depfiles, a copy of the module;
+``layout.torch_modules/<key>``: the module imported) -- the bulk of what cuforge keeps
+outside its entries. Each torch dir is one unit of eviction whose last use is the dir's
+mtime (a build writes into it; a warm load refreshes its module dir). The rest of the dir
+(journal, locks, telemetry, miss history, toolchain memo, runtime) is small, not
+evictable and reported by ``stats`` but not held against the cap.
+
+When a put takes the tier over ``max_bytes``, the least recently used entries and torch
+dirs are removed until the tier is under :data:`EVICT_TO` of the cap, by one process at a
+time (``layout.evict_lock``). A torch dir is never removed while in use: a build dir
+whose lock (:data:`TORCH_BUILD_LOCK`) a build holds, or a dir used in the last
+:data:`IN_USE_SECONDS` (a module being imported; a build about to take its lock). Temp
+files a crashed writer left behind (older than :data:`STALE_TMP_SECONDS`) are removed by
+eviction, ``prune``, ``clear`` and ``verify --repair``; ``prune`` and ``clear`` also
+remove compile lock files nobody holds, and ``prune`` removes module dirs whose module
+entry is gone.
 """
 
 from __future__ import annotations
@@ -30,6 +41,11 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "EVICT_TO",
+    "IN_USE_SECONDS",
+    "TORCH_BUILD_LOCK",
+    "TorchDir",
+    "count_torch_dirs",
+    "tree_bytes",
     "STALE_TMP_SECONDS",
     "VerifyReport",
     "clean_locks",
@@ -44,6 +60,11 @@ __all__ = [
 EVICT_TO = 0.9
 #: temp files older than this are debris of a crashed writer (a put takes milliseconds)
 STALE_TMP_SECONDS = 300.0
+#: a torch dir used (written, loaded) less than this long ago is in use: never evicted
+IN_USE_SECONDS = 60.0
+#: the lock file a torch build holds in its build dir while it builds
+#: (:func:`cuforge.torch.build._build_locked`)
+TORCH_BUILD_LOCK = "lock"
 
 
 class VerifyReport:
@@ -100,13 +121,106 @@ class VerifyReport:
         return f"VerifyReport({self.as_dict()})"
 
 
+# ---------------------------------------------------------------------- torch dirs
+class TorchDir:
+    """One torch extension dir under the cache dir: ``kind`` ``"build"`` (a build dir,
+    by extension name) or ``"module"`` (a module dir, by link key: ``name``), its
+    ``bytes`` and its last use (the dir's mtime)."""
+
+    __slots__ = ("path", "kind", "name", "bytes", "last_used")
+
+    def __init__(self, path: str, kind: str, name: str, nbytes: int, last_used: float) -> None:
+        self.path, self.kind, self.name = path, kind, name
+        self.bytes, self.last_used = nbytes, last_used
+
+    def __repr__(self) -> str:
+        return f"TorchDir({self.kind} {self.path!r}, {self.bytes} bytes)"
+
+
+def tree_bytes(path: str, skip: tuple[str, ...] = ()) -> int:
+    """Bytes of every file under ``path`` (itself, when a file), as ``du -sb`` counts
+    files (links not followed, directories' own sizes left out); ``skip``: paths whose
+    trees are left out."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return 0
+    import stat
+
+    if not stat.S_ISDIR(st.st_mode):
+        return st.st_size
+    total = 0
+    stack = [path]
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as it:
+                children = list(it)
+        except OSError:
+            continue
+        for child in children:
+            if child.path in skip:
+                continue
+            try:
+                if child.is_dir(follow_symlinks=False):
+                    stack.append(child.path)
+                else:
+                    total += child.stat(follow_symlinks=False).st_size
+            except OSError:
+                continue
+    return total
+
+
+def torch_dirs(store: DiskStore) -> list[TorchDir]:
+    """The torch build dirs and module dirs under the cache dir (anything else found
+    there counts too, as a unit of its own)."""
+    layout = store.layout
+    found: list[TorchDir] = []
+    for kind, parent in (("build", layout.torch_builds), ("module", layout.torch_modules)):
+        try:
+            with os.scandir(parent) as it:
+                children = list(it)
+        except OSError:
+            continue
+        for child in children:
+            try:
+                mtime = child.stat(follow_symlinks=False).st_mtime
+            except OSError:
+                continue
+            found.append(TorchDir(child.path, kind, child.name, tree_bytes(child.path), mtime))
+    return found
+
+
+def count_torch_dirs(store: DiskStore) -> list[TorchDir]:
+    """:func:`torch_dirs`, their total noted on the store (``torch_bytes``: what the cap
+    holds besides the entries and temp files)."""
+    dirs = torch_dirs(store)
+    store.torch_bytes = sum(d.bytes for d in dirs)
+    store.torch_checked = monotonic()
+    return dirs
+
+
+def _remove_torch_dir(unit: TorchDir) -> bool:
+    """Remove a torch dir unless a build holds its lock (then it is in use). True when
+    it was removed."""
+    lock = os.path.join(unit.path, TORCH_BUILD_LOCK)
+    if unit.kind == "build" and os.path.isfile(lock) and not os.path.islink(lock):
+        try:
+            with _fs.locked(lock, blocking=False) as held:
+                # held: no build can start in it until it is gone (one that waited on
+                # this lock re-creates the dir before it writes)
+                return held and remove_path(unit.path)
+        except OSError:
+            pass  # a lock that cannot be taken is damage, not a build
+    return remove_path(unit.path)
+
+
 # ---------------------------------------------------------------------- eviction
 def maybe_evict(store: DiskStore) -> None:
-    """After a put: evict when the tier is over its cap (counting temp files, cleaned at
-    most once a minute once the tier is half full)."""
+    """After a put: evict when the tier (entries, the torch dirs as last counted, temp
+    files, cleaned at most once a minute once the tier is half full) is over its cap."""
     store.load_index(copy=False)
     cap = store.max_bytes
-    used = store.journal.bytes
+    used = store.journal.bytes + store.torch_bytes
     if used * 2 > cap and monotonic() - store.tmp_checked > 60.0:
         clean_temp(store)
     if used + store.tmp_bytes > cap:
@@ -116,11 +230,19 @@ def maybe_evict(store: DiskStore) -> None:
 
 
 def evict(
-    store: DiskStore, max_bytes: int | None, older_than: float | None, *, blocking: bool
+    store: DiskStore,
+    max_bytes: int | None,
+    older_than: float | None,
+    *,
+    blocking: bool,
+    orphans: bool = False,
 ) -> tuple[int, int]:
-    """Remove entries unused for ``older_than`` seconds, then LRU ones until the tier
-    (entries plus live temp files) holds at most ``max_bytes``. One process at a time
-    (others skip or wait). Returns (entries removed, bytes freed)."""
+    """Remove entries and torch dirs unused for ``older_than`` seconds, then LRU ones
+    until the tier (entries, live temp files, torch dirs) holds at most ``max_bytes``;
+    ``orphans``: also module dirs whose module entry is gone (and that are not in use).
+    Torch dirs in use are skipped. One process at a time (others skip or wait). Returns
+    (entries removed, bytes freed); the torch dirs removed are added to
+    ``store.dirs_removed``."""
     removed = freed = 0
     try:
         with locked_file(store.layout.evict_lock, blocking=blocking) as held:
@@ -128,12 +250,14 @@ def evict(
                 return 0, 0  # another process is evicting right now
             clean_temp(store)
             idx = store.load_index()
-            total = sum(info[0] for info in idx.values()) + store.tmp_bytes
-            if (max_bytes is None or total <= max_bytes) and older_than is None:
+            dirs = count_torch_dirs(store)
+            total = sum(info[0] for info in idx.values()) + store.tmp_bytes + store.torch_bytes
+            if (max_bytes is None or total <= max_bytes) and older_than is None and not orphans:
                 return 0, 0
             now = time()
             gone: list[str] = []
-            candidates: list[tuple[float, str, int]] = []
+            # (last used, key or path, bytes, the torch dir or None for an entry)
+            candidates: list[tuple[float, str, int, TorchDir | None]] = []
             for key, info in idx.items():
                 try:
                     if not is_entry_key(key):
@@ -143,20 +267,44 @@ def evict(
                     gone.append(key)  # vanished behind the index's back
                     total -= info[0]
                     continue
-                candidates.append((st.st_mtime, key, st.st_size))
-            candidates.sort()
-            for mtime, key, size in candidates:
+                candidates.append((st.st_mtime, key, st.st_size, None))
+            candidates.extend((d.last_used, d.path, d.bytes, d) for d in dirs)
+            candidates.sort(key=lambda c: (c[0], c[1]))
+            left: list[TorchDir] = []
+            for mtime, key, size, unit in candidates:
                 too_old = older_than is not None and now - mtime > older_than
                 too_big = max_bytes is not None and total > max_bytes
                 if not (too_old or too_big):
-                    if older_than is None:
-                        break
+                    if unit is not None:
+                        left.append(unit)
+                    continue
+                if unit is not None:
+                    if too_old or now - mtime >= IN_USE_SECONDS:
+                        if _remove_torch_dir(unit):
+                            store.dirs_removed += 1
+                            store.torch_bytes -= size
+                            freed += size
+                            total -= size
+                            continue
+                    left.append(unit)
                     continue
                 if remove_path(store.path_for(key)):
                     removed += 1
                     freed += size
                 gone.append(key)
                 total -= size
+            if orphans:
+                dead = set(gone)
+                for unit in left:
+                    if (
+                        unit.kind == "module"
+                        and (unit.name not in idx or unit.name in dead)
+                        and now - unit.last_used >= IN_USE_SECONDS
+                        and remove_path(unit.path)
+                    ):
+                        store.dirs_removed += 1
+                        store.torch_bytes -= unit.bytes
+                        freed += unit.bytes
             if gone:
                 store.journal_append([f"D\t{k}" for k in gone])
             store.evictions += removed
@@ -175,20 +323,25 @@ def evict(
 def prune(
     store: DiskStore, *, max_bytes: int | None = None, older_than: float | None = None
 ) -> tuple[int, int]:
-    """Remove entries not used for ``older_than`` seconds, then least-recently-used ones
-    until the tier holds at most ``max_bytes``; also stale temp files and unheld compile
-    lock files. Returns (entries removed, bytes freed)."""
+    """Remove entries and torch dirs not used for ``older_than`` seconds, then
+    least-recently-used ones until the tier holds at most ``max_bytes``; also module dirs
+    whose module entry is gone, stale temp files and unheld compile lock files. Returns
+    (entries removed, bytes freed)."""
     clean_locks(store)
-    return evict(store, max_bytes, older_than, blocking=True)
+    return evict(store, max_bytes, older_than, blocking=True, orphans=True)
 
 
 def clear(store: DiskStore) -> int:
-    """Remove every entry, every temp file and every unheld compile lock file. Returns
-    how many entries were removed."""
+    """Remove every entry, every torch dir not in use, every temp file and every unheld
+    compile lock file. Returns how many entries were removed."""
     removed = 0
     for _key, path, _st in store.walk():
         if remove_path(path):
             removed += 1
+    for unit in torch_dirs(store):
+        if _remove_torch_dir(unit):
+            store.dirs_removed += 1
+    count_torch_dirs(store)
     clean_temp(store, max_age=0.0)
     clean_locks(store)
     try:

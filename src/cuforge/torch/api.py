@@ -84,12 +84,12 @@ def load(
     the module also appears as torch names it, ``<name>.so`` (a hard link to the checked
     module file, or a copy), even when it came from the cache.
 
-    ``keep_intermediates=False`` is accepted and ignored (with a warning, once): it only
+    ``keep_intermediates=False`` is accepted and ignored (with a warning, once per cache): it only
     matters for torch's ROCm hipify step, and cuforge keeps its objects in the build dir
     and its cache.
     """
     if not keep_intermediates:
-        _warn_keep_intermediates()
+        _warn_keep_intermediates(cache)
     if extra_sycl_cflags or with_sycl:
         raise NotImplementedError("cuforge.torch builds CUDA and C++ extensions, not SYCL")
     spec = BuildSpec(
@@ -117,11 +117,12 @@ def load(
     return import_module(name, result.path, is_python_module)
 
 
-def _warn_keep_intermediates() -> None:
+def _warn_keep_intermediates(cache) -> None:
     warn_ignored(
         "keep_intermediates=False",
         "it only affects torch's ROCm hipify step; cuforge keeps its build files in the "
         "build directory and its objects in the cache",
+        cache,
     )
 
 
@@ -162,7 +163,7 @@ def load_inline(
     """Drop-in for ``torch.utils.cpp_extension.load_inline`` (same sources written the
     same way: ``main.cpp`` with ``#include <torch/extension.h>`` and the generated
     ``PYBIND11_MODULE`` for ``functions``, ``cuda.cu`` with torch's implicit headers).
-    ``use_pch=True`` is accepted and ignored (with a warning, once per process): the object
+    ``use_pch=True`` is accepted and ignored (with a warning, once per cache): the object
     cache makes a rebuilt binding rare, and a precompiled header did not pay for itself on
     2 cores (see docs/benchmarks.md); ``keep_intermediates=False`` likewise (see
     :func:`load`). The build directory is chosen as in :func:`load`."""
@@ -171,9 +172,10 @@ def load_inline(
             "use_pch=True",
             "cuforge serves the binding's object from its cache instead of a precompiled "
             "header (a PCH did not pay for itself; see docs/benchmarks.md)",
+            cache,
         )
     if not keep_intermediates:
-        _warn_keep_intermediates()
+        _warn_keep_intermediates(cache)
     if sycl_sources or extra_sycl_cflags or with_sycl:
         raise NotImplementedError("cuforge.torch builds CUDA and C++ extensions, not SYCL")
     build_directory = os.path.abspath(build_directory or default_build_directory(name, cache))

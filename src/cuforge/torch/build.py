@@ -35,14 +35,16 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import MutableMapping
 
 from cuforge import direct_mode
 from cuforge._fs import atomic_write, locked, read_bytes, write_if_changed
-from cuforge.caching import Cache, resolve
+from cuforge.caching import Cache, default_cache, resolve
 from cuforge.config import settings
 from cuforge.deps import file_digest
 from cuforge.key import KeyBuilder
 from cuforge.layout import is_entry_key as _is_key
+from cuforge.store.upkeep import TORCH_BUILD_LOCK
 from cuforge.torch import flags as _flags
 
 __all__ = [
@@ -58,11 +60,53 @@ __all__ = [
     "warn_ignored",
 ]
 
-#: process-wide counters (tests and bench/build_extension.py read them)
-counters = {"compiles": 0, "links": 0, "object_hits": 0, "module_hits": 0, "warm": 0}
+#: the counters a build bumps in its cache's ``counters``, as ``"torch:<name>"``
+COUNTER_NAMES = ("compiles", "links", "object_hits", "module_hits", "warm")
+_LAST_BUILD = "torch:last_build"  # the cache memo that holds what its last build() did
 
-#: what the last build() of this process did
-last_build: dict = {}
+
+class _DefaultView(MutableMapping):
+    """A live view of a mapping of :func:`cuforge.default_cache` (``data(cache)``), its
+    keys seen without ``prefix``."""
+
+    def __init__(self, data, prefix: str = "") -> None:
+        self._data, self._prefix = data, prefix
+
+    def _map(self) -> dict:
+        return self._data(default_cache())
+
+    def __getitem__(self, name: str):
+        return self._map()[self._prefix + name]
+
+    def __setitem__(self, name: str, value) -> None:
+        self._map()[self._prefix + name] = value
+
+    def __delitem__(self, name: str) -> None:
+        del self._map()[self._prefix + name]
+
+    def __iter__(self):
+        n = len(self._prefix)
+        return iter([k[n:] for k in self._map() if k.startswith(self._prefix)])
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __repr__(self) -> str:
+        return repr(dict(self.items()))
+
+
+def _torch_counters(cache: Cache) -> dict:
+    for name in COUNTER_NAMES:
+        cache.counters.setdefault("torch:" + name, 0)
+    return cache.counters
+
+
+#: the default cache's torch counters (``cache.counters["torch:compiles"]``...): tests and
+#: bench/build_extension.py read them; a cuforge.Cache keeps its own
+counters = _DefaultView(_torch_counters, "torch:")
+
+#: what the default cache's last build() did (a cache keeps its own: ``cache.memo(...)``)
+last_build = _DefaultView(lambda cache: cache.memo(_LAST_BUILD))
 
 _SRC = "${SRC}"
 _BUILD = "${BUILD}"
@@ -417,7 +461,7 @@ def _trusted_dir(cache: Cache, path: str, what: str) -> str:
         f"{problem}. Building and loading from a private temp dir instead (nothing is "
         "reused across processes until this is fixed)."
     )
-    return os.path.join(_private_dir(), what, os.path.basename(path))
+    return os.path.join(_private_dir(), "torch", what, os.path.basename(path))
 
 
 def default_build_directory(name: str, cache: Cache | None = None) -> str:
@@ -499,15 +543,33 @@ def _materialized(p: Plan, link_key: str, store, digest: str = "") -> str | None
     if digest:
         data = _safe_module_bytes(path)
         if data is not None and bytes_digest(data) == digest:
-            return path  # the copy of the entry it was written from: no entry read
+            # the copy of the entry it was written from: no entry read, but its use is
+            # the entry's (a hit, the build time it saved, its last use)
+            _used(store, link_key, path)
+            return path
     if store is None:
         return None
-    entry = store.get(link_key, kind="module")
+    entry = store.get(link_key, kind="module")  # counts the hit, refreshes its last use
     if entry is None or entry.kind != "module":
         return None
     if _safe_module_bytes(path) == entry.payload:
+        _used(None, link_key, path)
         return path
     return _write_module(path, entry.payload)
+
+
+def _used(store, link_key: str, path: str) -> None:
+    """A module served from its file: refresh the last use of its module dir and, without
+    reading the payload, of its entry in ``store``'s disk tier (counted as a hit there,
+    with the build time it saved). What eviction and ``cuforge cache stats`` go by."""
+    try:
+        os.utime(os.path.dirname(path))
+    except OSError:
+        pass  # a read-only cache dir still serves it
+    for tier in getattr(store, "tiers", (store,)):
+        touch = getattr(tier, "touch", None)
+        if touch is not None and touch(link_key):
+            return
 
 
 def direct_lookup(p: Plan) -> tuple[str, str] | None:
@@ -549,7 +611,7 @@ def build(spec: BuildSpec) -> BuildResult:
         f"reused {len(result.reused)}; linked {result.linked})",
     )
     _publish(p, result.path)
-    _record(result)
+    _record(cache, result)
     return result
 
 
@@ -642,22 +704,12 @@ def _publish(p: Plan, path: str) -> None:
         )
 
 
-#: (argument, where) already warned about in this process
-_ignored_warned: set[str] = set()
-
-
-def warn_ignored(argument: str, why: str) -> None:
-    """Log once per process (per ``argument``) that a torch argument is accepted and
-    ignored, and why. Through the ``cuforge`` logger, like the module's other warnings."""
-    if argument in _ignored_warned:
-        return
-    _ignored_warned.add(argument)
-    import logging
-
-    logging.getLogger("cuforge").warning(
-        "cuforge.torch: %s is accepted for compatibility with torch and ignored: %s",
-        argument,
-        why,
+def warn_ignored(argument: str, why: str, cache: Cache | None = None) -> None:
+    """Log once per cache (``cache``: default :func:`cuforge.default_cache`) that a torch
+    argument is accepted and ignored, and why. Through the ``cuforge`` logger, like the
+    module's other warnings."""
+    resolve(cache).warn_once(
+        f"cuforge.torch: {argument} is accepted for compatibility with torch and ignored: {why}"
     )
 
 
@@ -665,19 +717,28 @@ def _cached(p: Plan) -> BuildResult | None:
     hit = direct_lookup(p)
     if hit is None:
         return None
-    counters["warm"] += 1
+    p.spec.cache.count("torch:warm")
     return BuildResult(hit[0], hit[1], "cache", reused=[t.rel for t in p.tus])
 
 
-def _record(result: BuildResult) -> None:
-    last_build.clear()
-    last_build.update(result.as_dict())
+def _record(cache: Cache, result: BuildResult) -> None:
+    last = cache.memo(_LAST_BUILD)
+    last.clear()
+    last.update(result.as_dict())
 
 
 def _build_locked(p: Plan, store) -> BuildResult:
     spec = p.spec
-    os.makedirs(spec.build_directory, exist_ok=True)
-    with locked(os.path.join(spec.build_directory, "lock")):
+    bdir = spec.build_directory
+    os.makedirs(bdir, exist_ok=True)
+    with locked(os.path.join(bdir, TORCH_BUILD_LOCK)):
+        # eviction may have removed the dir while this build waited for its lock (it
+        # takes the lock to remove one); its last use is now
+        os.makedirs(bdir, exist_ok=True)
+        try:
+            os.utime(bdir)
+        except OSError:
+            pass
         return _build_in_dir(p, store)
 
 
@@ -780,7 +841,7 @@ def _build_in_dir(p: Plan, store) -> BuildResult:
         if data is None:
             todo.append(tu)
             continue
-        counters["object_hits"] += 1
+        spec.cache.count("torch:object_hits")
         reused.append(tu.rel)
         write_if_changed(obj_path, data, mode=0o644)
     _say(spec, p.jobs_why)
@@ -789,7 +850,7 @@ def _build_in_dir(p: Plan, store) -> BuildResult:
         link_key = _link_key(p)
         path = _materialized(p, link_key, store)
         if path is not None:
-            counters["module_hits"] += 1
+            spec.cache.count("torch:module_hits")
             _remember_load(p, store, link_key, _module_digest(path))
             return BuildResult(path, link_key, "objects", reused=reused)
     from cuforge.torch import ninja_build
@@ -799,8 +860,8 @@ def _build_in_dir(p: Plan, store) -> BuildResult:
     t0 = time.perf_counter()
     ninja_build.run(p, todo)
     seconds = time.perf_counter() - t0
-    counters["compiles"] += len(todo)
-    counters["links"] += 1
+    spec.cache.count("torch:compiles", len(todo))
+    spec.cache.count("torch:links")
     for tu in todo:
         _record_object(p, tu, store, seconds / max(1, len(todo)))
     link_key = _link_key(p)
