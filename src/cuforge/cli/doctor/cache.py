@@ -4,14 +4,17 @@ its size against the cap, the hit rate, a quick integrity pass."""
 from __future__ import annotations
 
 import os
+import tempfile
 
+from cuforge import _fs
 from cuforge.cli import output
 from cuforge.cli.doctor.base import Check, Probe, row_maker
+from cuforge.config import settings
+from cuforge.store import telemetry
+from cuforge.store.disk import DiskStore
 
 
 def _probe_writable(root: str) -> bool:
-    import tempfile
-
     try:
         fd, path = tempfile.mkstemp(prefix=".doctor-", dir=root)
     except OSError:
@@ -24,7 +27,6 @@ def _probe_writable(root: str) -> bool:
 def _trust_problems(root: str) -> list[tuple[str, str | None]]:
     """(problem, fix) for the cache dir and each directory directly under it (``v1``,
     ``locks``, ``runtime``, ...) that fails :func:`cuforge._fs.trust_problem`."""
-    from cuforge import _fs
 
     dirs = [root]
     try:
@@ -113,10 +115,6 @@ def _check_cache_dir(root: str, disabled: str | None) -> list[Check]:
 
 
 def check_cache(p: Probe) -> list[Check]:
-    from cuforge.config import settings
-    from cuforge.store import telemetry
-    from cuforge.store.disk import DiskStore
-
     st = settings()
     root = st.cache_dir
     disabled = (
