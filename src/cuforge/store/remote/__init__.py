@@ -11,7 +11,18 @@ Modules: :mod:`~cuforge.store.remote.base` (the backend interface),
 
 from __future__ import annotations
 
-TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs ~10 ms
+import logging
+import os
+from importlib.util import find_spec
+from typing import TYPE_CHECKING
+
+from cuforge import _fs
+from cuforge._version import __version__
+from cuforge.errors import ConfigError
+from cuforge.key import SCHEMA_VERSION
+from cuforge.store.remote.base import redact
+from cuforge.store.remote.plugin import load_backend_class
+
 if TYPE_CHECKING:  # pragma: no cover
     from cuforge.config import Settings
     from cuforge.store.base import Store
@@ -39,8 +50,6 @@ _warned: set[str] = set()
 def namespace() -> str:
     """``"cuforge-<version>-k<key schema>"``: writers of another namespace never share
     entries (a backend keeps namespaces apart; the envelope checks it again)."""
-    from cuforge._version import __version__
-    from cuforge.key import SCHEMA_VERSION
 
     return f"cuforge-{__version__}-k{SCHEMA_VERSION}"
 
@@ -56,11 +65,6 @@ def read_secret(current: Settings) -> bytes | None:
         return None
     secret = _secrets.get(path)
     if secret is None:
-        import os
-
-        from cuforge import _fs
-        from cuforge.errors import ConfigError
-
         try:
             secret = _fs.read_bytes(os.path.expanduser(path), max_bytes=1 << 16, follow=True)
         except OSError as exc:
@@ -85,13 +89,10 @@ def _load(spec: str):
 
 
 def _skip(url: str, why: str, fix: str) -> None:
-    from cuforge.store.remote.base import redact
-
     shown = redact(url)
     if shown in _warned:
         return
     _warned.add(shown)
-    import logging
 
     logging.getLogger("cuforge").warning(
         "cuforge: not using remote cache %s: %s. Fix: %s. Compiles and the local cache work "
@@ -112,19 +113,14 @@ def backend_class(url: str, plugin: str = "") -> type[RemoteBackend] | None:
     when it lists the URL's scheme, else the built-in one; None (after one warning) when a
     built-in backend cannot be imported. Raises :class:`~cuforge.errors.ConfigError` for a
     scheme nothing serves, or a plug-in that is not one."""
-    from cuforge.errors import ConfigError
 
     scheme = scheme_of(url)
     if plugin:
-        from cuforge.store.remote.plugin import load_backend_class
-
         cls = load_backend_class(plugin)
         if scheme in cls.schemes:
             return cls
     spec = BUILTIN.get(scheme)
     if spec is None:
-        from cuforge.store.remote.base import redact
-
         raise ConfigError(
             f"CUFORGE_REMOTE: no backend serves {redact(url)!r} (scheme {scheme!r}). Built in: "
             "file://, redis://, rediss://, http://, https://; for another scheme set "
@@ -144,7 +140,6 @@ def _missing_extra(scheme: str) -> bool:
     extra = _EXTRAS.get(scheme)
     if extra is None:
         return False
-    from importlib.util import find_spec
 
     return find_spec(extra) is None
 
@@ -204,7 +199,8 @@ def open_remotes(current: Settings, *, telemetry_root: str | None = None) -> lis
     urls = current.remote
     if not urls:
         return []
-    from cuforge.errors import ConfigError
+
+    # the tier imports the envelope, which imports namespace() from this package
     from cuforge.store.remote.tier import RemoteStore
 
     secret = read_secret(current)

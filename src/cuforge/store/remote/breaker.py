@@ -18,6 +18,7 @@ The constants are read at each use, so tests may shrink them.
 
 from __future__ import annotations
 
+import logging
 from _thread import allocate_lock
 from time import monotonic
 
@@ -64,8 +65,6 @@ class CircuitBreaker:
         if self.failures or self.is_open:
             with self._lock:
                 if self.is_open:
-                    import logging
-
                     logging.getLogger("cuforge").info(
                         "cuforge: remote cache %s is answering again", self.name
                     )
@@ -90,7 +89,6 @@ class CircuitBreaker:
             self._retry_at = monotonic() + self._backoff
             first = self.name not in _warned
             _warned.add(self.name)
-        import logging
 
         log = logging.getLogger("cuforge")
         if first:

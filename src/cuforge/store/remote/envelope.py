@@ -21,9 +21,15 @@ signature is not checked, the digest still is), then the entry's own checksum an
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
+from typing import TYPE_CHECKING
+
+from cuforge._fastjson import loads
+from cuforge.store.disk import CorruptEntry, decode_entry, encode_entry
 from cuforge.store.remote import namespace  # (defined there: a lazy tier needs no envelope)
 
-TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs ~10 ms
 if TYPE_CHECKING:  # pragma: no cover
     from cuforge.store.base import Entry
 
@@ -62,7 +68,6 @@ class Rejected(Exception):
 
 def signature(secret: bytes, ns: str, kind: str, key: str, sha256: str) -> str:
     """Hex HMAC-SHA256 of the length-prefixed header fields."""
-    import hmac
 
     msg = b"".join(
         len(part).to_bytes(4, "little") + part
@@ -73,10 +78,6 @@ def signature(secret: bytes, ns: str, kind: str, key: str, sha256: str) -> str:
 
 def seal(entry: Entry, ns: str, secret: bytes | None = None) -> bytes:
     """The envelope holding ``entry`` (signed when ``secret`` is given)."""
-    import hashlib
-    import json
-
-    from cuforge.store.disk import encode_entry
 
     body = encode_entry(entry)
     digest = hashlib.sha256(body).hexdigest()
@@ -104,7 +105,6 @@ def open_envelope(
     size = int.from_bytes(data[5:9], "little")
     if size > MAX_HEADER_BYTES or _PREFIX + size > len(data):
         raise Rejected("truncated or oversized header")
-    from cuforge._fastjson import loads
 
     try:
         header = loads(data[_PREFIX : _PREFIX + size].decode("utf-8"))
@@ -119,8 +119,6 @@ def open_envelope(
     if header["kind"] != kind or header["key"] != key:
         raise Rejected(f"holds {header['kind']} {header['key'][:16]}..., not what was asked")
     body = data[_PREFIX + size :]
-    import hashlib
-    import hmac
 
     digest = hashlib.sha256(body).hexdigest()
     if not hmac.compare_digest(digest, header["sha256"]):
@@ -131,7 +129,6 @@ def open_envelope(
             raise Rejected("unsigned, and CUFORGE_REMOTE_KEY requires signed entries", trust=True)
         if not hmac.compare_digest(sig, signature(secret, ns, kind, key, digest)):
             raise Rejected("bad signature (written with another key?)", trust=True)
-    from cuforge.store.disk import CorruptEntry, decode_entry
 
     try:
         obj, payload = decode_entry(body)

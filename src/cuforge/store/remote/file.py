@@ -18,20 +18,22 @@ Layout: ``<dir>/<namespace>/<kind>/<key[:2]>/<key>``, one file per entry (an env
 from __future__ import annotations
 
 import os
+import stat
+from urllib.parse import unquote, urlsplit
 
+from cuforge import _fs
+from cuforge.errors import ConfigError
 from cuforge.store.remote.base import RemoteBackend, RemoteError
+from cuforge.store.remote.envelope import MAX_VALUE_BYTES
 
 __all__ = ["FileBackend"]
 
 
 def _path_of(url: str) -> str:
     """The directory a ``file://`` URL names (``file:///abs`` or ``file://localhost/abs``)."""
-    from urllib.parse import unquote, urlsplit
 
     parts = urlsplit(url)
     if parts.scheme != "file" or parts.netloc not in ("", "localhost") or not parts.path:
-        from cuforge.errors import ConfigError
-
         raise ConfigError(
             f"CUFORGE_REMOTE: {url!r} is not a file URL of a local path; expected "
             "file:///absolute/path/to/shared/dir"
@@ -58,9 +60,6 @@ class FileBackend(RemoteBackend):
         return os.path.join(self.root, self.namespace, kind, key[:2], key)
 
     def get(self, kind: str, key: str) -> bytes | None:
-        from cuforge import _fs
-        from cuforge.store.remote.envelope import MAX_VALUE_BYTES
-
         path = self.path_for(kind, key)
         try:
             return _fs.read_bytes(path, max_bytes=MAX_VALUE_BYTES)
@@ -72,8 +71,6 @@ class FileBackend(RemoteBackend):
             raise RemoteError(f"cannot read {path}: {exc.strerror or exc}") from exc
 
     def put(self, kind: str, key: str, data: bytes) -> None:
-        from cuforge import _fs
-
         if not os.path.isdir(self.root):
             # the share itself must exist (an unmounted NFS path must not fill the local disk)
             raise RemoteError(f"shared cache directory {self.root} is missing")
@@ -92,6 +89,5 @@ class FileBackend(RemoteBackend):
             return False
         except OSError as exc:
             raise RemoteError(f"cannot stat an entry in {self.root}: {exc}") from exc
-        import stat
 
         return stat.S_ISREG(st.st_mode)

@@ -31,10 +31,14 @@ use an IP address or a local resolver where that matters.
 
 from __future__ import annotations
 
+import base64
+import http.client
 import io
 import os
+import ssl
 import time
 from _thread import _local, allocate_lock  # threading.local / Lock, without importing threading
+from urllib.parse import quote, unquote
 
 from cuforge.store.remote.base import RemoteBackend, RemoteError, RemoteTimeout, redact, split_url
 
@@ -97,12 +101,9 @@ class HttpBackend(RemoteBackend):
 
     def _prepare(self) -> None:
         """What the first request needs: the quoted namespace and the headers."""
-        from urllib.parse import quote, unquote
 
         headers = {"User-Agent": "cuforge"}
         if self._credentials is not None:
-            import base64
-
             user, password = (unquote(c) for c in self._credentials)
             token = base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
             headers["Authorization"] = f"Basic {token}"
@@ -132,11 +133,7 @@ class HttpBackend(RemoteBackend):
     # -- connections --------------------------------------------------------------------
 
     def _new_connection(self):
-        import http.client
-
         if self._https:
-            import ssl
-
             if self._ssl_context is None:
                 self._ssl_context = ssl.create_default_context()
             conn = http.client.HTTPSConnection(
@@ -187,7 +184,6 @@ class HttpBackend(RemoteBackend):
     def _request(self, method: str, kind: str, key: str, body: bytes | None = None):
         """Send one request; return ``(status, reason, body)``, the body read in full
         (under the cap; HEAD: empty). Raises RemoteError."""
-        import http.client
 
         path = self._path(kind, key)
         headers = dict(self._headers)
@@ -226,7 +222,6 @@ class HttpBackend(RemoteBackend):
         """The whole body of a 2xx answer under :attr:`max_bytes`; of any other answer, up
         to a short excerpt (the connection is dropped when more is left). A body that ends
         before its ``Content-Length`` raises :class:`http.client.IncompleteRead`."""
-        import http.client
 
         success = 200 <= resp.status < 300
         limit = self.max_bytes if success else _DRAIN_LIMIT
@@ -318,7 +313,6 @@ def _deadline_response_class(conn):
     """A ``response_class`` for ``conn`` whose reads all end by ``conn._cuforge_deadline``:
     each ``recv`` gets only the time left, so the status line, the headers and the body
     together take at most the transfer timeout."""
-    import http.client
 
     def response(sock, *args, **kwargs):
         return http.client.HTTPResponse(_DeadlineSocket(sock, conn), *args, **kwargs)

@@ -7,9 +7,12 @@ example plug-in.
 
 from __future__ import annotations
 
-from cuforge.errors import ConfigError
+import importlib
+from typing import TYPE_CHECKING
 
-TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs ~10 ms
+from cuforge.errors import ConfigError
+from cuforge.store.remote.base import RemoteBackend
+
 if TYPE_CHECKING:  # pragma: no cover
     from cuforge.store.remote.base import RemoteBackend
 
@@ -28,7 +31,6 @@ def load_backend_class(spec: str) -> type[RemoteBackend]:
     module_name, sep, attr = spec.strip().partition(":")
     if not sep or not module_name or not attr:
         raise ConfigError(f"CUFORGE_REMOTE_BACKEND={spec!r} is malformed; {_FORM}")
-    import importlib
 
     try:
         module = importlib.import_module(module_name)
@@ -44,7 +46,6 @@ def load_backend_class(spec: str) -> type[RemoteBackend]:
             raise ConfigError(
                 f"CUFORGE_REMOTE_BACKEND={spec!r}: module {module_name!r} has no {attr!r}; {_FORM}"
             )
-    from cuforge.store.remote.base import RemoteBackend
 
     if not isinstance(cls, type) or not issubclass(cls, RemoteBackend):
         raise ConfigError(

@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import sys
 from _thread import allocate_lock
+from importlib.util import find_spec
 
 from cuforge.store.remote.base import (
     RemoteBackend,
@@ -172,7 +173,6 @@ def _redis_missing() -> bool:
     for entry in sys.path:
         if os.path.isfile(os.path.join(entry or os.curdir, "redis", "__init__.py")):
             return False
-    from importlib.util import find_spec
 
     try:
         return find_spec("redis") is None

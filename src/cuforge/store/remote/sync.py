@@ -36,10 +36,19 @@ Guarantees:
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import secrets
+import statistics
 import time
+from typing import TYPE_CHECKING
 
-TYPE_CHECKING = False  # typing costs ~10 ms to import; annotations are strings here
+from cuforge.config import Settings, settings
+from cuforge.store.base import Entry, is_entry_key
+from cuforge.store.remote import open_remotes
+from cuforge.store.remote.base import redact
+
 if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Callable, Sequence
     from typing import Any
@@ -90,7 +99,6 @@ class NoRemoteError(ValueError):
 def remote_settings(urls: Sequence[str] | None = None) -> Settings:
     """The current settings, with ``CUFORGE_REMOTE`` replaced by ``urls`` when given
     (``--remote URL``); every other remote setting (key, read-only, timeouts) is kept."""
-    from cuforge.config import Settings, settings
 
     if not urls:
         return settings()
@@ -109,7 +117,6 @@ def open_targets(urls: Sequence[str] | None = None) -> list[Store]:
             "CUFORGE_REMOTE=redis://cache.example:6379/0, a comma-separated list) or pass "
             "--remote URL"
         )
-    from cuforge.store.remote import open_remotes
 
     stores = list(open_remotes(st))
     if not stores:
@@ -138,8 +145,6 @@ def describe(remote: Any) -> str:
 
 
 def _redact(url: str) -> str:
-    from cuforge.store.remote.base import redact
-
     return redact(url)
 
 
@@ -234,16 +239,11 @@ class SyncResult:
 def index_key(name: str) -> str:
     """The key of the index entry called ``name``: SHA-256 of a label and the name, so it
     can never equal a content key."""
-    import hashlib
 
     return hashlib.sha256(b"cuforge-push-index\0" + name.encode("utf-8")).hexdigest()
 
 
 def _parse_index(payload: bytes) -> list[tuple[str, str]]:
-    import json
-
-    from cuforge.store.base import is_entry_key
-
     doc = json.loads(payload.decode("utf-8"))
     if not isinstance(doc, dict) or doc.get("format") != 1:
         raise ValueError("not a cuforge push index (format 1)")
@@ -274,10 +274,6 @@ def read_index(remote: Store, name: str = DEFAULT_INDEX) -> list[tuple[str, str]
 
 
 def _write_index(remote: Store, name: str, pairs: list[tuple[str, str]]) -> bool:
-    import json
-
-    from cuforge.store.base import Entry
-
     try:
         old = read_index(remote, name) or []
     except ValueError:
@@ -309,8 +305,6 @@ def _write_index(remote: Store, name: str, pairs: list[tuple[str, str]]) -> bool
 
 
 def _clean(entry: Any) -> Any:
-    from cuforge.store.base import Entry
-
     meta = {k: v for k, v in entry.meta.items() if k not in _LOCAL_META}
     return Entry(entry.key, entry.kind, entry.payload, meta)
 
@@ -519,10 +513,6 @@ def probe(remote: Store, settings: Settings, *, rounds: int = 5) -> ProbeResult:
     """Check one remote: a get of a random missing key (reachable), ``rounds`` of them
     (latency, the median), a put + get of a small probe entry unless read-only (writable,
     and through the signature check when a key is configured). Never raises."""
-    import secrets
-    import statistics
-
-    from cuforge.store.base import Entry
 
     result = ProbeResult(describe(remote))
     result.readonly = bool(settings.remote_readonly)

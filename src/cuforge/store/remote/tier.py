@@ -35,12 +35,15 @@ What it adds to the backend, in one place:
 
 from __future__ import annotations
 
+import logging
+from typing import TYPE_CHECKING
+
 from cuforge.store import telemetry as _telemetry
 from cuforge.store.base import ENTRY_KINDS, Entry, Store, StoreStats
 from cuforge.store.remote.base import RemoteUnavailable
 from cuforge.store.remote.breaker import CircuitBreaker
+from cuforge.store.remote.envelope import MAX_VALUE_BYTES, Rejected, open_envelope, seal
 
-TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs ~10 ms
 if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Iterator
 
@@ -58,7 +61,6 @@ def _warn_once(remote: str, category: str, message: str, *args) -> None:
     if (remote, category) in _warned:
         return
     _warned.add((remote, category))
-    import logging
 
     logging.getLogger("cuforge").warning(message, *args)
 
@@ -158,7 +160,6 @@ class RemoteStore(Store):
         if data is None:
             self._miss()
             return None
-        from cuforge.store.remote.envelope import Rejected, open_envelope
 
         try:
             obj, payload = open_envelope(
@@ -213,7 +214,6 @@ class RemoteStore(Store):
         as an error). Returns within the backend's timeouts; never raises."""
         if self.readonly or not self._allow():
             return False
-        from cuforge.store.remote.envelope import MAX_VALUE_BYTES, seal
 
         try:
             data = seal(entry, self.namespace, self.secret)
