@@ -23,8 +23,8 @@ from urllib.parse import unquote, urlsplit
 
 from cuforge import _fs
 from cuforge.errors import ConfigError
+from cuforge.store.remote import envelope
 from cuforge.store.remote.base import RemoteBackend, RemoteError
-from cuforge.store.remote.envelope import MAX_VALUE_BYTES
 
 __all__ = ["FileBackend"]
 
@@ -62,7 +62,7 @@ class FileBackend(RemoteBackend):
     def get(self, kind: str, key: str) -> bytes | None:
         path = self.path_for(kind, key)
         try:
-            return _fs.read_bytes(path, max_bytes=MAX_VALUE_BYTES)
+            return _fs.read_bytes(path, max_bytes=envelope.MAX_VALUE_BYTES)
         except FileNotFoundError:
             if not os.path.isdir(self.root):
                 raise RemoteError(f"shared cache directory {self.root} is missing") from None

@@ -40,9 +40,10 @@ from typing import TYPE_CHECKING
 
 from cuforge.store import telemetry as _telemetry
 from cuforge.store.base import ENTRY_KINDS, Entry, Store, StoreStats
+from cuforge.store.remote import envelope
 from cuforge.store.remote.base import RemoteUnavailable
 from cuforge.store.remote.breaker import CircuitBreaker
-from cuforge.store.remote.envelope import MAX_VALUE_BYTES, Rejected, open_envelope, seal
+from cuforge.store.remote.envelope import Rejected, open_envelope, seal
 
 if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Iterator
@@ -220,7 +221,7 @@ class RemoteStore(Store):
         except (TypeError, ValueError) as exc:  # meta that is not JSON: the disk tier's bug too
             self._failed("put", exc)
             return False
-        if len(data) > MAX_VALUE_BYTES:
+        if len(data) > envelope.MAX_VALUE_BYTES:
             return False
         try:
             self.backend.put(entry.kind, entry.key, data)
