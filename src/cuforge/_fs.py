@@ -72,7 +72,7 @@ def open_regular(
         if _O_NONBLOCK and flags & (os.O_WRONLY | os.O_RDWR):
             # regular files ignore O_NONBLOCK, but clear it so that writes behave normally
             # (reads skip these two calls: the disk-hit path)
-            import fcntl
+            import fcntl  # fcntl: only for writes and locks (not on the disk-hit read)
 
             fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~_O_NONBLOCK)
     except BaseException:
@@ -89,7 +89,7 @@ def read_bytes(path: str, max_bytes: int | None = None, *, follow: bool = False)
     try:
         size = os.fstat(fd).st_size
         if max_bytes is not None and size > max_bytes:
-            import errno
+            import errno  # errno: only on the error path
 
             raise OSError(errno.EFBIG, f"{path} is {size} bytes, over the {max_bytes}-byte cap")
         chunks = []
@@ -244,7 +244,7 @@ class locked:
         self.held = False
 
     def __enter__(self) -> bool:
-        import fcntl
+        import fcntl  # fcntl: only when a lock is taken
 
         flags = os.O_RDWR | os.O_CREAT
         try:
@@ -308,7 +308,7 @@ def trust_problem(path: str) -> str | None:
         return f"{path} is not a directory"
     uid = os.geteuid()
     if st.st_uid != uid:
-        import pwd
+        import pwd  # pwd: only to name the owner in an error
 
         try:
             owner = pwd.getpwuid(st.st_uid).pw_name

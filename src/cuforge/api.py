@@ -6,12 +6,13 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 
-from cuforge._fs import read_source
+from cuforge._fs import read_bytes, read_source
 from cuforge.caching import Cache, default_cache, resolve
+from cuforge.key import bytes_digest
 from cuforge.pipeline import compile_cached
 from cuforge.program import Program
 
-TYPE_CHECKING = False  # typing costs ~15 ms to import; annotations are strings here
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: see docs/architecture.md, the warm path
 if TYPE_CHECKING:
     from typing import Any
 
@@ -159,8 +160,6 @@ def load_binary(
         binary = bytes(path_or_bytes)
         label = name or "<bytes>"
     elif isinstance(path_or_bytes, (str, os.PathLike)):
-        from cuforge._fs import read_bytes
-
         path = os.fspath(path_or_bytes)
         try:
             # the caller's own file: a symlink to it is fine, anything but a regular file is not
@@ -185,7 +184,6 @@ def load_binary(
         )
     if kind is not None and kind != found:
         raise ValueError(f"{label}: kind={kind!r} was given but the contents are a {found}")
-    from cuforge.key import bytes_digest
 
     return Program(
         name=label,
@@ -236,7 +234,7 @@ def explain_miss(name: str | None = None) -> list[str]:
 
     Returns reasons such as ``["header include/common.cuh changed"]``, ``["option -O3 added"]``
     or ``["arch sm_80 -> sm_90"]``; an empty list when there was no explained miss."""
-    from cuforge.explain import last_miss
+    from cuforge.explain import last_miss  # explain: not loaded by `import cuforge`
 
     record = last_miss(name)
     return list(record["reasons"]) if record else []

@@ -35,13 +35,18 @@ name u64(len(data)) data. Nothing is ever unpickled; file names are data, never 
 
 from __future__ import annotations
 
+import logging
 import struct
 import time
+import types
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from cuforge.caching import Cache, DefaultCounters, default_cache
 from cuforge.errors import OfflineMissError
+from cuforge.key import KeyBuilder
+from cuforge.store.base import ENTRY_KINDS, Entry
 
-TYPE_CHECKING = False  # typing costs ~15 ms to import; annotations are strings here
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
     from typing import Any, TypeVar
@@ -140,8 +145,6 @@ class BlobResult:
         self.lookup_seconds = lookup_seconds
 
     def __class_getitem__(cls, item: Any) -> Any:  # BlobResult[T] in annotations
-        import types
-
         return types.GenericAlias(cls, item)
 
     @property
@@ -200,8 +203,6 @@ def unpack(payload: bytes) -> dict[str, bytes]:
 
 
 def _check_files(kind: str, name: str, files: Any) -> dict[str, bytes]:
-    from collections.abc import Mapping
-
     if not isinstance(files, Mapping) or not files:
         raise TypeError(
             f"the build function of {kind} {name!r} returned {type(files).__name__}, expected "
@@ -225,7 +226,6 @@ def _check_files(kind: str, name: str, files: Any) -> dict[str, bytes]:
 def make_key(kind: str, fields: Mapping[str, str]) -> tuple[str, dict[str, str]]:
     """``(hex key, recorded fields)`` for ``kind`` and ``fields`` (labels sorted; every value
     must be a str: a TypeError names the label otherwise)."""
-    from cuforge.key import KeyBuilder
 
     kb = KeyBuilder(kind)
     kb.text("blob_format", str(BLOB_FORMAT_VERSION))
@@ -260,7 +260,6 @@ def get_or_build(
     ``cache``: the :class:`~cuforge.Cache` (default: :func:`cuforge.default_cache`).
     See the module doc for the guarantees. Exceptions from ``build`` (and from ``load`` on
     freshly built files) propagate; nothing is stored then."""
-    from cuforge.store.base import ENTRY_KINDS
 
     if kind not in ENTRY_KINDS:
         raise ValueError(f"unknown entry kind {kind!r}; expected one of {', '.join(ENTRY_KINDS)}")
@@ -320,8 +319,6 @@ def _build_and_load(kind, name, build, load) -> tuple[Any, float]:
 
 
 def _build_and_store(cache: Cache, kind, name, key, recorded, build, load, meta, started):
-    from cuforge.store.base import Entry
-
     t0 = time.perf_counter()
     files = _check_files(kind, name, build())
     seconds = time.perf_counter() - t0
@@ -361,6 +358,4 @@ def _done(cache: Cache, kind, name, value, source, key, recorded, reason, second
 
 
 def _warn(message: str) -> None:
-    import logging
-
     logging.getLogger("cuforge").warning(message)

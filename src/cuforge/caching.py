@@ -45,7 +45,7 @@ from cuforge.config import (
 )
 from cuforge.layout import CacheLayout
 
-TYPE_CHECKING = False  # typing costs ~10 ms to import; annotations are strings here
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: see docs/architecture.md, the warm path
 if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Callable, Iterable, Iterator, Sequence
     from typing import Any, TypeVar

@@ -17,7 +17,9 @@ import sys
 import tempfile
 import time
 
+import cuforge
 from cuforge.samples import SAMPLES_DIR
+from cuforge.toolchain import visible_gpu_archs
 
 #: (label, file, backend, name_expressions, defines)
 SAMPLES = (
@@ -30,7 +32,6 @@ SAMPLES = (
 
 def _compile_samples(samples_dir: str, arch: str | None, import_seconds: float) -> list[dict]:
     """Runs in a child process: compile every sample, report timings as JSON."""
-    import cuforge
 
     rows = []
     for label, filename, backend, exprs, defines in SAMPLES:
@@ -128,8 +129,6 @@ def _explained_miss(cache_env: dict[str, str], arch: str | None) -> None:
 
 
 def _run_on_gpu(env: dict[str, str], arch: str | None) -> None:
-    from cuforge.toolchain import visible_gpu_archs
-
     if not visible_gpu_archs():
         print("\nno GPU visible: compiled and cached only (kernels not run).")
         return
@@ -156,7 +155,6 @@ def _run_samples() -> None:
             "  torch is not installed: install it (pip install 'cuforge[torch]') to run the samples"
         )
         return
-    import cuforge
 
     path = os.path.join
     dev = torch.device("cuda")
@@ -211,8 +209,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.phase == "run":
         _run_samples()
         return 0
-
-    from cuforge.toolchain import visible_gpu_archs
 
     gpu = visible_gpu_archs()
     arch = args.arch or (None if gpu else os.environ.get("CUFORGE_ARCH") or "sm_90")

@@ -201,7 +201,7 @@ _TRIGRAPHS = {
 def _compiled() -> tuple:
     global _regexes
     if _regexes is None:
-        import re
+        import re  # re: ~10 ms to import, only when includes are scanned
 
         _regexes = (
             re.compile(_DIRECTIVE, re.M),

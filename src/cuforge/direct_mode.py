@@ -39,8 +39,9 @@ from collections.abc import Callable, Mapping, Sequence
 
 from cuforge.deps import file_digest, stat_signature
 from cuforge.key import KeyBuilder
+from cuforge.store.base import Entry
 
-TYPE_CHECKING = False  # typing costs ~15 ms to import; annotations are strings here
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: see docs/architecture.md, the warm path
 if TYPE_CHECKING:
     from typing import Any
 
@@ -166,7 +167,6 @@ def write_variant(store: Store | None, key: str, name: str, variant: Variant) ->
     concurrent writer of the same key may win (last write wins; both variants are valid)."""
     if store is None:
         return
-    from cuforge.store.base import Entry
 
     variants = [v for v in read_variants(store, key) if v != variant]
     variants.insert(0, variant)

@@ -23,8 +23,10 @@ fail. With file caching off, the history lives in this process only.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
+from typing import TYPE_CHECKING
 
 from cuforge import _fs
 from cuforge.key import diff_fields, text_digest
@@ -32,7 +34,6 @@ from cuforge.layout import CacheLayout
 from cuforge.layout import is_entry_key as _is_digest  # a SHA-256: an entry key's shape
 from cuforge.paths import BASE
 
-TYPE_CHECKING = False  # typing costs ~15 ms to import; annotations are strings here
 if TYPE_CHECKING:
     from typing import Any
 
@@ -265,6 +266,4 @@ def last_miss(name: str | None = None) -> dict[str, Any] | None:
 
 
 def _debug(message: str) -> None:
-    import logging
-
     logging.getLogger("cuforge").debug(message)

@@ -56,14 +56,18 @@ looked at only when already imported).
 from __future__ import annotations
 
 import hashlib
+import opcode
 import os
 import struct
 import sys
 import types
+from importlib import metadata
+from typing import TYPE_CHECKING
 
+from cuforge.config import settings
 from cuforge.errors import CuforgeError
+from cuforge.toolchain import memo as _memo
 
-TYPE_CHECKING = False  # typing costs ~15 ms to import; annotations are strings here
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
@@ -271,13 +275,11 @@ def _distributions() -> dict[str, list[str]]:
     global _dists
     if _dists is not None:
         return _dists
-    from cuforge.config import settings
 
     cfg = settings()
     if cfg.disable_cache or cfg.disable_file_cache:
         _dists = _scan_distributions()
         return _dists
-    from cuforge.toolchain import memo as _memo
 
     # only the path entries that hold distributions: a script's own directory (sys.path[0])
     # or a source checkout on PYTHONPATH changes whenever a file is added there
@@ -351,8 +353,6 @@ def installed_version(dist: str) -> str | None:
     """The installed version of distribution ``dist`` (any spelling), or None."""
     version = installed_versions().get(_normalize(dist))
     if version is None:
-        from importlib import metadata
-
         try:
             version = metadata.version(dist)
         except metadata.PackageNotFoundError:
@@ -361,8 +361,6 @@ def installed_version(dist: str) -> str | None:
 
 
 def _scan_distributions() -> dict[str, list[str]]:
-    from importlib import metadata
-
     return {k: sorted(set(v)) for k, v in metadata.packages_distributions().items()}
 
 
@@ -400,8 +398,6 @@ def _editable(dist: str) -> bool:
     """Whether ``dist`` is an editable install (its sources can change under one version)."""
     found = _editable_cache.get(dist)
     if found is None:
-        from importlib import metadata
-
         try:
             text = metadata.distribution(dist).read_text("direct_url.json") or ""
         except (metadata.PackageNotFoundError, OSError):
@@ -533,7 +529,6 @@ def _global_names(code: types.CodeType) -> tuple[str, ...]:
         return found
     # the raw bytecode, not dis.get_instructions: measured 2,024 instructions of a CuTe GEMM
     # at ~21 ms through dis against ~1 ms here (a fresh process's cache hit recomputes this)
-    import opcode
 
     ops = {opcode.opmap[n] for n in _GLOBAL_OPS if n in opcode.opmap}
     load_global = opcode.opmap["LOAD_GLOBAL"]

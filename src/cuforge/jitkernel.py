@@ -50,14 +50,21 @@ objects, ``cuforge.Pointer``) take the general path on every call: correct, but 
 
 from __future__ import annotations
 
+import numbers
 import os
 import threading
 from collections.abc import Mapping, Sequence
 
+from cuforge._fs import read_source
+from cuforge.caching import resolve
 from cuforge.errors import CuforgeError
+from cuforge.pipeline import compile_cached
+from cuforge.program import Program
+from cuforge.runtime.args import dlpack_dtype
+from cuforge.runtime.signature import kernel_names, parse_kernels, parse_param, split_top
 from cuforge.scalar_types import ELEMENT_KINDS, SCALAR_TYPES
 
-TYPE_CHECKING = False  # typing costs ~15 ms to import; annotations are strings here
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: see docs/architecture.md, the warm path
 if TYPE_CHECKING:
     from typing import Any
 
@@ -184,8 +191,6 @@ def _arg_dtype(arg) -> tuple[str | None, str]:
             else:
                 dtype = "bool" if prefix == "bool" else f"{prefix}{int(size) * 8}"
         elif hasattr(arg, "__dlpack__"):
-            from cuforge.runtime.args import dlpack_dtype
-
             dtype = dlpack_dtype(arg)
     if dtype is None:
         return None, what
@@ -220,15 +225,12 @@ class _TemplateParam:
 
 def _read_declaration(source: str, name: str, template: Sequence[str] | None):
     """(template params, kernel params without substitution, extern "C") of kernel ``name``."""
-    from cuforge.runtime.signature import parse_kernels, parse_param, split_top
 
     base = name.split("::")[-1].strip()
     decls = [d for d in parse_kernels(source) if d.name == base]
     decls.sort(key=lambda d: not d.is_template)
     if not decls:
         if template is None:
-            from cuforge.runtime.signature import kernel_names
-
             names = ", ".join(kernel_names(source)) or "none found"
             raise SpecializationError(
                 f"no __global__ function {name!r} in the source (kernels there: {names}); if it "
@@ -597,9 +599,6 @@ class JitKernel:
         return exe
 
     def _build(self, spec: tuple) -> Kernel:
-        from cuforge.pipeline import compile_cached
-        from cuforge.program import Program
-
         template_args, defines = spec
         if self._tparams:
             expression = f"{self.name}<{', '.join(template_args)}>"
@@ -645,7 +644,6 @@ def _non_type_text(kernel: str, t: _TemplateParam, value) -> str:
         if t.is_bool and value in (0, 1):
             return "true" if value else "false"
         return str(value)
-    import numbers
 
     if isinstance(value, numbers.Integral):
         return str(int(value))
@@ -667,7 +665,6 @@ def _define_text(name: str, value) -> str:
                 f"constexpr {name}: the value must be one line, not {value!r}"
             )
         return text
-    import numbers
 
     if isinstance(value, numbers.Number):
         return str(value.item() if hasattr(value, "item") else value)
@@ -719,8 +716,6 @@ def jit(
             f"constexpr= and the compile keywords {', '.join(COMPILE_KWARGS)}"
         )
     if compile_kwargs.get("cache") is not None:
-        from cuforge.caching import resolve
-
         resolve(compile_kwargs["cache"])  # a wrong argument is named now, not at launch
     source, source_dir, default_name = _source_of(source_or_path, name)
     source_name = compile_kwargs.pop("source_name", None) or default_name
@@ -737,7 +732,6 @@ def jit(
 
 def _source_of(source_or_path, name: str) -> tuple[str, str | None, str]:
     """(source text, the dir its quoted includes resolve in, its name)."""
-    from cuforge._fs import read_source
 
     is_path = isinstance(source_or_path, os.PathLike)
     if isinstance(source_or_path, str) and "\n" not in source_or_path:

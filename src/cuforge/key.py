@@ -25,13 +25,15 @@ field, and :func:`diff_fields`, which turns two keys' fields into human reasons.
 from __future__ import annotations
 
 import hashlib
+import os
 import struct
 from collections.abc import Iterable, Mapping
 
+from cuforge._fs import open_regular
 from cuforge._version import __version__
 from cuforge.config import codegen_environment
 
-TYPE_CHECKING = False  # typing costs ~15 ms to import; annotations are strings here
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: see docs/architecture.md, the warm path
 if TYPE_CHECKING:
     from typing import Any
 
@@ -72,9 +74,6 @@ def file_digest_of(path: str) -> str:
     Symlinks are followed (user headers may be links), but anything other than a regular
     file (a FIFO, a device, a directory) raises :class:`cuforge._fs.NotRegularFile` (an
     ``OSError``) at once instead of blocking. Raises ``OSError`` when it cannot be read."""
-    import os
-
-    from cuforge._fs import open_regular
 
     fd = open_regular(path, follow=True)
     try:

@@ -55,7 +55,7 @@ from cuforge.paths import keyed_path, real_path
 from cuforge.store.base import Entry
 from cuforge.toolchain import resolve_archs, toolkit_include_dirs, toolkit_root
 
-TYPE_CHECKING = False  # typing costs ~15 ms to import; annotations are strings here
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: see docs/architecture.md, the warm path
 if TYPE_CHECKING:
     from typing import Any
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from cuforge.compiler.outputs import Artifact
 
-TYPE_CHECKING = False  # typing costs ~15 ms to import; annotations are strings here
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: see docs/architecture.md, the warm path
 if TYPE_CHECKING:
     from cuforge.runtime.kernel import Kernel
 
@@ -48,6 +48,7 @@ class Program(Artifact):
         """
         if not isinstance(name, str) or not name.strip():
             raise TypeError(f"get_global takes a variable name (a non-empty str), not {name!r}")
+        # the runtime (ctypes, libcuda) loads on first use, not at `import cuforge`
         from cuforge.runtime import driver as drv_mod
         from cuforge.runtime.errors import GlobalNotFoundError
         from cuforge.runtime.module import loaded_program

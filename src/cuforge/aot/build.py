@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from cuforge.aot.bundle import write_bundle
 from cuforge.aot.executor import Executor, LocalExecutor, default_jobs
 from cuforge.aot.manifest import Manifest, load_manifest
 from cuforge.aot.tasks import (
@@ -37,7 +38,8 @@ from cuforge.aot.tasks import (
     task_entries,
 )
 from cuforge.caching import Cache
-from cuforge.errors import CuforgeError
+from cuforge.errors import CuforgeError, OfflineMissError
+from cuforge.store.base import Entry
 
 __all__ = ["build", "BuildReport", "make_executor"]
 
@@ -216,8 +218,6 @@ def build(
 
 
 def _strict_failure(task: BuildTask, root: str, cache: Cache | None) -> TaskResult:
-    from cuforge.errors import OfflineMissError
-
     if task.kind != "kernel":
         log = (
             f"{task.label}: strict mode checks kernel variants only; an [[extension]] can be "
@@ -252,9 +252,6 @@ def _strict_python(task: BuildTask, root: str, cache: Cache | None) -> TaskResul
 def _write(
     report: BuildReport, m: Manifest, tasks: list[BuildTask], path: str, cache: Cache | None
 ) -> None:
-    from cuforge.aot.bundle import write_bundle
-    from cuforge.store.base import Entry
-
     entries: list[Entry] = []
     for task, result in zip(tasks, report.results, strict=True):
         if task.kind == "kernel":

@@ -17,13 +17,18 @@ The file format lives in :mod:`cuforge.store.bundle`.
 from __future__ import annotations
 
 import os
+import stat
 import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from cuforge._version import __version__
 from cuforge.caching import Cache, resolve
+from cuforge.errors import CuforgeError
+from cuforge.key import SCHEMA_VERSION
 from cuforge.store.base import Entry, EntryInfo, Store
 from cuforge.store.bundle import BundleError, BundleStore, write_bundle_file
+from cuforge.toolchain.identity import nvcc_version, nvrtc_version
 
 if TYPE_CHECKING:
     from cuforge.store.disk import DiskStore
@@ -71,8 +76,6 @@ def unload_bundle(bundle: Store, *, cache: Cache | None = None) -> bool:
 
 def _toolchain() -> dict[str, Any]:
     out: dict[str, Any] = {}
-    from cuforge.errors import CuforgeError
-    from cuforge.toolchain.identity import nvcc_version, nvrtc_version
 
     for name, probe in (("nvrtc", nvrtc_version), ("nvcc", nvcc_version)):
         try:
@@ -93,8 +96,6 @@ def write_bundle(
     """Write ``entries`` as a bundle at ``path`` with the index cuforge reads back in
     ``cuforge bundle ls``: ``variants`` (labels), ``archs``, the cuforge version, the
     toolchain (NVRTC / nvcc versions) and the manifest it came from. Returns the size."""
-    from cuforge._version import __version__
-    from cuforge.key import SCHEMA_VERSION
 
     info = {
         "cuforge_version": __version__,
@@ -136,7 +137,6 @@ def _writable_destination(path: str) -> None:
     """Refuse a destination a bundle must not be written to: one whose directory is
     missing, or something other than a regular file (a symlink, a device such as
     /dev/null, a directory) that a rename would replace."""
-    import stat
 
     directory = os.path.dirname(path)
     if not os.path.isdir(directory):
@@ -208,8 +208,6 @@ def export_bundle(
 
 def _import_warnings(bundle: BundleStore) -> list[str]:
     """Refuse a bundle whose entries can never hit here; warnings for one that may not."""
-    from cuforge._version import __version__
-    from cuforge.key import SCHEMA_VERSION
 
     info = bundle.info
     schema = info.get("key_schema", SCHEMA_VERSION)

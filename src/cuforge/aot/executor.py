@@ -8,11 +8,15 @@ yields ``ok=False`` with its log; it never stops the others. ``cuforge.aot.ray_e
 
 from __future__ import annotations
 
+import multiprocessing
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 
 from cuforge.aot.tasks import BuildTask, TaskResult, run_task
 from cuforge.caching import Cache
+from cuforge.torch.jobs import recommended_jobs
 
 __all__ = ["Executor", "LocalExecutor", "default_jobs"]
 
@@ -37,7 +41,6 @@ class Executor(ABC):
 def default_jobs() -> tuple[int, str]:
     """(jobs, why): the memory-aware job count ``cuforge env`` recommends (the same
     function, so the two never disagree)."""
-    from cuforge.torch.jobs import recommended_jobs
 
     return recommended_jobs()
 
@@ -69,9 +72,6 @@ class LocalExecutor(Executor):
             for task in tasks:
                 yield run_task(task, root, cache=cache, collect=task.collect)
             return
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor, as_completed
-        from concurrent.futures.process import BrokenProcessPool
 
         workers = min(self.jobs, len(tasks))
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:

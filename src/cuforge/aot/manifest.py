@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cuforge.aot.tasks import BuildTask, python_files, python_module_files, task_files
+from cuforge.arch import normalize_arch
 from cuforge.errors import CuforgeError
 
 __all__ = ["Manifest", "ManifestError", "load_manifest", "parse_manifest", "find_manifest"]
@@ -291,8 +292,6 @@ class _Expander:
         return list(value)
 
     def _archs(self, value: Any, what: str, line: int) -> list[str]:
-        from cuforge.arch import normalize_arch
-
         if isinstance(value, str):
             value = [value]
         if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):

@@ -41,16 +41,32 @@ part of it: entries coming back are checked against :mod:`cuforge.store.schema` 
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import os
+import shutil
+import socket
+import tempfile
 import time
+import traceback
 from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from cuforge.aot.executor import Executor
-from cuforge.aot.tasks import BuildTask, TaskResult
-from cuforge.caching import Cache
-from cuforge.config import CODEGEN_ENV_VARS
+from cuforge.aot.tasks import (
+    BuildTask,
+    TaskFileError,
+    TaskResult,
+    materialize,
+    read_blobs,
+    run_task,
+)
+from cuforge.caching import Cache, default_cache
+from cuforge.config import CODEGEN_ENV_VARS, settings
+from cuforge.errors import CuforgeError, ToolchainError
+from cuforge.store.remote import open_remotes
+from cuforge.toolchain.identity import compiler_identity
 
-TYPE_CHECKING = False  # typing costs ~15 ms to import; annotations are strings here
 if TYPE_CHECKING:
     from typing import Any
 
@@ -84,8 +100,6 @@ def _import_ray():
     try:
         import ray
     except ImportError as exc:
-        from cuforge.errors import CuforgeError
-
         raise CuforgeError(f"{RAY_MISSING} (import ray failed: {exc})") from None
     return ray
 
@@ -134,7 +148,6 @@ class RayExecutor(Executor):
     def _connect(self, ray) -> None:
         if ray.is_initialized():
             return
-        import logging
 
         options = dict(self.init_options)
         options.setdefault("logging_level", logging.WARNING)  # no INFO lines in the build's output
@@ -144,8 +157,6 @@ class RayExecutor(Executor):
         try:  # "local": never join whatever cluster /tmp/ray last recorded (may be stale)
             ray.init(address=address or "local", **options)
         except ConnectionError as exc:
-            from cuforge.errors import CuforgeError
-
             where = f"address={self.address!r}" if self.address else "RAY_ADDRESS"
             raise CuforgeError(
                 f"cannot reach the Ray cluster at {address} ({where}): {exc}. Check that "
@@ -221,9 +232,6 @@ class RayExecutor(Executor):
     def _put_files(ray, task: BuildTask, root: str, refs: dict[str, Any]) -> str | None:
         """``ray.put`` the contents of ``task``'s files not put yet; a message when one
         cannot be read (or changed since the manifest was expanded), else None."""
-        import dataclasses
-
-        from cuforge.aot.tasks import TaskFileError, read_blobs
 
         new = {rel: sha for rel, sha in task.files.items() if sha not in refs}
         if not new:
@@ -263,8 +271,6 @@ def _collect(ray, ref, task: BuildTask, t0: float, retries: int) -> TaskResult:
 def _driver_identities(tasks: Sequence[BuildTask]) -> dict[str, dict[str, str]]:
     """backend -> the driver's compiler identity, for the backends the kernel tasks use
     (left out where the driver has no such compiler: then nothing is compared)."""
-    from cuforge.errors import ToolchainError
-    from cuforge.toolchain.identity import compiler_identity
 
     out: dict[str, dict[str, str]] = {}
     for backend in sorted({t.spec.get("backend", "nvrtc") for t in tasks if t.kind == "kernel"}):
@@ -278,7 +284,6 @@ def _driver_identities(tasks: Sequence[BuildTask]) -> dict[str, dict[str, str]]:
 def _driver_signs() -> bool:
     """Whether the driver signs remote entries (then a worker writes the remote directly
     only if it has the key too)."""
-    from cuforge.config import settings
 
     current = settings()
     return bool(current.remote_key or current.remote_key_file)
@@ -311,11 +316,6 @@ def _build_on_worker(
     the files written under a private temp dir, ``run_task(collect=True)``; entries
     confirmed by a writable remote tier are dropped from the result (the driver need not
     receive them)."""
-    import shutil
-    import tempfile
-
-    from cuforge.aot.tasks import materialize, run_task
-    from cuforge.caching import default_cache
 
     start = time.perf_counter()
     try:
@@ -336,8 +336,6 @@ def _build_on_worker(
         if result.ok and result.entries and _remote_holds(result.entries, signs):
             result.entries = None
     except Exception as exc:  # noqa: BLE001 - a worker-side failure is this variant's result, never a crash
-        import traceback
-
         log = f"{_where()}: {type(exc).__name__}: {exc}\n{traceback.format_exc()}"
         return TaskResult(task.label, False, False, time.perf_counter() - start, log)
     result.seconds = time.perf_counter() - start
@@ -348,15 +346,11 @@ def _build_on_worker(
 
 
 def _where() -> str:
-    import socket
-
     return f"on Ray node {socket.gethostname()} (pid {os.getpid()})"
 
 
 def _identity_problem(want: Mapping[str, Mapping[str, str]]) -> str | None:
     """Why this worker's compilers would make keys the driver never looks up, or None."""
-    from cuforge.errors import ToolchainError
-    from cuforge.toolchain.identity import compiler_identity
 
     for backend, expected in want.items():
         try:
@@ -378,7 +372,6 @@ def _identity_problem(want: Mapping[str, Mapping[str, str]]) -> str | None:
 
 def _worker_has_key() -> bool:
     """Whether this worker's own environment can sign remote entries."""
-    from cuforge.config import settings
 
     current = settings()
     return bool(current.remote_key or current.remote_key_file)
@@ -387,7 +380,6 @@ def _worker_has_key() -> bool:
 def _remote_holds(entries: list[tuple[str, str, bytes, dict]], signs: bool) -> bool:
     """Whether a writable remote tier configured here holds every entry with its exact
     payload (read back from the remote itself, not from a local tier)."""
-    from cuforge.config import settings
 
     current = settings()
     if not current.remote or current.remote_readonly:
@@ -411,8 +403,6 @@ _remotes_memo: dict[tuple, list] = {}
 
 
 def _worker_remotes(current) -> list:
-    from cuforge.store.remote import open_remotes
-
     shape = current.remote_shape()
     remotes = _remotes_memo.get(shape)
     if remotes is None:

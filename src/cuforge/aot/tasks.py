@@ -29,15 +29,30 @@ paths), ``extra_cflags``, ``extra_cuda_cflags``, ``extra_ldflags``,
 
 from __future__ import annotations
 
+import glob
+import importlib
 import os
+import shutil
 import sys
+import tempfile
 import time
+import traceback
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from cuforge._fs import atomic_write, read_bytes, read_source
 from cuforge.caching import Cache, resolve, using
+from cuforge.deps import scan_includes
+from cuforge.errors import CompileError, CuforgeError
 from cuforge.key import bytes_digest
+from cuforge.pipeline import BACKENDS, call_entries, compile_cached
+from cuforge.program import Program
+from cuforge.store.base import Entry, is_entry_key
+from cuforge.store.disk import DiskStore
+from cuforge.store.schema import entry_problem
+from cuforge.toolchain import toolkit_include_dirs
+from cuforge.torch.build import BuildSpec, build
 
 __all__ = [
     "BuildTask",
@@ -142,9 +157,6 @@ def run_task(
     start = time.perf_counter()
     root = os.path.abspath(root)
     if collect:
-        import shutil
-        import tempfile
-
         private = tempfile.mkdtemp(prefix="cuforge-task-")  # 0700, ours
         try:
             run_in = task_cache(cache, root, directory=private, disk=True, enabled=True)
@@ -173,7 +185,6 @@ def is_cached(task: BuildTask, root: str, *, cache: Cache | None = None) -> bool
     a ``python`` variant (its function is called: its cuforge calls are hits, cheap)."""
     if task.kind != "kernel":
         return False
-    from cuforge.errors import CuforgeError
 
     try:
         _kernel_call(task.spec, root, task_cache(cache, root), strict=True)
@@ -195,7 +206,6 @@ def _builds(cache: Cache) -> int:
 
 def _run(task: BuildTask, root: str, cache: Cache) -> tuple[bool, str | None]:
     """(hit, None) or (False, the log of the failure)."""
-    from cuforge.errors import CompileError, CuforgeError
 
     if task.kind == "python":
         return _python_call(task.spec, root, cache)
@@ -212,17 +222,12 @@ def _run(task: BuildTask, root: str, cache: Cache) -> tuple[bool, str | None]:
     except (CuforgeError, OSError, ValueError, ImportError) as exc:
         return False, f"{type(exc).__name__}: {exc}"
     except Exception as exc:  # noqa: BLE001 - one variant's failure is reported; the others still build
-        import traceback
-
         return False, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
 
 
 def _kernel_args(spec: Mapping, root: str) -> tuple[str, dict]:
     """(source text, keyword arguments of ``compile_cached``) of the call
     ``cuforge.compile_file(spec["source"], ...)`` makes from the directory ``root``."""
-    from cuforge._fs import read_source
-    from cuforge.pipeline import BACKENDS
-    from cuforge.program import Program
 
     path = os.path.join(root, spec["source"])
     arch = spec.get("arch")
@@ -249,7 +254,6 @@ def _kernel_args(spec: Mapping, root: str) -> tuple[str, dict]:
 def _kernel_call(spec: Mapping, root: str, cache: Cache, *, strict: bool):
     """``cuforge.compile_file(spec["source"], ...)`` from ``root``, exactly as
     :func:`cuforge.api.compile_file` makes it (plus ``strict``), against ``cache``."""
-    from cuforge.pipeline import compile_cached
 
     source, kwargs = _kernel_args(spec, root)
     return compile_cached(source, strict=strict, cache=cache, **kwargs)
@@ -262,7 +266,6 @@ def task_entries(task: BuildTask, root: str, *, cache: Cache | None = None) -> l
     extensions (their entries come back from a ``collect`` run)."""
     if task.kind != "kernel":
         raise ValueError(f"{task.label}: only kernel tasks can be looked up in place")
-    from cuforge.pipeline import call_entries
 
     source, kwargs = _kernel_args(task.spec, root)
     return call_entries(source, cache=task_cache(cache, root), **kwargs)
@@ -271,7 +274,6 @@ def task_entries(task: BuildTask, root: str, *, cache: Cache | None = None) -> l
 def _extension_call(spec: Mapping, root: str, cache: Cache) -> bool:
     """The build ``cuforge.torch.load(name, sources, ...)`` makes from ``root``; True when
     nothing was compiled or linked."""
-    from cuforge.torch.build import BuildSpec, build
 
     result = build(
         BuildSpec(
@@ -308,8 +310,6 @@ def _python_call(spec: Mapping, root: str, cache: Cache) -> tuple[bool, str | No
     are dropped from ``sys.modules`` after (a worker process runs many tasks, each from its
     own copy of the files); a module of the same name imported from elsewhere before is set
     aside while the call runs and put back after."""
-    import importlib
-    import traceback
 
     real_root = os.path.realpath(root)
     module_name, _, attr = spec["call"].partition(":")
@@ -387,7 +387,6 @@ def python_files(spec: Mapping, root: str) -> list[str]:
     (:func:`python_module_files`), then each of ``spec["files"]``: a file, a glob
     (``"kernels/*.py"``, ``"**/*.py"``) or a directory (every ``*.py`` under it). Raises
     ValueError for a pattern that names nothing or leaves ``root``."""
-    import glob
 
     root = os.path.abspath(root)
     out = python_module_files(spec["call"].partition(":")[0], root)
@@ -421,7 +420,6 @@ def python_files(spec: Mapping, root: str) -> list[str]:
 
 def _entries_in(cache_dir: str) -> list[tuple[str, str, bytes, dict]]:
     """Every entry of the disk cache at ``cache_dir``."""
-    from cuforge.store.disk import DiskStore
 
     store = DiskStore(cache_dir, 2**62, telemetry=False)
     out = []
@@ -437,8 +435,6 @@ def store_entries(results: Iterable[TaskResult], *, cache: Cache | None = None) 
     the default cache); the number stored. Entries are checked against
     :mod:`cuforge.store.schema` first (a malformed one raises ``ValueError`` naming the
     task)."""
-    from cuforge.store.base import Entry, is_entry_key
-    from cuforge.store.schema import entry_problem
 
     store = resolve(cache).store
     if store is None:
@@ -477,13 +473,9 @@ def task_files(kind: str, spec: Mapping, root: str) -> dict[str, str]:
     include dirs when a computed ``#include MACRO`` is seen); for ``python``, the files of
     :func:`python_files`. Files outside ``root`` do
     not travel (a worker must have them at the same path, like the CUDA toolkit)."""
-    from cuforge.deps import scan_includes
-    from cuforge.toolchain import toolkit_include_dirs
 
     root = os.path.abspath(root)
     if kind == "python":
-        from cuforge._fs import read_bytes
-
         return {
             rel: bytes_digest(read_bytes(os.path.join(root, rel), follow=True))
             for rel in python_files(spec, root)
@@ -524,8 +516,6 @@ def task_files(kind: str, spec: Mapping, root: str) -> dict[str, str]:
             continue
         rel = os.path.relpath(full, root)
         if rel not in files:
-            from cuforge._fs import read_bytes
-
             files[rel] = bytes_digest(read_bytes(full, follow=True))
     return files
 
@@ -534,7 +524,6 @@ def read_blobs(tasks: Iterable[BuildTask], root: str) -> dict[str, bytes]:
     """sha -> bytes for every file of ``tasks`` (each file read once). Raises
     :class:`TaskFileError` when a file is gone or its content changed since the manifest
     was expanded (its digest no longer matches)."""
-    from cuforge._fs import read_bytes
 
     blobs: dict[str, bytes] = {}
     for task in tasks:
@@ -559,7 +548,6 @@ def materialize(task: BuildTask, blobs: Mapping[str, bytes], dest_root: str) -> 
     """Write ``task.files`` under ``dest_root`` from ``blobs`` (sha -> bytes). Checks each
     blob's SHA-256 and each path (relative, inside ``dest_root``); never follows a symlink
     (an existing link at a target path is replaced). Raises :class:`TaskFileError`."""
-    from cuforge._fs import atomic_write
 
     for rel, sha in task.files.items():
         norm = _check_rel(rel, task.label)

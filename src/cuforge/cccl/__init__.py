@@ -22,9 +22,10 @@ never by ``import cuforge`` or ``import cuforge.cccl``.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import cuforge.cccl._wrap as _wrap  # cuforge's side only: cuda.compute is imported on first use
 
-TYPE_CHECKING = False  # typing costs ~15 ms to import; annotations are strings here
 if TYPE_CHECKING:
     from typing import Any
 

@@ -25,12 +25,13 @@ An argument that cannot be keyed the same way in every process raises
 
 from __future__ import annotations
 
+import inspect
 import sys
+from typing import TYPE_CHECKING
 
 from cuforge.fingerprint import UNHANDLED, _normalize, fingerprint
 from cuforge.fingerprint import installed_versions as _installed_versions
 
-TYPE_CHECKING = False  # typing costs ~15 ms to import; annotations are strings here
 if TYPE_CHECKING:
     from typing import Any
 
@@ -106,7 +107,6 @@ def key_fields(algorithm: str, signature: Any, args: tuple, kwargs: dict) -> dic
     the targets cannot be determined (no device and no ``compute_capability=``). Raises
     :class:`cuforge.fingerprint.UnstableKeyError` for an argument that cannot be keyed, and the
     binding's TypeError for arguments the factory would reject."""
-    import inspect
 
     bound = signature.bind(*args, **kwargs)
     bound.apply_defaults()

@@ -19,7 +19,14 @@ logged for ``cuforge cache explain`` and warned once.
 
 from __future__ import annotations
 
+import functools
+import inspect
+import sys
 import threading
+import types
+from typing import TYPE_CHECKING
+
+from cuforge.arch import ArchError, normalize_arch
 
 # loaded with the module: `import cuforge.cccl` is the import cost, the first call is not
 from cuforge.blobcache import BlobResult, get_or_build, make_key
@@ -27,7 +34,6 @@ from cuforge.caching import Cache, resolve
 from cuforge.cccl._key import key_fields
 from cuforge.fingerprint import UnstableKeyError
 
-TYPE_CHECKING = False  # typing costs ~15 ms to import; annotations are strings here
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
@@ -111,7 +117,6 @@ def key_of(name: str, *args: Any, **kwargs: Any) -> tuple[str, dict[str, str]]:
     building or looking anything up. Raises :class:`cuforge.fingerprint.UnstableKeyError` for an
     argument that cannot be keyed, and ValueError when no compute capability is given and
     no device can be queried."""
-    import inspect
 
     original = _original(name)
     fields = key_fields(name, inspect.signature(original), args, kwargs)
@@ -134,8 +139,6 @@ def cached_factory(name: str) -> Callable:
     found = _cached.get(name)
     if found is not None:
         return found
-    import functools
-    import inspect
 
     original = _original(name)
     signature = inspect.signature(original)
@@ -155,8 +158,6 @@ def cached_oneshot(name: str) -> Callable:
     found = _cached.get(name)
     if found is not None:
         return found
-    import functools
-    import types
 
     real = getattr(_compute(), name)
     real = getattr(real, "__cuforge_original__", real)
@@ -238,7 +239,6 @@ def _call(name: str, original: Callable, signature: Any, args: tuple, kwargs: di
 
 def _arch_text(ccs: str) -> str:
     """``"8.0,9.0"`` -> ``"sm_80 sm_90"`` (how ``cuforge cache ls --arch`` matches)."""
-    from cuforge.arch import ArchError, normalize_arch
 
     try:
         return " ".join(normalize_arch(cc) for cc in ccs.split(",") if cc)
@@ -273,7 +273,6 @@ def enable(cache: Cache | None = None) -> None:
     if cache is not None:
         resolve(cache)  # a wrong argument is named now
     _enabled_cache[0] = cache
-    import sys
 
     with _lock:
         if _patches:

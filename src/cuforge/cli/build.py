@@ -12,7 +12,9 @@ import argparse
 import sys
 from typing import Any
 
+from cuforge.aot.build import build
 from cuforge.cli import output
+from cuforge.config import settings
 
 __all__ = ["add_parser", "run"]
 
@@ -92,7 +94,6 @@ def add_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:
 
 def _progress_wanted(as_json: bool) -> tuple[bool, bool]:
     """(draw a rich bar, print plain progress lines)."""
-    from cuforge.config import settings
 
     forced = settings().progress
     if as_json or forced is False:
@@ -103,8 +104,6 @@ def _progress_wanted(as_json: bool) -> tuple[bool, bool]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cuforge.aot.build import build
-
     jobs = output.usage_value("--jobs", _jobs, args.jobs) if args.jobs is not None else None
     rich, plain = _progress_wanted(args.json)
     counts = {"done": 0, "hits": 0, "failed": 0}

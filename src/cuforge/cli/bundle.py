@@ -11,6 +11,7 @@ import argparse
 import sys
 from typing import Any
 
+from cuforge.aot.bundle import bundle_summary, install_bundle
 from cuforge.cli import output
 from cuforge.cli.common import cache_root
 
@@ -43,8 +44,6 @@ def add_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:
 
 
 def run_install(args: argparse.Namespace) -> int:
-    from cuforge.aot.bundle import install_bundle
-
     done = install_bundle(args.file)
     if args.json:
         output.emit_json(
@@ -65,8 +64,6 @@ def run_install(args: argparse.Namespace) -> int:
 
 
 def run_ls(args: argparse.Namespace) -> int:
-    from cuforge.aot.bundle import bundle_summary
-
     summary = bundle_summary(args.file, verify=args.verify)
     if args.json:
         output.emit_json({"command": "bundle ls", "ok": True, **summary})

@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from cuforge.config import settings
+
 __all__ = ["_cache_dir", "cache_root", "apply_cache_dir"]
 
 
@@ -29,7 +31,6 @@ def cache_root(args: argparse.Namespace) -> str:
     chosen = _cache_dir(args)
     if chosen is not None:
         return chosen
-    from cuforge.config import settings
 
     return settings().cache_dir
 

@@ -19,8 +19,12 @@ import shutil
 import sys
 from typing import Any
 
-from cuforge.arch import arch_findings
+from cuforge import toolchain
+from cuforge.arch import arch_findings, arch_number, arch_to_torch, parse_arch_list
 from cuforge.cli import output
+from cuforge.config import settings
+from cuforge.toolchain.facts import find_library_headers
+from cuforge.torch.facts import torch_installed
 from cuforge.torch.jobs import machine_resources, recommended_jobs
 
 __all__ = ["add_parser", "run", "compute"]
@@ -50,11 +54,6 @@ def compute(environ: dict[str, str] | None = None) -> dict[str, Any]:
     """The settings ``cuforge env`` prints: ``{"vars": {NAME: {"value", "why"}},
     "findings": [(status, message, fix)], "gpu_archs", "no_gpu", "resources"}``. A variable
     whose value is None is left as it is (the reason says why)."""
-    from cuforge import toolchain
-    from cuforge.arch import arch_number, arch_to_torch, parse_arch_list
-    from cuforge.config import settings
-    from cuforge.toolchain.facts import find_library_headers
-    from cuforge.torch.facts import torch_installed
 
     env = os.environ if environ is None else environ
     res = machine_resources()

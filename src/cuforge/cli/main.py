@@ -30,11 +30,15 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from typing import Any
 
+import cuforge
 from cuforge._version import __version__
 from cuforge.cli import output
 from cuforge.cli.common import apply_cache_dir
+from cuforge.config import settings
+from cuforge.errors import CuforgeError
 
 __all__ = ["main", "build_parser"]
 
@@ -70,6 +74,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # the subcommands (aot, store upkeep, doctor) load here, not at `import cuforge.cli.main`
     from cuforge.cli import build, bundle, cache, doctor, env
 
     parser = _Parser(
@@ -148,11 +153,6 @@ def _parse_defines(items: list[str]) -> dict[str, str]:
 
 
 def _run_compile(args: argparse.Namespace) -> int:
-    import time
-
-    import cuforge
-    from cuforge.errors import CuforgeError
-
     defines = _parse_defines(args.defines)
     arch: Any = None
     if args.arch:
@@ -318,12 +318,9 @@ def _dispatch(argv: list[str], as_json: bool) -> tuple[int, str | None]:
     except output.UsageError as exc:
         raise _UsageExit(_subparser(parser, argv), str(exc)) from None
     except Exception as exc:  # noqa: BLE001 - the command line reports every failure readably
-        from cuforge.errors import CuforgeError
-
         if isinstance(exc, (CuforgeError, OSError, ValueError)):
             output.error(str(exc))
             return 1, type(exc).__name__
-        from cuforge.config import settings
 
         if settings().debug:
             raise

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -97,7 +98,6 @@ _KWARG_FLAGS = (
 def cli_wording(message: str) -> str:
     """A library message reworded for the command line: ``arch='sm_90'`` becomes
     ``--arch sm_90``, ``options=...`` ``--option ...``, and "to compile()" is dropped."""
-    import re
 
     for kwarg, flag in _KWARG_FLAGS:
         if kwarg not in message:

@@ -20,7 +20,7 @@ from abc import ABC, abstractmethod
 
 from cuforge.paths import keyed_path
 
-TYPE_CHECKING = False
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: see docs/architecture.md, the warm path
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 

@@ -22,10 +22,11 @@ import time
 from cuforge.arch import nvcc_arch_flags
 from cuforge.compiler.base import Backend, CompileJob
 from cuforge.compiler.outputs import CompileOutput
+from cuforge.deps import parse_depfile
 from cuforge.errors import ArchError, CompileError, ToolchainError
 from cuforge.toolchain import compiler_identity, nvcc_path, nvcc_supported_archs
 
-TYPE_CHECKING = False
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: see docs/architecture.md, the warm path
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
@@ -156,7 +157,7 @@ def compile_nvcc(
         raise TypeError(f"{name}: source must be str, not {type(source).__name__}")
     if not source.strip():
         raise ValueError(f"{name}: the source is empty; there is nothing to compile")
-    import shutil
+    import shutil  # these three only on a miss (an nvcc run)
     import subprocess
     import tempfile
 
@@ -208,8 +209,6 @@ def _clean_log(log: str, src_path: str, tmp: str, name: str) -> str:
 
 
 def _dependencies(dep_path: str, src_path: str, cwd: str) -> list[str]:
-    from cuforge.deps import parse_depfile
-
     try:
         with open(dep_path, encoding="utf-8", errors="surrogateescape") as f:
             text = f.read()
@@ -248,6 +247,7 @@ def _raise(log: str, name: str, flags, source: str, archs) -> None:
 
 
 def _lower(binary, output, name_expressions, name, log, flags, source) -> dict[str, str]:
+    # symbols: only after an nvcc run
     from cuforge.compiler.symbols import binary_symbols, match_name_expressions
 
     try:

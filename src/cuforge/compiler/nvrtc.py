@@ -28,7 +28,7 @@ from cuforge.toolchain import (
     toolkit_include_dirs,
 )
 
-TYPE_CHECKING = False
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: see docs/architecture.md, the warm path
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 

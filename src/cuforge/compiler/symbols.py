@@ -13,11 +13,14 @@ symbols of what it built and matches the demangled names against the expressions
 from __future__ import annotations
 
 import os
+import shutil
 import struct
+import subprocess
+from typing import TYPE_CHECKING
 
 from cuforge.errors import ToolchainError
+from cuforge.toolchain import toolkit_root
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
 
@@ -172,10 +175,6 @@ def binary_symbols(binary: bytes, output: str) -> list[Symbol]:
 
 
 def _cxxfilt() -> str:
-    import shutil  # only before running c++filt: a subprocess costs far more
-
-    from cuforge.toolchain import toolkit_root
-
     found = shutil.which("c++filt")
     if found:
         return found
@@ -197,7 +196,6 @@ def demangle(names: Iterable[str]) -> dict[str, str]:
     result = {n: n for n in names}
     if not mangled:
         return result
-    import subprocess
 
     proc = subprocess.run(
         [_cxxfilt()],

@@ -14,6 +14,8 @@ Needs ``pip install 'cuforge[cute]'`` (``nvidia-cutlass-dsl``), imported on firs
 
 from __future__ import annotations
 
+import importlib
+
 __all__ = [
     "compile",
     "compile_cached",
@@ -39,7 +41,6 @@ def __getattr__(name: str):
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'cuforge.cute' has no attribute {name!r}")
-    import importlib
 
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value

@@ -45,12 +45,23 @@ Layer 5; imports the DSL only when called.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import shutil
+import sys
+import tempfile
 import threading
+import types
+from typing import TYPE_CHECKING
 
+from cuforge import blobcache, fingerprint
+from cuforge._fs import read_bytes
 from cuforge.caching import Cache, resolve
+from cuforge.cute.spec import UnkeyableArgument, describe_args
+from cuforge.cute.version import dsl_version
+from cuforge.fingerprint import UNHANDLED, UnstableKeyError
 
-TYPE_CHECKING = False
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any
 
@@ -194,9 +205,6 @@ def _original_code_hook() -> Any:
     from the original code and the same globals, closure and defaults; the user's function
     is never modified. One stand-in per function per fingerprint, so cycles (a kernel
     reaching itself through its globals) end as for any function."""
-    import types
-
-    from cuforge.fingerprint import UNHANDLED
 
     stand_ins: dict[int, tuple[Any, Any]] = {}
 
@@ -226,7 +234,6 @@ def _original_code_hook() -> Any:
 
 def _options_field(options: Any, extra: dict) -> str:
     """The ``options=`` value as key text; raises the spec module's UnkeyableArgument."""
-    from cuforge.cute.spec import UnkeyableArgument
 
     if options is None or options == "":
         text = ""
@@ -270,11 +277,8 @@ def _teach_fingerprint() -> None:
     global _taught
     if _taught:
         return
-    import sys
 
     from cutlass.runtime import _FakeStream
-
-    from cuforge import fingerprint
 
     stream_types = [_FakeStream]
     driver = sys.modules.get("cuda.bindings.driver")
@@ -294,13 +298,6 @@ def _stream_type(stream: Any) -> str:
 
 
 def _key_fields(fn: Any, args: tuple, kwargs: dict) -> tuple[dict[str, str], dict]:
-    import sys
-    import types
-
-    from cuforge.cute.spec import UnkeyableArgument, describe_args
-    from cuforge.cute.version import dsl_version
-    from cuforge.fingerprint import fingerprint
-
     if type(fn) is not types.FunctionType:
         raise UnkeyableArgument(
             "fn",
@@ -322,11 +319,11 @@ def _key_fields(fn: Any, args: tuple, kwargs: dict) -> tuple[dict[str, str], dic
         "dsl_settings": _portable_settings(dsl.envar.cache_key_str()),
         "options": _options_field(options, extra),
     }
-    fields["fingerprint"] = fingerprint(
+    fields["fingerprint"] = fingerprint.fingerprint(
         fn, what=f"@cute.jit function {fn.__qualname__}", hook=_original_code_hook()
     )
     if hooks is not None:
-        fields["trace_finalize_hooks"] = fingerprint(hooks, what="trace_finalize_hooks")
+        fields["trace_finalize_hooks"] = fingerprint.fingerprint(hooks, what="trace_finalize_hooks")
     fields["args"] = describe_args(inner, tuple(args), fkwargs)
     return fields, {"options": options, "extra": extra, "hooks": hooks, "fkwargs": fkwargs}
 
@@ -340,7 +337,6 @@ def _symbol_for(key: str) -> str:
 
 def _trace_hashes(owner: Any, module: Any, function_name: str) -> tuple[str, str]:
     """``(portable trace hash, the DSL's own module hash)`` of a traced module."""
-    import hashlib
 
     # the module as text without locations: the bytecode the DSL hashes carries source file
     # paths, so the same code in another checkout would hash differently
@@ -385,16 +381,10 @@ def _trace(fn: Any, args: tuple, fkwargs: dict, info: dict) -> tuple[str, str]:
 
 
 def _read_regular(path: str) -> bytes:
-    from cuforge._fs import read_bytes
-
     return read_bytes(path)
 
 
 def _build(fn: Any, args: tuple, info: dict, symbol: str, state: dict) -> dict[str, bytes]:
-    import json
-    import shutil
-    import tempfile
-
     import cutlass.cute as cute
 
     found: list[tuple[str, str]] = []
@@ -441,8 +431,6 @@ class _NotExportable(Exception):
 
 
 def _parse_record(files: dict, symbol: str) -> dict:
-    import json
-
     for name in (_OBJECT, _RECORD):
         if name not in files:
             raise ValueError(f"the entry has no {name}")
@@ -459,8 +447,6 @@ def _parse_record(files: dict, symbol: str) -> dict:
 
 def _load_object(obj: bytes, symbol: str) -> Any:
     """Write ``obj`` to a fresh private directory and load it (the DSL reads it at once)."""
-    import shutil
-    import tempfile
 
     from cutlass.cute.runtime import load_module
 
@@ -503,9 +489,6 @@ def compile_cached(
         raise ValueError(f"verify={verify!r}: expected None or 'trace'")
     cache = resolve(cache)
     loaded = cache.memo("cute")  # key -> (function, record)
-    from cuforge import blobcache
-    from cuforge.cute.spec import UnkeyableArgument
-    from cuforge.fingerprint import UnstableKeyError
 
     with _LOCK:
         name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"

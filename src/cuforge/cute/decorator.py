@@ -17,7 +17,11 @@ Layer 5; imports the DSL when a function is decorated.
 
 from __future__ import annotations
 
-TYPE_CHECKING = False
+import functools
+from typing import TYPE_CHECKING
+
+from cuforge.cute.cache import compile_cached
+
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any
 
@@ -54,11 +58,7 @@ def jit(
         raise ValueError(f"verify={verify!r}: expected None or 'trace'")
 
     def wrap(f: Any) -> Any:
-        import functools
-
         import cutlass.cute as cute
-
-        from cuforge.cute.cache import compile_cached
 
         if _is_cute_function(f):
             if jit_kwargs:

@@ -24,7 +24,12 @@ Layer 5 (an integration). Imports nothing from the DSL at module level.
 
 from __future__ import annotations
 
-TYPE_CHECKING = False
+import inspect
+import typing
+from typing import TYPE_CHECKING
+
+from cuforge.fingerprint import UnstableKeyError, fingerprint
+
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any
 
@@ -87,8 +92,6 @@ def _is_numeric_annotation(annotation: Any) -> bool:
 
 
 def _is_constexpr_annotation(annotation: Any) -> bool:
-    import typing
-
     from cutlass.base_dsl.typing import Constexpr
 
     return annotation is Constexpr or typing.get_origin(annotation) is Constexpr
@@ -99,8 +102,6 @@ def describe_value(value: Any, annotation: Any, where: str, syms: _SymNames) -> 
     from cutlass.base_dsl.typing import Numeric
     from cutlass.cute import runtime as cute_rt
     from cutlass.cute.typing import SymInt
-
-    from cuforge.fingerprint import UnstableKeyError, fingerprint
 
     cls = type(value)  # the real class: _Tensor reports `Tensor` through __class__
     if _is_constexpr_annotation(annotation):
@@ -163,7 +164,6 @@ def describe_args(fn: Any, args: tuple, kwargs: dict) -> str:
     Raises :class:`UnkeyableArgument` for an argument that cannot be described stably, and
     for arguments that do not fit the signature (naming the problem).
     """
-    import inspect
 
     target = inspect.unwrap(fn)
     try:

@@ -26,7 +26,13 @@ Layer 5; imports the DSL lazily.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import sys
+
+from cuforge.key import file_digest_of
+from cuforge.toolchain import memo as _memo
+from cuforge.toolchain.wheel_record import recorded_sha256
 
 __all__ = ["dsl_version", "dsl_distributions", "reset"]
 
@@ -66,9 +72,6 @@ def dsl_distributions() -> list[str]:
 
 def _runtime_library_digests(dsl) -> list[str]:
     """``basename:sha256`` of each runtime library the DSL links exported objects against."""
-    from cuforge.key import file_digest_of
-    from cuforge.toolchain import memo as _memo
-    from cuforge.toolchain.wheel_record import recorded_sha256
 
     libs = [p for p in dsl.get_shared_libs() if isinstance(p, str)]
     out = []
@@ -94,7 +97,6 @@ def _runtime_library_digests(dsl) -> list[str]:
 def _tree_signature(root: str) -> list[int]:
     """A stat signature (names, sizes, mtimes, inodes) of the ``.py`` and shared-library
     files under ``root``: it changes whenever one of them is edited, added or removed."""
-    import hashlib
 
     h = hashlib.sha256()
     for dirpath, dirs, files in os.walk(root):
@@ -140,10 +142,6 @@ def _dsl_files(dsl_path: str, loaded_ir: str) -> list[tuple[str, str]]:
 def _dsl_files_digest(dsl_path: str, loaded_ir: str) -> str:
     """SHA-256 over :func:`_dsl_files`, each file by its RECORD SHA-256 (size-checked) or,
     when no RECORD vouches for it, by its contents."""
-    import hashlib
-
-    from cuforge.key import file_digest_of
-    from cuforge.toolchain.wheel_record import recorded_sha256
 
     h = hashlib.sha256(b"cuforge-cute-dsl-files 1\n")
     for name, path in _dsl_files(dsl_path, loaded_ir):
@@ -158,11 +156,8 @@ def _dsl_files_digest(dsl_path: str, loaded_ir: str) -> str:
 def _dsl_get_version(dsl) -> str:
     """The digest of the DSL's sources and compiler library (:func:`_dsl_files_digest`),
     remembered in cuforge's toolchain memo under a stat signature of the DSL's files."""
-    import sys
 
     import cutlass
-
-    from cuforge.toolchain import memo as _memo
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(cutlass.__file__)))
     loaded = sys.modules.get("cutlass._mlir._mlir_libs._cutlass_ir")
@@ -187,7 +182,6 @@ def dsl_version() -> str:
     global _cached
     if _cached is not None:
         return _cached
-    import hashlib
 
     from cutlass.cutlass_dsl import CuTeDSL
 

@@ -9,9 +9,11 @@ per call) and raises an error that names the parameter.
 from __future__ import annotations
 
 import ctypes
+import operator
 import struct
 import sys
 
+from cuforge.runtime.driver import MEMORYTYPE_HOST, driver
 from cuforge.runtime.errors import ArgumentError, ArgumentValueError
 from cuforge.runtime.signature import SCALAR_CODES, Param
 from cuforge.scalar_types import ELEMENT_KINDS, SCALAR_TYPES, torch_dtype_for
@@ -185,8 +187,6 @@ def _cai_pointer(param: Param, obj):
             )
     device = -1
     if address:
-        from cuforge.runtime.driver import MEMORYTYPE_HOST, driver
-
         mtype, device = driver().pointer_info(address)
         if mtype in (0, MEMORYTYPE_HOST):
             raise ArgumentError(
@@ -438,7 +438,6 @@ def convert_scalar(param: Param, arg):
 def _index(arg) -> int:
     if isinstance(arg, float):
         raise TypeError
-    import operator
 
     return operator.index(arg)
 

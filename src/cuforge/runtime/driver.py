@@ -20,6 +20,7 @@ import threading
 from ctypes import byref, c_char_p, c_int, c_size_t, c_uint, c_void_p
 
 from cuforge.runtime.errors import CudaDriverError, LaunchError
+from cuforge.toolchain import gpu  # the one place libcuda is loaded
 
 __all__ = [
     "CUDA_SUCCESS",
@@ -112,8 +113,6 @@ class Driver:
     """libcuda, loaded once per process. Attribute names are the C entry points."""
 
     def __init__(self) -> None:
-        from cuforge.toolchain import gpu  # the one place libcuda is loaded
-
         cdll, pydll = gpu.libcuda(), gpu.libcuda_pydll()
         if cdll is None or pydll is None:
             raise LaunchError(

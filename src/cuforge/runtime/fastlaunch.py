@@ -49,9 +49,16 @@ is as trusted as cuforge's own Python files.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import stat
 import sys
 import threading
+import time
+
+from cuforge import _fs
+from cuforge.config import settings
+from cuforge.layout import CacheLayout
 
 __all__ = [
     "load",
@@ -115,8 +122,6 @@ def load():
         if _tried:
             return _module
         try:
-            from cuforge.config import settings
-
             if settings().fast_launch == "python":
                 _error = "CUFORGE_FAST_LAUNCH=python"
             else:
@@ -160,7 +165,7 @@ def status() -> tuple[str, str]:
 
 def _installed():
     """``(module, None)`` for a usable installed extension, else ``(None, why not)``."""
-    import importlib
+    import importlib  # importlib: only while the launcher is first loaded
 
     if not use_installed:
         return None, "skipped (cuforge.runtime.fastlaunch.use_installed is False)"
@@ -175,7 +180,6 @@ def _installed():
         return None, f"{INSTALLED_MODULE} cannot be imported: {exc}"
     except Exception as exc:  # noqa: BLE001 - a failing module init: the next path is tried
         return None, f"{INSTALLED_MODULE} failed to initialize: {type(exc).__name__}: {exc}"
-    import hashlib
 
     built_from = getattr(module, "SOURCE_SHA256", None)
     if built_from != hashlib.sha256(source()).hexdigest():
@@ -237,7 +241,7 @@ def source() -> bytes:
 def compiler() -> list[str] | None:
     """The C compiler command: ``$CC`` (split on spaces, its program resolved on PATH),
     else the first of ``cc``, ``gcc``, ``clang`` on PATH; None when there is none."""
-    import shutil
+    import shutil  # shutil, subprocess, sysconfig, tempfile: only to build the launcher
 
     cc = os.environ.get("CC", "").split()
     if cc:
@@ -253,7 +257,6 @@ def compiler() -> list[str] | None:
 def library_name(src: bytes, cc: list[str], suffix: str | None = None) -> str:
     """The built library's file name: a hash of the C source ``src``, the Python version,
     the extension suffix (which names the ABI) and the compiler command ``cc``."""
-    import hashlib
 
     if suffix is None:
         import importlib.machinery
@@ -270,7 +273,6 @@ def file_problem(path: str) -> str | None:
     """Why the library file ``path`` must not be imported, or None when it may: it must be
     a regular file (a symlink is refused, not followed), owned by the current user and not
     writable by group or others. A missing file is a problem too ("missing")."""
-    import stat
 
     try:
         st = os.lstat(path)
@@ -290,8 +292,6 @@ def file_problem(path: str) -> str | None:
 
 
 def _verbose() -> bool:
-    from cuforge.config import settings
-
     return settings().verbose
 
 
@@ -305,8 +305,6 @@ def _say(message: str) -> None:
 
 def _runtime_dir() -> tuple[str | None, str | None]:
     """``(<cache>/runtime, None)`` when the library may be kept there, else ``(None, why)``."""
-    from cuforge.config import settings
-    from cuforge.layout import CacheLayout
 
     layout = CacheLayout(settings().cache_dir)
     problem = layout.trust_problem(layout.runtime)
@@ -320,9 +318,6 @@ def _build(src: bytes, cc: list[str], path: str) -> None:
     a file or symlink at ``path`` is replaced, never written through)."""
     import subprocess
     import sysconfig
-    import time
-
-    from cuforge import _fs
 
     include = sysconfig.get_paths()["include"]
     if not os.path.exists(os.path.join(include, "Python.h")):

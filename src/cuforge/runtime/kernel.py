@@ -40,13 +40,14 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import operator
 import sys
 import threading
 from ctypes import c_void_p
 
 from cuforge.runtime import args as argmod
 from cuforge.runtime import driver as drv_mod
-from cuforge.runtime import fastpath
+from cuforge.runtime import fastlaunch, fastpath
 from cuforge.runtime.errors import (
     ArgumentCountError,
     ArgumentError,
@@ -63,6 +64,7 @@ from cuforge.runtime.fastpath import (
     DeviceState,
     cstream,
 )
+from cuforge.runtime.module import loaded_program
 from cuforge.runtime.signature import Param, find_kernel, kernel_names
 from cuforge.runtime.streams import default_stream, stream_handle
 
@@ -72,8 +74,6 @@ _get_ident = threading.get_ident
 
 
 def _dims(value, what: str) -> tuple[int, int, int]:
-    import operator
-
     if type(value) is int:
         dims = [value]
     elif hasattr(value, "x") and not isinstance(value, (tuple, list)):
@@ -245,7 +245,6 @@ class Kernel:
 
         One C state per argument layout; torch and CuPy are switched on in it as they appear,
         so launchers made earlier (``f = k[grid, block]``) stay fast. False if unavailable."""
-        from cuforge.runtime import fastlaunch
 
         module = fastlaunch.load()
         if module is None:
@@ -296,8 +295,6 @@ class Kernel:
         gx, gy, gz = _dims(grid, "grid")
         bx, by, bz = _dims(block, "block")
         try:
-            import operator
-
             shmem = operator.index(shared_mem)
         except TypeError:
             raise ArgumentError(
@@ -490,7 +487,6 @@ class Kernel:
 
     def _load(self, device: int) -> int:
         """Load into ``device`` (its primary context is current) and return the function."""
-        from cuforge.runtime.module import loaded_program
 
         with self._lock:
             if self._devices[device].func:
@@ -535,7 +531,7 @@ class Kernel:
         offsets = [o for o, _ in info]
         if params is None or len(params) != len(info):
             if params is not None:
-                import warnings
+                import warnings  # warnings: only on this mismatch
 
                 warnings.warn(
                     f"cuforge: {self.name}: the declaration read from the source has "

@@ -13,7 +13,7 @@ lazily, so ``import cuforge.store`` stays cheap:
 
 from __future__ import annotations
 
-TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs ~10 ms
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: see docs/architecture.md, the warm path
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any
 

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 # that may be damaged or planted (an index, a bundle, an entry list)
 from cuforge.layout import is_entry_key
 
-TYPE_CHECKING = False  # typing costs ~15 ms to import; annotations are strings here
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: see docs/architecture.md, the warm path
 if TYPE_CHECKING:
     from typing import Any
 

@@ -37,12 +37,18 @@ Layer 2: imports :mod:`cuforge._fs`, :mod:`cuforge.store.base` and
 
 from __future__ import annotations
 
+import hashlib
+import json
+import mmap
 import os
+import struct
+from typing import TYPE_CHECKING
 
+from cuforge._fs import atomic_write, open_regular
 from cuforge.errors import CuforgeError
 from cuforge.store.base import Entry, EntryInfo, Store, StoreStats, is_entry_key
+from cuforge.store.schema import entry_problem
 
-TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs ~10 ms
 if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Iterable, Iterator
     from typing import Any
@@ -63,8 +69,6 @@ class BundleError(CuforgeError, ValueError):
 
 
 def _sha256(data) -> bytes:
-    import hashlib
-
     return hashlib.sha256(data).digest()
 
 
@@ -73,11 +77,6 @@ def write_bundle_file(path: str, entries: Iterable[Entry], info: dict[str, Any])
     and ``info`` (JSON types) as a bundle at ``path``, atomically (mode 0644: a bundle is
     meant to be shipped). Returns the file's size. Raises ``ValueError`` for a malformed
     entry, ``OSError`` when the file cannot be written."""
-    import json
-    import struct
-
-    from cuforge._fs import atomic_write
-    from cuforge.store.schema import entry_problem
 
     rows: list[dict[str, Any]] = []
     seen: dict[str, tuple[str, bytes]] = {}
@@ -123,10 +122,6 @@ class BundleStore(Store):
     tier = "bundle"
 
     def __init__(self, path: str | os.PathLike[str], *, verify: bool = True) -> None:
-        import mmap
-
-        from cuforge._fs import open_regular
-
         self.path = os.path.abspath(os.fspath(path))
         self.hits = self.misses = 0
         try:
@@ -160,11 +155,6 @@ class BundleStore(Store):
         )
 
     def _read_index(self, size: int) -> dict[str, dict[str, Any]]:
-        import json
-        import struct
-
-        from cuforge.store.schema import entry_problem
-
         m = self._map
         magic, version, _flags, off, length, index_sha, header_sha = struct.unpack(
             _HEADER, m[:_HEADER_SIZE]

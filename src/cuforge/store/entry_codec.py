@@ -16,13 +16,14 @@ Also here: the file helpers the disk tier's objects share (:func:`remove_path`,
 from __future__ import annotations
 
 import os
+import stat
 from time import time
 
 from cuforge import _fs
 from cuforge._fastjson import loads as _loads
 from cuforge.store.schema import entry_problem
 
-TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs ~10 ms
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: see docs/architecture.md, the warm path
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any
 
@@ -58,7 +59,7 @@ class CorruptEntry(Exception):
 
 def dumps(obj: Any) -> bytes:
     """Compact UTF-8 JSON, as entry metadata is written."""
-    import json
+    import json  # json: ~10 ms to import, only when an entry is written
 
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=True).encode()
 
@@ -177,7 +178,7 @@ def read_all(fd: int) -> bytes:
 
 def not_regular(exc: OSError) -> bool:
     """The open failed because the path is a symlink, a directory, a FIFO, a device..."""
-    import errno
+    import errno  # errno: only on the error path
 
     return isinstance(exc, _fs.NotRegularFile) or exc.errno in (errno.ELOOP, errno.EISDIR)
 
@@ -191,14 +192,12 @@ def remove_path(path: str) -> bool:
     except FileNotFoundError:
         return False
     except OSError:
-        import stat
-
         try:
             if not stat.S_ISDIR(os.lstat(path).st_mode):
                 return False
         except OSError:
             return False
-        import shutil
+        import shutil  # shutil: only to remove a stray directory
 
         shutil.rmtree(path, ignore_errors=True)
         return not os.path.lexists(path)

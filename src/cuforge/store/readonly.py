@@ -4,9 +4,10 @@ writes and deletes are refused. Bundles are served through it, as tiers of a
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from cuforge.store.base import Entry, EntryInfo, Store, StoreStats
 
-TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs ~10 ms
 if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Iterator
 

@@ -31,7 +31,7 @@ Imports nothing at load time.
 
 from __future__ import annotations
 
-TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs ~10 ms
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: see docs/architecture.md, the warm path
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any
 

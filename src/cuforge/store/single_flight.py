@@ -26,14 +26,16 @@ The function is this module's :func:`single_flight`; import it as
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 from _thread import allocate_lock
 from contextlib import contextmanager
 from time import monotonic, sleep
+from typing import TYPE_CHECKING
 
 from cuforge import _fs
 
-TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs ~10 ms
 if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Iterator
 
@@ -84,7 +86,6 @@ def _warn(lock_dir: str, exc: BaseException) -> None:
     if lock_dir in _warned:
         return
     _warned.add(lock_dir)
-    import logging
 
     logging.getLogger("cuforge").warning(
         "cuforge: cannot use compile locks in %s (%s); concurrent processes may compile the "
@@ -96,8 +97,6 @@ def _warn(lock_dir: str, exc: BaseException) -> None:
 
 
 def _say(line: str) -> None:
-    import sys
-
     try:
         sys.stderr.write(line + "\n")
         sys.stderr.flush()

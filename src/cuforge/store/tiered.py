@@ -7,7 +7,7 @@ import os
 from cuforge.store import telemetry as _telemetry
 from cuforge.store.base import Entry, EntryInfo, Store, StoreStats
 
-TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs ~10 ms
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: see docs/architecture.md, the warm path
 if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Iterator, Sequence
 

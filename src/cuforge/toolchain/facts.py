@@ -8,6 +8,7 @@ Imports nothing costly at import time.
 from __future__ import annotations
 
 import os
+import re
 
 __all__ = [
     "TORCH_HEADERS",
@@ -78,7 +79,6 @@ def version_tuple(text: str | None) -> tuple[int, ...]:
 def identity_headers_version(headers: str) -> tuple[int, int] | None:
     """(major, minor) from the NVRTC identity's ``headers`` field (``CUDA_VERSION=13000``),
     or None when it names no CUDA_VERSION."""
-    import re
 
     m = re.search(r"CUDA_VERSION=(\d+)", headers or "")
     if not m:

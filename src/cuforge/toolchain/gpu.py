@@ -33,7 +33,7 @@ _state: dict[str, object] = {}
 
 
 def _load() -> None:
-    import ctypes
+    import ctypes  # ctypes: only when libcuda is probed, not on a cache hit
 
     first: OSError | None = None
     for name in _NAMES:

@@ -40,7 +40,7 @@ _nvrtc_dll_lock = _thread.allocate_lock()
 
 def _nvrtc_dll(path: str):
     """``ctypes.CDLL`` of NVRTC. Only ever given :func:`locate.find_nvrtc_library`'s path."""
-    import ctypes
+    import ctypes  # ctypes: only when NVRTC is probed (the result is memoized)
 
     with _nvrtc_dll_lock:
         return ctypes.CDLL(path)
@@ -61,7 +61,7 @@ def _probe_nvrtc(path: str) -> dict:
         ) from None
     # by content: the SHA-256 the wheel's RECORD gives for it (size-checked), else read
     # (~70 ms for a 100 MB library); the same value either way, and path-free
-    from cuforge.toolchain.wheel_record import installed_sha256
+    from cuforge.toolchain.wheel_record import installed_sha256  # only on a probe: memoized
 
     try:
         sha256 = installed_sha256(path)
@@ -109,7 +109,7 @@ def _probe_headers(cuda_h: str, include: list[str] | tuple[str, ...] = ()) -> di
 
 
 def _probe_nvcc(path: str) -> dict:
-    import subprocess
+    import subprocess  # subprocess: only when nvcc is probed (memoized)
 
     try:
         proc = subprocess.run(
@@ -315,7 +315,7 @@ def nvrtc_header_version() -> tuple[int, int] | None:
 def cuda_bindings_version() -> tuple[int, int] | None:
     """The installed cuda-bindings (major, minor), read from its metadata without importing
     it; None when it is not installed."""
-    from importlib import metadata
+    from importlib import metadata  # importlib.metadata: slow, only on a probe
 
     try:
         return _version_tuple(metadata.version("cuda-bindings"))

@@ -23,7 +23,9 @@ import _thread
 import os
 
 from cuforge import _fs
+from cuforge._fastjson import loads
 from cuforge.config import settings
+from cuforge.layout import CacheLayout
 
 __all__ = [
     "lock",
@@ -51,7 +53,6 @@ _cache: tuple[str, tuple[int, int, int], dict] | None = None
 
 def memo_path() -> str:
     """``<cache_dir>/toolchain.json`` for the current settings."""
-    from cuforge.layout import CacheLayout
 
     return CacheLayout(settings().cache_dir).toolchain_memo
 
@@ -79,7 +80,6 @@ def load() -> dict:
     cached = _cache
     if cached is not None and cached[0] == path and cached[1] == sig:
         return cached[2]
-    from cuforge._fastjson import loads  # json itself costs ~10 ms to import
 
     try:
         data = loads(_fs.read_bytes(path, max_bytes=_MAX_BYTES))
@@ -109,7 +109,7 @@ def write_json_atomic(path: str, data: dict) -> bool:
     """Replace ``path`` with ``data`` as JSON (:func:`cuforge._fs.atomic_write`: temp file
     + ``os.replace``, a symlink at ``path`` replaced, never followed). False when it could
     not be written: callers treat these memo files as optional."""
-    import json
+    import json  # json: ~10 ms to import, only when the memo is written
 
     try:
         _fs.atomic_write(path, json.dumps(data, indent=1, sort_keys=True))

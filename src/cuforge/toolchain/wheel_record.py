@@ -17,6 +17,9 @@ Layer 1: standard library only.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
 import os
 
 __all__ = ["recorded_sha256", "installed_sha256", "hash_file", "reset"]
@@ -38,7 +41,6 @@ def reset() -> None:
 
 def hash_file(path: str) -> str:
     """The hex SHA-256 of ``path``'s contents (raises OSError)."""
-    import hashlib
 
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -82,9 +84,6 @@ def _record(dist_info: str) -> dict[str, tuple[str, str]]:
 
 
 def _hex(urlsafe: str) -> str | None:
-    import base64
-    import binascii
-
     try:
         raw = base64.urlsafe_b64decode(urlsafe + "=" * (-len(urlsafe) % 4))
     except (binascii.Error, ValueError):

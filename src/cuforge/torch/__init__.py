@@ -23,6 +23,8 @@ a cached link and a warm load that runs no subprocess.
 
 from __future__ import annotations
 
+import importlib
+
 __all__ = [
     "load",
     "load_inline",
@@ -61,7 +63,6 @@ def __getattr__(name: str):
         module_name, attr = _LAZY[name]
     except KeyError:
         raise AttributeError(f"module 'cuforge.torch' has no attribute {name!r}") from None
-    import importlib
 
     value = getattr(importlib.import_module(module_name), attr)
     globals()[name] = value

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import os
 
+from cuforge._fs import write_if_changed
+from cuforge.runtime.signature import strip_comments
 from cuforge.scalar_types import SCALAR_TYPES
 
 __all__ = ["Op", "generate_binding", "parse_launchers"]
@@ -78,7 +80,6 @@ class Op:
 
 def parse_launchers(header_text: str) -> dict[str, list[tuple[str, str]]]:
     """``{launcher name: [(type, parameter name), ...]}`` for each ``void f(...);``."""
-    from cuforge.runtime.signature import strip_comments
 
     code = strip_comments(header_text).splitlines()
     text = " ".join(" ".join(ln for ln in code if not ln.lstrip().startswith("#")).split())
@@ -243,7 +244,6 @@ def generate_binding(
     text = "\n".join(parts) + "\n"
     if output is None:
         return text
-    from cuforge._fs import write_if_changed
 
     write_if_changed(output, text, mode=0o644)
     return output

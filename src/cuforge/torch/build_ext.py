@@ -24,6 +24,10 @@ import os
 from setuptools import Extension
 from setuptools.command.build_ext import build_ext
 
+from cuforge._fs import atomic_write, read_bytes
+from cuforge.torch.build import BuildSpec, build, warn_ignored
+from cuforge.torch.flags import is_cuda_file
+
 __all__ = ["BuildExtension", "CUDAExtension", "CppExtension"]
 
 
@@ -70,7 +74,6 @@ class BuildExtension(build_ext):
         ``use_ninja`` is accepted (cuforge always builds with ninja: ``use_ninja=False``
         is ignored with a warning); any other key is accepted and ignored with a warning
         (once per process per key), as torch passes it on to setuptools."""
-        from cuforge.torch.build import warn_ignored
 
         known: dict = {}
         for key, value in options.items():
@@ -109,9 +112,6 @@ class BuildExtension(build_ext):
         return filename
 
     def build_extension(self, ext) -> None:
-        from cuforge.torch.build import BuildSpec, build
-        from cuforge.torch.flags import is_cuda_file
-
         cflags, nvcc = _split_args(ext.extra_compile_args)
         ldflags = list(ext.extra_link_args or [])
         ldflags += [f"-L{d}" for d in ext.library_dirs or []]
@@ -136,7 +136,6 @@ class BuildExtension(build_ext):
             cache=self.cuforge_cache,
         )
         result = build(spec)
-        from cuforge._fs import atomic_write, read_bytes
 
         target = self.get_ext_fullpath(ext.name)
         os.makedirs(os.path.dirname(target) or ".", exist_ok=True)

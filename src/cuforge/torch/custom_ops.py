@@ -30,10 +30,14 @@ What is guaranteed:
 
 from __future__ import annotations
 
+import inspect
+import keyword
+from typing import TYPE_CHECKING
+
 from cuforge.errors import CuforgeError
+from cuforge.runtime.kernel import Kernel
 from cuforge.scalar_types import SCALAR_TYPES
 
-TYPE_CHECKING = False  # typing is slow to import; annotations are strings here
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
 
@@ -127,8 +131,6 @@ def _pointee_const(ctype: str) -> bool:
 
 
 def _param_name(p, index: int) -> str:
-    import keyword
-
     name = p.name or f"arg{index}"
     if keyword.iskeyword(name):
         name += "_"
@@ -443,8 +445,6 @@ def _kernel_impl(kernel, args, inputs, outputs, parsed, alloc, grid, block, shar
 
 
 def _is_kernel(obj) -> bool:
-    from cuforge.runtime.kernel import Kernel
-
     if isinstance(obj, Kernel):
         return True
     return hasattr(obj, "params") and hasattr(obj, "__getitem__") and hasattr(obj, "program")
@@ -671,8 +671,6 @@ def custom_op(
 
 
 def _check_schema_matches_launcher(schema_text: str, parsed, launcher, label: str) -> None:
-    import inspect
-
     try:
         sig = inspect.signature(launcher)
     except (TypeError, ValueError):
@@ -691,8 +689,6 @@ def _check_schema_matches_launcher(schema_text: str, parsed, launcher, label: st
 
 
 def _check_launcher_mutates(launcher, mutates: tuple[str, ...], qualname: str, label: str) -> None:
-    import inspect
-
     try:
         names = list(inspect.signature(launcher).parameters)
     except (TypeError, ValueError):
@@ -711,7 +707,6 @@ def _with_resolved_hints(fn, torch):
     ``Tensor`` meaning ``torch.Tensor`` (a launcher defined in a function that imports
     ``Tensor`` locally otherwise fails in torch, whose resolution sees module globals only).
     When an annotation cannot be evaluated, ``fn`` itself, so torch reports it."""
-    import inspect
 
     try:
         sig = inspect.signature(fn)

@@ -3,7 +3,9 @@ without importing torch (which takes seconds and may initialize CUDA)."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import shutil
 from typing import Any
 
 __all__ = ["torch_info", "torch_installed", "torch_cuda_home_guess"]
@@ -11,7 +13,6 @@ __all__ = ["torch_info", "torch_installed", "torch_cuda_home_guess"]
 
 def torch_installed() -> bool:
     """Whether ``import torch`` would find a package (without importing it)."""
-    import importlib.util
 
     try:
         return importlib.util.find_spec("torch") is not None
@@ -22,7 +23,6 @@ def torch_installed() -> bool:
 def torch_info() -> dict[str, Any] | None:
     """``{"path", "version", "cuda", "hip"}`` read from torch/version.py, or None when torch
     is absent (``{"path"}`` alone when version.py cannot be read)."""
-    import importlib.util
 
     try:
         spec = importlib.util.find_spec("torch")
@@ -48,7 +48,6 @@ def torch_info() -> dict[str, Any] | None:
 
 def torch_cuda_home_guess() -> tuple[str | None, str]:
     """What torch.utils.cpp_extension would use as CUDA_HOME, and how it got there."""
-    import shutil
 
     for var in ("CUDA_HOME", "CUDA_PATH"):
         if os.environ.get(var):

@@ -18,13 +18,20 @@ and :func:`link_flags` those of the link, with the presets of :data:`PRESETS` ap
 
 from __future__ import annotations
 
+import importlib.machinery
+import json
 import os
 import shutil
+import subprocess
 import sys
+import sysconfig
 
+from cuforge import toolchain
+from cuforge._fs import atomic_write, read_bytes
 from cuforge.arch import gencode_flags
 from cuforge.config import settings
 from cuforge.deps import stat_signature
+from cuforge.errors import ToolchainError
 from cuforge.layout import CacheLayout
 
 __all__ = [
@@ -96,9 +103,6 @@ def _load_memo() -> dict:
     path = _memo_path()
     if path is None:
         return {}
-    import json
-
-    from cuforge._fs import read_bytes
 
     try:
         data = json.loads(read_bytes(path, max_bytes=1 << 20))
@@ -112,9 +116,6 @@ def _save_memo(memo: dict) -> None:
     path = _memo_path()
     if path is None:
         return
-    import json
-
-    from cuforge._fs import atomic_write
 
     try:
         atomic_write(path, json.dumps(memo, indent=1, sort_keys=True))
@@ -147,8 +148,6 @@ def tool_identity(program: str) -> str:
     process runs no subprocess to learn it."""
     path = shutil.which(program)
     if path is None:
-        from cuforge.errors import ToolchainError
-
         raise ToolchainError(
             f"the C++ compiler {program!r} was not found on PATH. Install g++ (e.g. "
             "`apt-get install g++`) or set CXX to a C++ compiler."
@@ -166,8 +165,6 @@ def tool_identity(program: str) -> str:
     if isinstance(entry, dict) and entry.get("sig") == sig and isinstance(entry.get("id"), str):
         ident = entry["id"]
     else:
-        import subprocess
-
         try:
             done = subprocess.run(
                 [real, "--version"], capture_output=True, text=True, timeout=60, check=False
@@ -259,17 +256,14 @@ def build_env() -> BuildEnv:
     if memo is not None and memo[0] == fingerprint:
         return memo[1]
     torch = _torch()
-    from cuforge import toolchain
 
     env = BuildEnv()
     env.torch_dir = os.path.dirname(os.path.abspath(torch.__file__))
     env.torch_version = str(torch.__version__)
     env.torch_git = str(getattr(torch.version, "git_version", "") or "")
     env.torch_cuda = str(torch.version.cuda or "")
-    import sysconfig
 
     env.python_include = sysconfig.get_path("include", scheme="posix_prefix") or ""
-    import importlib.machinery
 
     env.python_abi = f"{sys.implementation.cache_tag} {importlib.machinery.EXTENSION_SUFFIXES[0]}"
     env.toolkit = toolchain.toolkit_root() or ""

@@ -9,9 +9,14 @@ from __future__ import annotations
 
 import os
 import shlex
+import subprocess
 import sys
 
+from cuforge._fs import open_regular, write_if_changed
+from cuforge._progress import enabled as progress_enabled
 from cuforge.errors import CompileError, ToolchainError
+from cuforge.toolchain import nvcc_path
+from cuforge.torch.progress import BuildProgress, parse_status
 
 __all__ = ["ninja_path", "write", "run", "trim_log"]
 
@@ -70,8 +75,6 @@ def _path(p: str) -> str:
 def write(p, todo) -> str:
     """Write ``<build_dir>/build.ninja`` for the TUs in ``todo`` and the link (only when its
     text changed). Returns its path."""
-    from cuforge._fs import write_if_changed
-    from cuforge.toolchain import nvcc_path
 
     spec = p.spec
     pre = [p.launcher] if p.launcher else []
@@ -112,7 +115,6 @@ def write(p, todo) -> str:
 
 def run(p, todo) -> None:
     """Compile ``todo`` and link, in the build dir. Raises CompileError on failure."""
-    import subprocess
 
     spec = p.spec
     bdir = spec.build_directory
@@ -128,9 +130,6 @@ def run(p, todo) -> None:
         cmd.append("-v")
     env = dict(os.environ)
     env["NINJA_STATUS"] = _STATUS + "[%f/%t] "
-    from cuforge._fs import open_regular
-    from cuforge._progress import enabled as progress_enabled
-    from cuforge.torch.progress import BuildProgress, parse_status
 
     show = not spec.verbose and progress_enabled()
     log_path = os.path.join(bdir, "build.log")

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -37,8 +38,6 @@ class Fallback(Exception):
 
 
 def _value(raw: str) -> str:
-    import shlex
-
     raw = raw.strip()
     if not raw:
         return ""

@@ -3,8 +3,12 @@
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Callable
 from typing import Any
+
+from cuforge.toolchain import gpu
+from cuforge.torch.jobs import machine_resources
 
 __all__ = ["Check", "STATUSES", "Probe", "row_maker", "run_command"]
 
@@ -44,8 +48,6 @@ def row_maker(id: str, title: str) -> Callable[..., Check]:
 
 
 def run_command(cmd: list[str], timeout: float = 20) -> tuple[int, str]:
-    import subprocess
-
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
     except (OSError, subprocess.SubprocessError) as exc:
@@ -57,8 +59,6 @@ class Probe:
     """Facts several checks share, each found once."""
 
     def __init__(self) -> None:
-        from cuforge.torch.jobs import machine_resources
-
         self.resources = machine_resources()
         self._gpus: tuple[list[dict[str, Any]], str | None] | None = None
         self._memo: dict[str, Any] = {}
@@ -78,7 +78,5 @@ class Probe:
         """([{"index", "name", "arch", "memory_bytes"}], None) or ([], why there are none),
         through the driver API (:func:`cuforge.toolchain.gpu.devices`)."""
         if self._gpus is None:
-            from cuforge.toolchain import gpu
-
             self._gpus = gpu.devices()
         return self._gpus

@@ -4,14 +4,17 @@ its size against the cap, the hit rate, a quick integrity pass."""
 from __future__ import annotations
 
 import os
+import tempfile
 
 from cuforge.cli import output
 from cuforge.cli.doctor.base import Check, Probe, row_maker
+from cuforge.config import settings
+from cuforge.layout import CacheLayout
+from cuforge.store import telemetry
+from cuforge.store.disk import DiskStore
 
 
 def _probe_writable(root: str) -> bool:
-    import tempfile
-
     try:
         fd, path = tempfile.mkstemp(prefix=".doctor-", dir=root)
     except OSError:
@@ -26,7 +29,6 @@ def _trust_problems(root: str) -> list[tuple[str, str | None]]:
     of the entries and the torch module dirs included) that fails the cache dir's one
     trust rule (:meth:`cuforge.layout.CacheLayout.trust_problem`, as the runtime applies
     it); the fix covers the whole tree."""
-    from cuforge.layout import CacheLayout
 
     layout = CacheLayout(root)
     return [(problem, layout.fix_command(problem)) for problem in layout.tree_problems()]
@@ -101,10 +103,6 @@ def _check_cache_dir(root: str, disabled: str | None) -> list[Check]:
 
 
 def check_cache(p: Probe) -> list[Check]:
-    from cuforge.config import settings
-    from cuforge.store import telemetry
-    from cuforge.store.disk import DiskStore
-
     st = settings()
     root = st.cache_dir
     disabled = (

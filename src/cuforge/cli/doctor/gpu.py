@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import os
 
+from cuforge import toolchain
+from cuforge.arch import arch_findings, arch_to_torch, parse_arch_list
 from cuforge.cli import output
 from cuforge.cli.doctor.base import Check, Probe, row_maker
+from cuforge.runtime import fastlaunch
 from cuforge.toolchain.facts import kernel_driver_version, version_tuple
+from cuforge.torch.jobs import TORCH_TU_BYTES, recommended_jobs
 
 
 def check_gpus(p: Probe) -> list[Check]:
-    from cuforge import toolchain
-
     gpu_row = row_maker("gpu", "GPUs")
     arch_row = row_maker("gpu.arch", "GPU arch support")
     driver_row = row_maker("gpu.driver", "driver vs toolkit")
@@ -100,9 +102,6 @@ def check_gpus(p: Probe) -> list[Check]:
 
 
 def check_arch_list(p: Probe) -> list[Check]:
-    from cuforge import toolchain
-    from cuforge.arch import arch_findings, arch_to_torch
-
     gpus, why = p.gpus()
     gpu_archs = sorted({g["arch"] for g in gpus})
     supported = p.once("supported.nvrtc", lambda: toolchain.supported_archs("nvrtc"))
@@ -150,7 +149,6 @@ def check_arch_list(p: Probe) -> list[Check]:
 
 def check_arch_agreement(p: Probe) -> list[Check]:
     """CUFORGE_ARCH against TORCH_CUDA_ARCH_LIST when both are set."""
-    from cuforge.arch import parse_arch_list
 
     row = row_maker("arch_list.agreement", "CUFORGE_ARCH vs torch")
     ours = os.environ.get("CUFORGE_ARCH", "").strip()
@@ -178,8 +176,6 @@ def check_arch_agreement(p: Probe) -> list[Check]:
 
 
 def check_jobs(p: Probe) -> list[Check]:
-    from cuforge.torch.jobs import TORCH_TU_BYTES, recommended_jobs
-
     res = p.resources
     cores, mem = res["cores"], res["memory_available"] or 0
     jobs, why = recommended_jobs(res)
@@ -223,7 +219,6 @@ def check_jobs(p: Probe) -> list[Check]:
 def check_fast_launch(p: Probe) -> list[Check]:
     """Which fast launch path kernels use: the C extension installed with cuforge, one
     built on first use into the cache dir, or the ~1.4x slower pure-Python path."""
-    from cuforge.runtime import fastlaunch
 
     row = row_maker("fast_launch", "fast launch path")
     path, detail = fastlaunch.status()

@@ -7,17 +7,17 @@ from collections.abc import Callable
 from typing import Any
 
 from cuforge.cli.doctor.base import Check, Probe, row_maker
+from cuforge.config import settings
+from cuforge.store.remote import open_remotes, sync
 
 
 def check_remote(p: Probe) -> list[Check]:
     """One row per URL in CUFORGE_REMOTE (see the module docstring)."""
-    from cuforge.config import settings
 
     row = row_maker("remote", "remote cache")
     st = settings()
     if not st.remote:
         return [row("SKIP", "no remote cache configured (CUFORGE_REMOTE is unset)")]
-    from cuforge.store.remote import open_remotes, sync
 
     try:
         remotes = list(open_remotes(st))

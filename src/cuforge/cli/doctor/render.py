@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+import textwrap
+
 from cuforge.cli import output
 from cuforge.cli.doctor.base import Check
 
@@ -47,8 +50,6 @@ def _is_command(text: str) -> bool:
 def _wrap(text: str, room: int) -> list[str]:
     """Word-wrap ``text`` to ``room`` columns, never inside a `backquoted command` nor
     inside a word (a long path stays whole on its own line)."""
-    import re
-    import textwrap
 
     glue = "\x00"
     joined = re.sub(r"`[^`]*`", lambda m: m.group(0).replace(" ", glue), text)

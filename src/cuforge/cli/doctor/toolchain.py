@@ -3,13 +3,24 @@ nvcc, the toolkit root, the CUDA library headers torch needs, ccache and sccache
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from typing import Any
 
+from cuforge import toolchain
 from cuforge.cli.doctor.base import Check, Probe, row_maker, run_command
-from cuforge.toolchain.facts import identity_headers_version, version_tuple
+from cuforge.toolchain import locate
+from cuforge.toolchain.facts import (
+    TORCH_HEADERS,
+    find_library_headers,
+    identity_headers_version,
+    version_tuple,
+)
+from cuforge.torch.facts import torch_cuda_home_guess, torch_info
 
 
 def check_ninja(p: Probe) -> list[Check]:
@@ -74,8 +85,6 @@ def _compiler_row(
 
 
 def check_nvrtc(p: Probe) -> list[Check]:
-    from cuforge import toolchain
-
     return _compiler_row(
         row_maker("nvrtc", "NVRTC"),
         "NVRTC",
@@ -96,7 +105,6 @@ def check_nvrtc(p: Probe) -> list[Check]:
 def check_nvrtc_headers(p: Probe) -> list[Check]:
     """NVRTC against the CUDA headers it compiles with (the key holds both): a newer NVRTC
     than the headers (or an older one) compiles against declarations of another release."""
-    from cuforge import toolchain
 
     row = row_maker("nvrtc.headers", "NVRTC vs headers")
     try:
@@ -141,8 +149,6 @@ def _nvrtc_headers_fix(n: str) -> str:
     cuforge takes the header wheels of NVRTC's release when they are installed
     (:func:`cuforge.toolchain.locate.toolkit_include_dirs`), so for an NVRTC wheel the fix is
     to install them; an NVRTC from a toolkit wants that toolkit's headers (CUDA_HOME)."""
-    from cuforge import toolchain
-    from cuforge.toolchain import locate
 
     library = toolchain.nvrtc_library_path()
     if locate.nvrtc_wheel_version(library) is not None:
@@ -198,7 +204,6 @@ print(json.dumps(out))
 def _header_compile_arch(p: Probe) -> str:
     """A supported arch to compile the header probes for: the visible GPU's, else sm_90
     when NVRTC supports it, else the newest NVRTC supports."""
-    from cuforge import toolchain
 
     gpus, _ = p.gpus()
     if gpus and gpus[0].get("arch"):
@@ -212,11 +217,6 @@ def _header_compile_arch(p: Probe) -> str:
 def check_header_compiles(p: Probe) -> list[Check]:
     """Real NVRTC compiles of kernels that use cuda_fp16.h, cuda_bf16.h and CUB, in a
     child process with the cache disabled (nothing is read from or written to the cache)."""
-    import json
-    import subprocess
-    import sys
-
-    from cuforge import toolchain
 
     row = row_maker("nvrtc.headers_compile", "fp16/bf16/CUB compile")
     try:
@@ -255,8 +255,6 @@ def check_header_compiles(p: Probe) -> list[Check]:
 
 
 def check_nvcc(p: Probe) -> list[Check]:
-    from cuforge import toolchain
-
     return _compiler_row(
         row_maker("nvcc", "nvcc"),
         "nvcc",
@@ -275,9 +273,6 @@ def check_nvcc(p: Probe) -> list[Check]:
 
 
 def check_cuda_home(p: Probe) -> list[Check]:
-    from cuforge import toolchain
-    from cuforge.torch.facts import torch_cuda_home_guess
-
     root = toolchain.toolkit_root()
     guess, how = torch_cuda_home_guess()
     row = row_maker("cuda_home", "CUDA toolkit root")
@@ -321,9 +316,6 @@ def check_cuda_home(p: Probe) -> list[Check]:
 def check_cuda_headers(p: Probe) -> list[Check]:
     """The CUDA library headers torch's own headers include (cusparse.h, cublas_v2.h):
     they matter only for torch extensions, so without torch this is a SKIP."""
-    from cuforge import toolchain
-    from cuforge.toolchain.facts import TORCH_HEADERS, find_library_headers
-    from cuforge.torch.facts import torch_info
 
     row = row_maker("cuda_headers", "CUDA library headers")
     if p.once("torch", torch_info) is None:
@@ -385,8 +377,6 @@ def _ccache_stats(path: str) -> dict[str, Any]:
 
 
 def _sccache_stats(path: str) -> dict[str, Any]:
-    import json
-
     rc, text = run_command([path, "--show-stats", "--stats-format", "json"], timeout=30)
     if rc != 0:
         return {}

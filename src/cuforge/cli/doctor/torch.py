@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
+from cuforge import toolchain
 from cuforge.cli.doctor.base import Check, Probe, row_maker
 from cuforge.toolchain.facts import version_tuple
+from cuforge.torch.facts import torch_info
 
 
 def check_torch(p: Probe) -> list[Check]:
-    from cuforge import toolchain
-    from cuforge.torch.facts import torch_info
-
     row = row_maker("torch", "torch")
     info = p.once("torch", torch_info)
     if info is None:

@@ -172,15 +172,20 @@ class RedisBackend(RemoteBackend):
             pool.release(conn)
 
     def get(self, kind: str, key: str) -> bytes | bytearray | None:
-        """The value of ``cuforge:{namespace}:{kind}:{key}``, or None when it is not set (or
-        empty). Its size and first bytes are checked before the rest is transferred."""
+        """The value of ``cuforge:{namespace}:{kind}:{key}``, or None when it is not set.
+        Its size and first bytes are checked before the rest is transferred."""
         name = self._key(kind, key)
         first_end = min(_FIRST, self.max_bytes) - 1  # an oversized value costs at most the cap
 
         def work(conn):
+            # one round trip; EXISTS tells a missing key from an empty value (STRLEN is 0
+            # for both)
             conn.send_packed_command(
-                conn.pack_commands([("STRLEN", name), ("GETRANGE", name, 0, first_end)])
+                conn.pack_commands(
+                    [("EXISTS", name), ("STRLEN", name), ("GETRANGE", name, 0, first_end)]
+                )
             )
+            exists = conn.read_response()
             size = conn.read_response()
             first = conn.read_response()
             if not isinstance(size, int) or not isinstance(first, bytes):
@@ -188,8 +193,10 @@ class RedisBackend(RemoteBackend):
                     f"remote cache {self.describe()}: GET {kind}/{key[:16]} answered a "
                     f"{type(first).__name__}, not bytes"
                 )
-            if size == 0:
+            if not exists:
                 return None
+            if size == 0:
+                return b""
             end = self.check_head(first, size, kind, key)
             if len(first) >= size:
                 return first
