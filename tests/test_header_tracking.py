@@ -110,7 +110,7 @@ CASES: dict[str, dict] = {
     },
     "computed include, path from -D in options, through another macro": {
         "src": "#include HEADER\n" + KERNEL,
-        "kw": {"options": ["-DHEADER=PATH", '-D PATH=<{d}/inc/h.h>']},
+        "kw": {"options": ["-DHEADER=PATH", "-D PATH=<{d}/inc/h.h>"]},
         "dirs": ["work"],
         "cwd": "work",
     },

@@ -320,5 +320,7 @@ sources = ["ext.cpp"]
 arch = ["sm_90"]
 """,
     )
-    with pytest.raises(ManifestError, match=r"cuforge.toml:2: .*(not a Python identifier|needs name)"):
+    with pytest.raises(
+        ManifestError, match=r"cuforge.toml:2: .*(not a Python identifier|needs name)"
+    ):
         load_manifest(str(project))
