@@ -19,7 +19,9 @@ KERNEL = 'extern "C" __global__ void k(int* out) { *out = VALUE; }\n'
 
 #: case -> (source text, compile kwargs as JSON-able dict, env overrides, files to create)
 #: "{d}" in any string is replaced by the case's directory; the edited header is inc/h.h
-#: (or the file named by "edit").
+#: (or the file named by "edit"). "dirs": directories to create; "links": symlinks to
+#: create (path -> target, both relative to the case's directory); "cwd": the directory
+#: (relative to the case's) the compile runs in.
 CASES: dict[str, dict] = {
     "include_dirs": {"src": '#include "h.h"\n' + KERNEL, "kw": {"include_dirs": ["{d}/inc"]}},
     "option -Idir": {"src": '#include "h.h"\n' + KERNEL, "kw": {"options": ["-I{d}/inc"]}},
@@ -77,6 +79,41 @@ CASES: dict[str, dict] = {
         + KERNEL,
         "kw": {"include_dirs": ["{d}/inc"]},
     },
+    # issue 20, item 4: the spellings that served a stale binary
+    "option '-I dir' as one string (NVRTC strips the blank)": {
+        "src": '#include "h.h"\n' + KERNEL,
+        "kw": {"options": ["-I {d}/inc"]},
+    },
+    "quoted include through a symlinked dir and ..": {
+        "src": '#include "lnk/../h.h"\n' + KERNEL,
+        "kw": {"include_dirs": ["{d}/top"]},
+        "dirs": ["inc/sub", "top"],
+        "links": {"top/lnk": "inc/sub"},
+    },
+    "-I dir through a symlinked dir and ..": {
+        "src": '#include "h.h"\n' + KERNEL,
+        "kw": {"options": ["-I{d}/top/lnk/.."]},
+        "dirs": ["inc/sub", "top"],
+        "links": {"top/lnk": "inc/sub"},
+    },
+    "computed include, absolute path from defines=": {
+        "src": "#include HEADER\n" + KERNEL,
+        "kw": {"defines": {"HEADER": '"{d}/inc/h.h"'}},
+        "dirs": ["work"],
+        "cwd": "work",
+    },
+    "computed include, ../ path from defines=": {
+        "src": "#include HEADER\n" + KERNEL,
+        "kw": {"defines": {"HEADER": '"../inc/h.h"'}},
+        "dirs": ["work"],
+        "cwd": "work",
+    },
+    "computed include, path from -D in options, through another macro": {
+        "src": "#include HEADER\n" + KERNEL,
+        "kw": {"options": ["-DHEADER=PATH", "-D PATH=<{d}/inc/h.h>"]},
+        "dirs": ["work"],
+        "cwd": "work",
+    },
     "nested header": {
         "src": '#include "outer.h"\n' + KERNEL,
         "kw": {"include_dirs": ["{d}/inc"]},
@@ -91,7 +128,7 @@ from cuforge.pipeline import counters
 cases = json.loads(sys.argv[1]) if len(sys.argv) > 1 else json.loads(os.environ["CASES"])
 out = {}
 for name, case in cases.items():
-    os.chdir(case["dir"] if case.get("chdir") else case["root"])
+    os.chdir(case["cwd"] or (case["dir"] if case.get("chdir") else case["root"]))
     saved = {k: os.environ.get(k) for k in case.get("env", {})}
     os.environ.update(case.get("env", {}))
     before = counters["compiles"]
@@ -133,8 +170,13 @@ def test_every_spelling_of_an_include_is_keyed(tmp_path):
         _write(os.path.join(d, "inc", "h.h"), "#pragma once\n#define VALUE 1\n")
         for rel, text in spec.get("files", {}).items():
             _write(os.path.join(d, rel), text)
+        for rel in spec.get("dirs", ()):
+            os.makedirs(os.path.join(d, rel), exist_ok=True)
+        for rel, target in spec.get("links", {}).items():
+            os.symlink(os.path.join(d, target), os.path.join(d, rel))
         cases[name] = {
             "dir": d,
+            "cwd": os.path.join(d, spec["cwd"]) if "cwd" in spec else None,
             "root": str(tmp_path),
             "chdir": spec.get("chdir", False),
             # a per-case comment keeps each case's source (and so its key) distinct

@@ -18,9 +18,9 @@ from __future__ import annotations
 import os
 import stat
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from cuforge._fs import read_bytes
+from cuforge._fs import NotRegularFile, read_bytes
 from cuforge.key import file_digest_of
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "scan_includes",
     "IncludeScan",
     "directives",
+    "join_path",
 ]
 
 #: A file changed less than this long ago may change again within the same timestamp tick
@@ -128,23 +129,28 @@ class IncludeScan:
     an include or a ``__has_include`` resolves to (the places tried before the header
     found, or every place tried when none was found). The pipeline keys on their absence.
     ``computed``: True when an ``#include MACRO`` (or ``__has_include(MACRO)``) was seen.
-    The scan follows a macro defined as a plain header name (``#define H "a.h"``) but
-    cannot know every definition the compiler sees, so the pipeline keys on every file
-    under the user include directories instead.
+    The scan follows a macro defined as a plain header name (``#define H "a.h"`` in a
+    scanned file, or ``-DH="a.h"`` on the command line) but cannot know every definition
+    the compiler sees, so the pipeline keys on every file under the user include
+    directories too.
+    ``uncacheable``: why the compile cannot be keyed (None when it can): a computed include
+    names a macro the command line defines as something other than a header name.
     """
 
-    __slots__ = ("headers", "unresolved", "probes", "computed")
+    __slots__ = ("headers", "unresolved", "probes", "computed", "uncacheable")
 
     def __init__(self) -> None:
         self.headers: list[str] = []
         self.unresolved: list[str] = []
         self.probes: list[str] = []
         self.computed = False
+        self.uncacheable: str | None = None
 
     def __repr__(self) -> str:
         return (
             f"IncludeScan(headers={self.headers!r}, unresolved={self.unresolved!r}, "
-            f"probes={self.probes!r}, computed={self.computed!r})"
+            f"probes={self.probes!r}, computed={self.computed!r}, "
+            f"uncacheable={self.uncacheable!r})"
         )
 
 
@@ -321,18 +327,47 @@ def _read_text(path: str) -> str:
 
 
 _REGULAR, _MISSING, _OTHER = "regular", "missing", "other"
+_FIFO, _DEVICE = "a FIFO", "a device"
 
 
 def _file_state(path: str) -> str:
     """Whether ``path`` (symlinks followed) is a regular file, missing (a probe: the key
-    depends on its absence), or something else the compiler cannot read as a header."""
+    depends on its absence), a FIFO or a device (which the compiler would open and block
+    on, or read without end), or something else it passes over (a directory)."""
     try:
         mode = os.stat(path).st_mode
     except (FileNotFoundError, NotADirectoryError):
         return _MISSING
     except OSError:
         return _OTHER  # e.g. permission denied: neither readable nor creatable by us
-    return _REGULAR if stat.S_ISREG(mode) else _OTHER
+    if stat.S_ISREG(mode):
+        return _REGULAR
+    if stat.S_ISFIFO(mode):
+        return _FIFO
+    return _DEVICE if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else _OTHER
+
+
+def join_path(directory: str, name: str) -> str:
+    """``name`` (relative to ``directory``, or absolute) as the OS finds it: normalized
+    (``.`` and doubled separators dropped), but every ``..`` is kept. After a symlinked
+    directory ``..`` leads up from the link's target, not back along the spelled path
+    (``lnk/../x.h``), so only the OS can resolve it; it does so on every ``stat`` and
+    open of the kept spelling, again after the link changes, as it does for the compiler."""
+    path = os.path.join(directory, name)
+    parts = path.split(os.sep)
+    if ".." not in parts:
+        return os.path.normpath(path)
+    kept = [p for p in parts if p not in ("", ".")]
+    if path.startswith(os.sep):
+        while kept and kept[0] == "..":
+            del kept[0]  # "/.." is "/"
+        return os.sep + os.sep.join(kept)
+    return os.sep.join(kept) or "."
+
+
+def _resolved(path: str) -> str:
+    """``path`` with its ``..`` resolved as the OS does (for telling where it lies)."""
+    return os.path.realpath(path) if ".." in path.split(os.sep) else path
 
 
 def _under(path: str, roots: Sequence[str]) -> bool:
@@ -343,10 +378,16 @@ class _Scanner:
     """The state of one :func:`scan_includes` call."""
 
     def __init__(
-        self, include_dirs: Sequence[str], system_dirs: Sequence[str], max_files: int
+        self,
+        include_dirs: Sequence[str],
+        system_dirs: Sequence[str],
+        max_files: int,
+        defines: Mapping[str, str] | None = None,
+        refuse_special: bool = False,
     ) -> None:
         self.scan = IncludeScan()
-        self.user_dirs = [os.path.abspath(d) for d in include_dirs]
+        cwd = os.getcwd()
+        self.user_dirs = [join_path(cwd, d) for d in include_dirs]
         self.system_roots = [os.path.abspath(d) for d in system_dirs]
         self.max_files = max_files
         self.seen: set[str] = set()
@@ -358,24 +399,48 @@ class _Scanner:
         # computed includes: (kind, macro, directory of the includer, is_next)
         self.pending: list[tuple[str, str, str | None, bool]] = []
         self.resolved: set[tuple[int, str, str]] = set()
+        self.refuse_special = refuse_special
+        # the command line's macros (-D): a header name counts as a #define of one; a macro
+        # naming another macro is an alias; any other body cannot be followed
+        self.aliases: dict[str, str] = {}
+        self.opaque: dict[str, str] = {}
+        for macro, body in (defines or {}).items():
+            body = body.strip()
+            if len(body) > 2 and (body[0], body[-1]) in (('"', '"'), ("<", ">")):
+                self.defines.setdefault(macro, []).append((body[0], body[1:-1]))
+            elif body.isidentifier():
+                self.aliases[macro] = body
+            else:
+                self.opaque[macro] = body
 
     def candidates(self, delim: str, name: str, here: str | None) -> list[str]:
         """Where the compiler looks for ``name``, in order: a quoted name first in the
         including file's directory, then the -I directories, then the toolkit's."""
         if os.path.isabs(name):
-            return [os.path.normpath(name)]
+            return [join_path(os.sep, name)]
         dirs = self.user_dirs + self.system_roots
         if delim == '"' and here is not None:
             dirs = [here, *dirs]
-        return [os.path.normpath(os.path.join(d, name)) for d in dirs]
+        return [join_path(d, name) for d in dirs]
 
     def probe(self, path: str) -> None:
         if path not in self.probed:
             self.probed.add(path)
             self.scan.probes.append(path)
 
+    def special(self, path: str, state: str, what: str) -> None:
+        """A FIFO or device where the compiler looks: it would hang on it (or read without
+        end), so with ``refuse_special`` it is an error naming it; otherwise passed over."""
+        if self.refuse_special:
+            raise NotRegularFile(
+                f"{path} ({what}) is {state}, not a regular file: the compiler would "
+                f"{'wait on it forever' if state is _FIFO else 'read it without end'}. "
+                "Remove it or rename it, or change the include path."
+            )
+
     def header(self, path: str, follow: bool) -> None:
-        if _under(path, self.system_roots) and not _under(path, self.user_dirs):
+        where = _resolved(path)
+        if _under(where, self.system_roots) and not _under(where, self.user_dirs):
             return  # the toolkit: covered by the compiler identity
         if path in self.seen:
             return
@@ -388,6 +453,15 @@ class _Scanner:
         follow = kind in ("include", "has")
         found = False
         for cand in self.candidates(delim, name, here):
+            lexical = os.path.normpath(cand)
+            if lexical != cand:
+                # a ".." kept for the OS (join_path); a compiler that normalizes the path
+                # by its spelling would read this file: key it too (over-approximation)
+                alt = _file_state(lexical)
+                if alt is _REGULAR:
+                    self.header(lexical, follow)
+                elif alt is _MISSING:
+                    self.probe(lexical)
             state = _file_state(cand)
             if state is _MISSING:
                 self.probe(cand)
@@ -396,6 +470,9 @@ class _Scanner:
                 self.header(cand, follow)
                 if not is_next:
                     break
+            elif state is not _OTHER:
+                close = ">" if delim == "<" else delim
+                self.special(cand, state, f"#{kind} {delim}{name}{close}")
             # else: something that is no file (a directory...): the compiler moves on
         # include_next starts after the includer's own directory: every existing candidate
         # may be the one read, so all of them count (over-approximation)
@@ -426,11 +503,26 @@ class _Scanner:
             self.visit(text, here)
 
     def resolve_macros(self) -> bool:
-        """Follow computed includes whose macro was seen defined as a header name; True
-        when that found anything new to look at."""
+        """Follow computed includes whose macro was seen defined as a header name (in a
+        scanned file or on the command line); True when that found anything new to look
+        at. A macro the command line defines as anything else makes the scan
+        ``uncacheable``."""
         progress = False
-        for i, (kind, macro, here, is_next) in enumerate(list(self.pending)):
-            for delim, name in self.defines.get(macro, ()):
+        for i, (kind, first, here, is_next) in enumerate(list(self.pending)):
+            macro = first
+            chain = {macro}
+            while macro in self.aliases and self.aliases[macro] not in chain:
+                macro = self.aliases[macro]
+                chain.add(macro)
+            body = next((self.opaque[m] for m in chain if m in self.opaque), None)
+            if body is not None and self.scan.uncacheable is None:
+                self.scan.uncacheable = (
+                    f"a computed #include names the macro {first}, which the command line "
+                    f"defines as {body!r}: cuforge cannot tell which file that names, so the "
+                    f'compile is not cached (define it as a header name, "x.h" or <x.h>)'
+                )
+            defs = [d for m in chain for d in self.defines.get(m, ())]
+            for delim, name in defs:
                 if (i, delim, name) in self.resolved:
                     continue
                 self.resolved.add((i, delim, name))
@@ -447,6 +539,8 @@ def scan_includes(
     system_dirs: Sequence[str] = (),
     pre_includes: Sequence[str] = (),
     max_files: int = 10_000,
+    defines: Mapping[str, str] | None = None,
+    refuse_special: bool = False,
 ) -> IncludeScan:
     """Follow the include directives of ``source`` through ``include_dirs``.
 
@@ -461,10 +555,16 @@ def scan_includes(
     ``-include``) are read before the source: each one found where the compiler may look
     (the working directory, ``source_dir``, ``include_dirs``) is a header and is scanned
     in turn. ``#include MACRO`` sets ``computed``; where the scanned files define MACRO as
-    a header name (``#define MACRO "x.h"``), that header is followed too. A file named by
-    ``#embed`` is a header but is not scanned. At most ``max_files`` headers are followed.
+    a header name (``#define MACRO "x.h"``), that header is followed too, and so is one
+    that ``defines`` (the command line's ``-D``, name -> body) gives as a header name,
+    wherever it leads; where ``defines`` gives MACRO another body, the scan is
+    ``uncacheable``. A file named by ``#embed`` is a header but is not scanned. At most
+    ``max_files`` headers are followed. A ``..`` in a path is kept (:func:`join_path`).
+    ``refuse_special``: a FIFO or device where the compiler would look (it would block on
+    it, or read without end) raises :class:`cuforge._fs.NotRegularFile` naming it,
+    instead of being passed over.
     """
-    scanner = _Scanner(include_dirs, system_dirs, max_files)
+    scanner = _Scanner(include_dirs, system_dirs, max_files, defines, refuse_special)
     for pre in pre_includes:
         _pre_include(scanner, pre, source_dir)
     scanner.visit(source, source_dir)
@@ -479,9 +579,9 @@ def _pre_include(scanner: _Scanner, name: str, source_dir: str | None) -> None:
     # directory first; NVRTC: as a quoted include of the source); every existing candidate
     # is a header and every missing one a probe, which covers any order.
     if os.path.isabs(name):
-        cands = [os.path.normpath(name)]
+        cands = [join_path(os.sep, name)]
     else:
-        cands = [os.path.normpath(os.path.abspath(name))]
+        cands = [join_path(os.getcwd(), name)]
         cands += [c for c in scanner.candidates('"', name, source_dir) if c not in cands]
     found = False
     for cand in cands:
@@ -491,6 +591,8 @@ def _pre_include(scanner: _Scanner, name: str, source_dir: str | None) -> None:
             scanner.header(cand, follow=True)
         elif state is _MISSING:
             scanner.probe(cand)
+        elif state is not _OTHER:
+            scanner.special(cand, state, f"pre-included {name}")
     if not found and name not in scanner.unresolved:
         scanner.unresolved.add(name)
         scanner.scan.unresolved.append(name)

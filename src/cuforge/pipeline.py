@@ -343,6 +343,7 @@ def compile_cached(
         cache = default_cache()
     cfg = settings()
     started = time.perf_counter()
+    _check_sequences(options=options, include_dirs=include_dirs, name_expressions=name_expressions)
     request = _normalize(CompileCall._make(memo_key), cfg, cache)
     result, header_sigs, probes = _lookup_or_compile(
         request, cache, result_type, started, (strict or cache.offline) and memo_key
@@ -422,6 +423,7 @@ def _normalize(call: CompileCall, cfg: Settings, cache: Cache) -> CompileRequest
     source, name, backend, output = call.source, call.name, call.backend, call.output
     if not isinstance(source, str):
         raise TypeError(f"source must be str (CUDA C++ text), not {type(source).__name__}")
+    _check_name(name)
     if not source.strip():
         raise ValueError(f"{name}: the source is empty; pass CUDA C++ text (or use compile_file)")
     _check_text(source, name)
@@ -430,10 +432,7 @@ def _normalize(call: CompileCall, cfg: Settings, cache: Cache) -> CompileRequest
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
     if output not in OUTPUT_KINDS:
         raise ValueError(f"output must be one of {', '.join(OUTPUT_KINDS)}, not {output!r}")
-    if isinstance(call.options, str):
-        raise TypeError(
-            "options must be a sequence of strings, e.g. ('-std=c++17',), not one string"
-        )
+    _check_items(call)
     archs = resolve_archs(call.arch, allow_many=(output == "fatbin"))
     compiler.check(archs=archs, output=output, headers=call.headers)
     if len(archs) > 1 and not (compiler.many_archs and output == "fatbin"):
@@ -462,6 +461,60 @@ def _normalize(call: CompileCall, cfg: Settings, cache: Cache) -> CompileRequest
         base_dir=cache.keyed_base_dir(),
         cache_dir=cache.directory,
     )
+
+
+#: what each sequence argument holds, for its error message
+_SEQUENCES = {
+    "options": ("a sequence of option strings", "'-std=c++17'"),
+    "include_dirs": ("a sequence of paths", "'include'"),
+    "name_expressions": ("a sequence of C++ expressions", "'kernel<float>'"),
+}
+
+
+def _check_sequences(**arguments: Any) -> None:
+    """A str where a sequence is expected (``include_dirs="/tmp"``) would be read as its
+    characters: a TypeError naming the argument and the fix. Cheap; runs on every miss."""
+    for arg, value in arguments.items():
+        if isinstance(value, (str, bytes, os.PathLike)):
+            what, example = _SEQUENCES[arg]
+            fix = [os.fspath(value)] if not isinstance(value, bytes) else None
+            raise TypeError(
+                f"{arg} must be {what}, not one {type(value).__name__}: use "
+                f"{fix!r}" + ("" if fix else f", e.g. [{example}]")
+            )
+
+
+def _check_name(name: Any) -> None:
+    """``name`` is text without NUL (it goes into the key, the index and logs)."""
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str (the source's file name), not {type(name).__name__}")
+    if "\0" in name:
+        raise ValueError(
+            f"name contains a NUL byte at offset {name.index(chr(0))}: {name!r}; pass a file "
+            "name such as 'kernel.cu'"
+        )
+
+
+def _check_items(call: CompileCall) -> None:
+    """Each element of the sequence arguments, and each in-memory header, has the type the
+    compiler needs: a TypeError naming the argument, the element and what was expected."""
+    for arg, ok in (("options", (str, os.PathLike)), ("name_expressions", str)):
+        for i, item in enumerate(getattr(call, arg)):
+            if not isinstance(item, ok):
+                what = _SEQUENCES[arg][0].replace("a sequence of ", "")
+                raise TypeError(f"{arg}[{i}] must be a str ({what}), not {type(item).__name__}")
+    for i, item in enumerate(call.include_dirs):
+        if not isinstance(item, (str, os.PathLike)):
+            raise TypeError(f"include_dirs[{i}] must be a path (str), not {type(item).__name__}")
+    for key, text in call.headers:
+        if not isinstance(key, str):
+            raise TypeError(
+                f"headers keys must be header names (str), not {type(key).__name__}: {key!r}"
+            )
+        if not isinstance(text, str):
+            raise TypeError(
+                f"headers[{key!r}] must be the header's text (str), not {type(text).__name__}"
+            )
 
 
 def _check_text(source: str, name: str) -> None:
@@ -618,8 +671,12 @@ def _scan_headers(request: CompileRequest) -> tuple[list[str], list[str], str | 
         include_dirs=user_dirs,
         system_dirs=toolkit_include_dirs(),
         pre_includes=includes.pre_includes,
+        defines=includes.defines,
+        refuse_special=True,  # a FIFO or device header would hang the compiler: an error
     )
     headers, probes = list(scan.headers), list(scan.probes)
+    if scan.uncacheable:
+        return headers, probes, f"{request.name}: {scan.uncacheable}"
     if scan.computed:
         # an #include MACRO the scan could not follow may name any file in the search
         # path: key every file there, and the absence of each one's would-be shadows

@@ -237,3 +237,90 @@ def test_no_manifest_says_how_to_write_one(tmp_path):
 def test_parse_without_hashing_files(project):
     m = parse_manifest(MANIFEST, str(project / "cuforge.toml"), with_files=False)
     assert len(m.tasks) == 8 and all(t.files == {} for t in m.tasks)
+
+
+# -- issue 20, item 14: a grid too big to expand, an extension name that is a path ----------
+
+
+def test_a_grid_past_the_variant_cap_is_refused_before_expanding(project, monkeypatch):
+    """10^6 variants used 1.1 GB and printed nothing for 100 s: the size (grid points x
+    archs x name expressions) is checked first, and the error names the entry, its line
+    and the count. The grid here is 100 x 100 x 100 x 2 archs = 2,000,000 variants."""
+    import tracemalloc
+
+    axis = ", ".join(str(i) for i in range(100))
+    write(
+        project,
+        f"""\
+arch = ["sm_80", "sm_90"]
+
+[[kernel]]
+source = "red.cu"
+include_dirs = ["include"]
+name_expressions = ["blk<{{A}}, float>"]
+defines = {{ B = "{{B}}", C = "{{C}}" }}
+[kernel.grid]
+A = [{axis}]
+B = [{axis}]
+C = [{axis}]
+""",
+    )
+    tracemalloc.start()
+    try:
+        with pytest.raises(ManifestError) as err:
+            load_manifest(str(project))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    msg = str(err.value)
+    assert "cuforge.toml:4:" in msg and "[[kernel]] #1" in msg, msg
+    assert "2,000,000 variants" in msg and "100 A x 100 B x 100 C" in msg, msg
+    assert "at most 100,000" in msg, msg
+    assert peak < 20 << 20, peak  # nothing was expanded
+
+
+def test_the_variant_cap_counts_every_entry(project, monkeypatch):
+    from cuforge.aot import manifest
+
+    monkeypatch.setattr(manifest, "MAX_VARIANTS", 10)
+    entry = """
+[[kernel]]
+source = "red.cu"
+name_expressions = ["blk<{B}, float>"]
+[kernel.grid]
+B = [1, 2, 3, 4, 5, 6]
+"""
+    write(project, 'arch = ["sm_90"]\n' + entry)
+    assert len(load_manifest(str(project)).tasks) == 6
+    write(project, 'arch = ["sm_90"]\n' + entry + entry.replace("float", "double"))
+    with pytest.raises(ManifestError, match=r"cuforge.toml:10: \[\[kernel\]\] #2 expands to 6 "):
+        load_manifest(str(project))
+
+
+@pytest.mark.parametrize("name", ["../../x", "ext/sub", "1ext", "", "class", "ext_{T}"])
+def test_an_extension_name_must_be_a_python_identifier(project, name):
+    """``name = "../../x"`` built outside the cache dir: the name (after its placeholders)
+    must be an identifier; the error names the file and line."""
+    (project / "ext.cpp").write_text("int f() { return 0; }\n")
+    write(
+        project,
+        f"""\
+[[extension]]
+name = "{name}"
+sources = ["ext.cpp"]
+arch = ["sm_90"]
+[extension.grid]
+T = ["a-b"]
+"""
+        if "{T}" in name
+        else f"""\
+[[extension]]
+name = "{name}"
+sources = ["ext.cpp"]
+arch = ["sm_90"]
+""",
+    )
+    with pytest.raises(
+        ManifestError, match=r"cuforge.toml:2: .*(not a Python identifier|needs name)"
+    ):
+        load_manifest(str(project))

@@ -45,6 +45,7 @@ Guarantees:
 from __future__ import annotations
 
 import itertools
+import keyword
 import os
 import re
 from dataclasses import dataclass, field
@@ -85,6 +86,11 @@ _CALL = re.compile(
 )
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _SCALARS = (str, int, float, bool)
+
+#: The most variants one manifest may expand to (grid points x archs x name expressions,
+#: over all entries): far above any real build; a bigger grid is a mistake that would fill
+#: memory before anything is built.
+MAX_VARIANTS = 100_000
 
 
 class ManifestError(CuforgeError, ValueError):
@@ -278,6 +284,7 @@ class _Expander:
         self.lines = _Lines(text, prefix)
         self.with_files = with_files
         self._files: dict[tuple, dict[str, str]] = {}
+        self._planned = 0  # variants of the entries expanded so far
 
     def error(self, line: int, message: str) -> ManifestError:
         return ManifestError(self.path, line, message)
@@ -413,6 +420,22 @@ class _Expander:
         manifest.archs = archs
         return manifest
 
+    def _plan(self, grid: dict[str, list], per_point: int, kind: str, index: int, line: int):
+        """Count an entry's variants (grid points x ``per_point``) before expanding it: past
+        :data:`MAX_VARIANTS` for the manifest, a ManifestError naming the entry and count."""
+        count = per_point
+        for values in grid.values():
+            count *= len(values)
+        self._planned += count
+        if self._planned > MAX_VARIANTS:
+            sizes = " x ".join(f"{len(v)} {n}" for n, v in grid.items()) or "no grid"
+            raise self.error(
+                line,
+                f"[[{kind}]] #{index + 1} expands to {count:,} variants ({sizes} grid values "
+                f"x {per_point} archs and name expressions); a manifest may list at most {MAX_VARIANTS:,} "
+                f"(this one {self._planned:,} so far): split the grid or narrow it",
+            )
+
     def _combos(self, grid: dict[str, list], used: set[str], kind: str, index: int):
         for _raw, rendered in self._raw_combos(grid, used, kind, index):
             yield rendered
@@ -481,6 +504,8 @@ class _Expander:
             else default_archs
         )
         grid = self._grid(entry, "kernel", index)
+        per_point = (1 if output == "fatbin" or not archs else len(archs)) * max(len(exprs), 1)
+        self._plan(grid, per_point, "kernel", index, entry_line)
         used = set()
         for text in [*exprs, *options, *include_dirs, *(str(v) for v in defines.values())]:
             used.update(_PLACEHOLDER.findall(text))
@@ -548,6 +573,7 @@ class _Expander:
             else default_archs
         )
         grid = self._grid(entry, "extension", index)
+        self._plan(grid, 1, "extension", index, name_line)
         used = set(_PLACEHOLDER.findall(name))
         for values in lists.values():
             for text in values:
@@ -555,6 +581,13 @@ class _Expander:
         tasks = []
         for values in self._combos(grid, used, "extension", index):
             v_name = self._subst(name, values, name_line, "name")
+            if not v_name.isidentifier() or keyword.iskeyword(v_name):
+                raise self.error(
+                    name_line,
+                    f"extension name {v_name!r} is not a Python identifier (letters, digits "
+                    "and _, not starting with a digit): it names the module and its build "
+                    'directory, e.g. name = "my_ext"',
+                )
             spec: dict[str, Any] = {"name": v_name, "sources": sources, "arch": archs or None}
             for k, items in lists.items():
                 spec[k] = [self._subst(t, values, kl(k, "extension", index), k) for t in items]
@@ -611,6 +644,7 @@ class _Expander:
                     "the arch keyword argument; remove one",
                 )
         grid = self._grid(entry, "python", index)
+        self._plan(grid, max(len(archs), 1), "python", index, call_line)
         used: set[str] = set()
         self._placeholders(kwargs, used)
         tasks = []

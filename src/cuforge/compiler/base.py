@@ -8,9 +8,12 @@ has no ``if backend == ...`` of its own.
 
 Guaranteed: :meth:`Backend.includes` finds every include dir and pre-included file the
 compiler itself would use, in every spelling the compiler accepts (``-Idir``, ``-I dir``,
-``-I=dir``, ``--include-path=dir``, ``--include-path dir``; ``-include``,
-``--pre-include``; nvcc's ``-isystem`` / ``--system-include`` and comma lists). Not
-guaranteed: options passed through to the host compiler (``-Xcompiler``) are not read.
+``-I=dir``, ``--include-path=dir``, ``--include-path dir``, ``"-I dir"`` as one option;
+``-include``, ``--pre-include``; nvcc's ``-isystem`` / ``--system-include`` and comma
+lists), and the macros ``-D`` / ``-U`` leave defined (a computed ``#include`` may name a
+header through one). Paths keep a ``..`` that follows a directory (the OS resolves it,
+through a symlinked directory too). Not guaranteed: options passed through to the host
+compiler (``-Xcompiler``) are not read.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 
+from cuforge.deps import join_path
 from cuforge.paths import keyed_path
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: see docs/architecture.md, the warm path
@@ -33,20 +37,26 @@ class Includes:
     """The include search a compile's options set up, with paths made absolute.
 
     ``dirs``: ``-I`` dirs in order; ``system_dirs``: ``-isystem`` dirs (nvcc);
-    ``pre_includes``: files read before the source (``--pre-include``), as given."""
+    ``pre_includes``: files read before the source (``--pre-include``), as given;
+    ``defines``: the macros ``-D`` leaves defined (``-U`` applied), name -> body."""
 
-    __slots__ = ("dirs", "system_dirs", "pre_includes")
+    __slots__ = ("dirs", "system_dirs", "pre_includes", "defines")
 
     def __init__(
         self,
         dirs: tuple[str, ...] = (),
         system_dirs: tuple[str, ...] = (),
         pre_includes: tuple[str, ...] = (),
+        defines: Mapping[str, str] | None = None,
     ) -> None:
         self.dirs, self.system_dirs, self.pre_includes = dirs, system_dirs, pre_includes
+        self.defines = dict(defines or {})
 
     def __repr__(self) -> str:
-        return f"Includes(dirs={self.dirs!r}, system_dirs={self.system_dirs!r}, pre_includes={self.pre_includes!r})"
+        return (
+            f"Includes(dirs={self.dirs!r}, system_dirs={self.system_dirs!r}, "
+            f"pre_includes={self.pre_includes!r}, defines={self.defines!r})"
+        )
 
 
 class CompileJob:
@@ -90,6 +100,16 @@ class Backend(ABC):
     _VALUE_FLAGS: dict[str, str] = {}
     #: True when one option may carry a comma-separated list of values (nvcc)
     _COMMA_LISTS: bool = False
+    #: True when the compiler reads each option without its leading and trailing blanks
+    #: and a short flag's joined value without its leading ones (NVRTC: ``"-I dir"``)
+    _STRIP_BLANKS: bool = False
+    #: option spellings that define (``-DNAME=body``) or undefine (``-UNAME``) a macro
+    _MACRO_FLAGS: dict[str, str] = {
+        "-D": "define",
+        "--define-macro": "define",
+        "-U": "undefine",
+        "--undefine-macro": "undefine",
+    }
 
     @abstractmethod
     def compiler_options(
@@ -124,16 +144,25 @@ class Backend(ABC):
             )
 
     def _path_options(self, options: Sequence[str]):
-        """``(first, last, kind, value)`` for each option that names a path (``first`` and
-        ``last`` are indices into ``options``: one option, or a flag and its value)."""
-        flags = self._VALUE_FLAGS
-        items = [str(o) for o in options]
+        """``(first, last, kind, value, prefix)`` for each option that names a path
+        (``first`` and ``last`` are indices into ``options``: one option, or a flag and its
+        value; ``prefix`` is the flag as one option spells it, ``-I`` or ``-I=``, None for
+        a flag and a separate value)."""
+        return self._flag_values(options, self._VALUE_FLAGS)
+
+    def _flag_values(self, options: Sequence[str], flags: Mapping[str, str]):
+        """:meth:`_path_options` for the option spellings ``flags``. Where the compiler
+        strips blanks (:attr:`_STRIP_BLANKS`), each option is read without its leading and
+        trailing blanks and a short flag's joined value without its leading ones
+        (``"-I dir"`` names ``dir``), as NVRTC reads them; after ``=`` a blank is kept."""
+        strip = self._STRIP_BLANKS
+        items = [str(o).strip(" ") if strip else str(o) for o in options]
         i = 0
         while i < len(items):
             opt = items[i]
             first = i
             i += 1
-            kind = value = None
+            kind = value = prefix = None
             if opt in flags:  # "-I", "dir"
                 kind = flags[opt]
                 if i < len(items):
@@ -142,14 +171,15 @@ class Backend(ABC):
             else:
                 head, eq, rest = opt.partition("=")
                 if eq and head in flags:  # --include-path=dir, -I=dir
-                    kind, value = flags[head], rest
+                    kind, value, prefix = flags[head], rest, head + "="
                 else:
-                    for flag, what in flags.items():  # -Idir (short flags only)
+                    for flag, what in flags.items():  # -Idir, "-I dir" (short flags only)
                         if not flag.startswith("--") and len(flag) == 2 and opt.startswith(flag):
-                            kind, value = what, opt[len(flag) :]
+                            rest = opt[len(flag) :]
+                            kind, value, prefix = what, rest.lstrip(" ") if strip else rest, flag
                             break
             if kind is not None and value is not None:
-                yield first, i - 1, kind, value
+                yield first, i - 1, kind, value, prefix
 
     def _values(self, value: str) -> list[str]:
         return [v for v in (value.split(",") if self._COMMA_LISTS else [value]) if v]
@@ -160,16 +190,24 @@ class Backend(ABC):
         as they are for the compiler, which runs in it."""
         base = cwd or os.getcwd()
         found: dict[str, list[str]] = {"include": [], "system": [], "pre_include": []}
-        for _, _, kind, value in self._path_options(options):
+        for _, _, kind, value, _ in self._path_options(options):
             for v in self._values(value):
                 if kind == "pre_include":
                     found[kind].append(v)
                 else:
                     found[kind].append(_absolute(v, base))
+        # the macros defined on the command line, as the last -D / -U leaves them: a
+        # computed #include may name a header through one
+        defines: dict[str, str | None] = {}
+        for _, _, kind, value, _ in self._flag_values(options, self._MACRO_FLAGS):
+            for v in self._values(value):
+                macro, eq, body = v.partition("=")
+                defines[macro] = None if kind == "undefine" else (body if eq else "1")
         return Includes(
             tuple(dict.fromkeys(found["include"])),
             tuple(dict.fromkeys(found["system"])),
             tuple(found["pre_include"]),
+            {k: v for k, v in defines.items() if v is not None},
         )
 
     def absolute_options(self, options: Sequence[str], cwd: str) -> list[str]:
@@ -179,14 +217,14 @@ class Backend(ABC):
         include path). The key is unchanged (:meth:`keyed_options` makes paths absolute)."""
         items = [str(o) for o in options]
         out = list(items)
-        for first, last, kind, value in self._path_options(items):
+        for first, last, kind, value, prefix in self._path_options(items):
             if kind == "pre_include":
                 continue
             absolute = ",".join(_absolute(v, cwd) for v in self._values(value))
-            if last > first:  # "-I", "dir"
+            if prefix is None:  # "-I", "dir"
                 out[last] = absolute
-            else:  # -Idir, -I=dir, --include-path=dir
-                out[first] = items[first][: len(items[first]) - len(value)] + absolute
+            else:  # -Idir, "-I dir", -I=dir, --include-path=dir
+                out[first] = prefix + absolute
         return out
 
     def keyed_options(
@@ -200,7 +238,7 @@ class Backend(ABC):
         items = [str(o) for o in options]
         keyed: list[str] = []
         last = -1
-        for first, end, kind, value in self._path_options(items):
+        for first, end, kind, value, _ in self._path_options(items):
             keyed.extend(items[last + 1 : first])
             for v in self._values(value):
                 keyed.append(f"<{kind}>{keyed_path(_absolute(v, here), base)}")
@@ -210,4 +248,5 @@ class Backend(ABC):
 
 
 def _absolute(path: str, cwd: str) -> str:
-    return os.path.normpath(os.path.join(cwd, os.path.expanduser(path)))
+    # ".." after a symlinked directory goes where the OS takes it (join_path keeps it)
+    return join_path(cwd, os.path.expanduser(path))

@@ -91,6 +91,9 @@ class NvccBackend(Backend):
         "--pre-include": "pre_include",
     }
     _COMMA_LISTS = True
+    # nvcc reads "-I dir" (one argument) as -Idir too (checked with nvcc 13.0); its
+    # dependency file, not the key's spelling of the dir, lists the headers it read
+    _STRIP_BLANKS = True
 
     def compiler_options(self, options, archs, output):
         return nvcc_command(options, archs, output)

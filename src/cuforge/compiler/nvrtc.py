@@ -101,7 +101,10 @@ class NvrtcBackend(Backend):
     outputs = ("cubin", "ptx")
     inline_headers = True
     # NVRTC takes -Idir, -I dir, -I=dir, --include-path=dir and --include-path dir, and
-    # -include / --pre-include in the same forms; no comma lists (checked with NVRTC 13.0)
+    # -include / --pre-include in the same forms; no comma lists. It reads each option
+    # without its leading and trailing blanks and "-I dir" (one option) as -Idir, but keeps
+    # a blank after "=" ("-I= dir" names " dir"). Checked with NVRTC 13.0.
+    _STRIP_BLANKS = True
     _VALUE_FLAGS = {
         "-I": "include",
         "--include-path": "include",
