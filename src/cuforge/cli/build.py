@@ -9,9 +9,11 @@ are still built), 2 for a usage error. ``--json``: one document with every varia
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
+from cuforge._fs import destination_problem
 from cuforge.cli import output
 
 __all__ = ["add_parser", "run"]
@@ -106,6 +108,10 @@ def run(args: argparse.Namespace) -> int:
     from cuforge.aot.build import build
 
     jobs = output.usage_value("--jobs", _jobs, args.jobs) if args.jobs is not None else None
+    if args.bundle:  # refused before anything is built, not after
+        problem = destination_problem(os.path.abspath(args.bundle))
+        if problem is not None:
+            raise ValueError(f"--bundle {args.bundle}: cannot write the bundle there: {problem}")
     rich, plain = _progress_wanted(args.json)
     counts = {"done": 0, "hits": 0, "failed": 0}
 
