@@ -13,7 +13,6 @@ import logging
 import os
 import signal
 import stat
-import struct
 import subprocess
 import sys
 import textwrap
@@ -23,8 +22,9 @@ import pytest
 import cuforge
 from cuforge.aot.bundle import load_bundle
 from cuforge.store.base import Entry
-from cuforge.store.bundle import FORMAT_VERSION, MAGIC, BundleError, BundleStore, write_bundle_file
+from cuforge.store.bundle import BundleError, BundleStore, write_bundle_file
 from tests.aot.conftest import cli
+from tests.bundle_files import raw_bundle as write_raw_bundle
 from tests.conftest import child_env
 
 META = {"name": "k.cu", "arch": "sm_90", "backend": "nvrtc", "output": "cubin"}
@@ -46,27 +46,9 @@ def good_bundle(path, n: int = 3) -> list[Entry]:
 
 
 def raw_bundle(path, rows: list[dict], body: bytes, info=None, index: bytes | None = None):
-    """A bundle written by hand (what a hostile or buggy writer does): ``rows`` give key,
-    kind, meta, ``at`` (offset into ``body``) and size; checksums are right."""
-    entries = []
-    for row in rows:
-        at, size = row.pop("at"), row["size"]
-        sha = hashlib.sha256(body[at : at + size]).hexdigest()
-        entries.append({"meta": META, "kind": "kernel", **row, "offset": 96 + at, "sha256": sha})
-    if index is None:
-        doc = {"format": FORMAT_VERSION, "info": info or {}, "entries": entries}
-        index = json.dumps(doc).encode()
-    head = struct.pack(
-        "<8sIIQQ32s",
-        MAGIC,
-        FORMAT_VERSION,
-        0,
-        96 + len(body),
-        len(index),
-        hashlib.sha256(index).digest(),
-    )
-    with open(path, "wb") as f:
-        f.write(head + hashlib.sha256(head).digest() + body + index)
+    """:func:`tests.bundle_files.raw_bundle`, each row a kernel with META unless it says."""
+    rows = [{"kind": "kernel", "meta": META, **row} for row in rows]
+    write_raw_bundle(path, rows, body, info=info, index=index)
 
 
 def entry_files(cache_dir: str) -> list[str]:
