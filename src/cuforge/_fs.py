@@ -42,6 +42,7 @@ __all__ = [
     "write_all",
     "unlink",
     "trust_problem",
+    "destination_problem",
 ]
 
 #: Every temp file this module creates starts with this prefix.
@@ -324,6 +325,31 @@ def trust_problem(path: str) -> str | None:
         )
         return f"{path} is writable by {who}; fix it with `chmod go-w {path}`"
     return None
+
+
+def destination_problem(path: str) -> str | None:
+    """Why a file written with :func:`atomic_write` (a rename) must not land on ``path``:
+    it exists and is not a regular file (a symlink, a device such as /dev/null, a FIFO, a
+    socket, a directory), which the rename would replace. None when ``path`` is missing or
+    a regular file. For files written where the user says (exports, bundles); the message
+    names the fix."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return None  # missing (or unreachable: the write itself then says why)
+    if _stat.S_ISREG(mode):
+        return None
+    what = (
+        "a symlink"
+        if _stat.S_ISLNK(mode)
+        else "a directory"
+        if _stat.S_ISDIR(mode)
+        else "a device, FIFO or socket"
+    )
+    return (
+        f"it exists and is {what}, not a regular file; cuforge does not replace it: "
+        "remove it or give another file name"
+    )
 
 
 #: The largest CUDA source file cuforge reads (far above any real one; a bigger "source" is

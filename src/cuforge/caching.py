@@ -257,7 +257,7 @@ class Cache:
             for loaded in self._bundles:
                 if getattr(loaded, "path", None) == real:
                     return loaded
-            bundle = BundleStore(real, verify=verify)
+            bundle = BundleStore(bundle, verify=verify)  # warns for a link
         for loaded in self._bundles:
             if loaded is bundle or getattr(loaded, "inner", None) is bundle:
                 return loaded

@@ -368,34 +368,20 @@ def test_cache_show_of_a_malformed_entry_is_a_clear_error(tmp_path):
 
 
 def _bundle_with(path: str, entries: list[tuple[dict, bytes]]) -> None:
-    """A cache bundle (.cfb) holding ``(row, payload)`` pairs, written by hand in the
-    format of :mod:`cuforge.store.bundle` (``write_bundle_file`` refuses malformed rows; a
+    """A cache bundle (.cfb) holding ``(row, payload)`` pairs, written by hand
+    (:func:`tests.bundle_files.raw_bundle`: ``write_bundle_file`` refuses malformed rows; a
     hostile or buggy writer does not)."""
-    import hashlib
-    import struct
-
     from cuforge._version import __version__
     from cuforge.key import SCHEMA_VERSION
-    from cuforge.store.bundle import FORMAT_VERSION, MAGIC
+    from tests.bundle_files import raw_bundle
 
     rows, body = [], b""
     for row, payload in entries:
-        sha = hashlib.sha256(payload).hexdigest()
-        rows.append({**row, "offset": 96 + len(body), "size": len(payload), "sha256": sha})
+        rows.append({**row, "at": len(body), "size": len(payload)})
         body += payload
-    info = {"cuforge_version": __version__, "key_schema": SCHEMA_VERSION}
-    index = json.dumps({"format": FORMAT_VERSION, "info": info, "entries": rows}).encode()
-    head = struct.pack(
-        "<8sIIQQ32s",
-        MAGIC,
-        FORMAT_VERSION,
-        0,
-        96 + len(body),
-        len(index),
-        hashlib.sha256(index).digest(),
+    raw_bundle(
+        path, rows, body, info={"cuforge_version": __version__, "key_schema": SCHEMA_VERSION}
     )
-    with open(path, "wb") as f:
-        f.write(head + hashlib.sha256(head).digest() + body + index)
 
 
 _GOOD_ROW = {"key": key_of(1), "kind": "kernel", "meta": META}

@@ -5,8 +5,9 @@
 * :func:`install_bundle` -- ``cuforge bundle install FILE``: verify, then add every entry
   to the cache dir.
 * :func:`load_bundle` -- ``cuforge.load_bundle(path)``: serve the bundle as a read-only
-  tier at runtime, memory-mapped, without copying it into the cache; a damaged bundle
-  raises :class:`~cuforge.store.bundle.BundleError` naming the file.
+  tier at runtime, read in place, without copying it into the cache; a damaged bundle,
+  or one this user should not trust (another user's, group- or world-writable), raises
+  :class:`~cuforge.store.bundle.BundleError` naming the file.
 * :func:`bundle_summary` -- ``cuforge bundle ls FILE``.
 * :func:`export_bundle` / :func:`import_bundle` -- ``cuforge cache export FILE`` /
   ``cuforge cache import FILE``: move disk-cache entries between machines as a bundle.
@@ -17,11 +18,11 @@ The file format lives in :mod:`cuforge.store.bundle`.
 from __future__ import annotations
 
 import os
-import stat
 import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from cuforge._fs import destination_problem
 from cuforge._version import __version__
 from cuforge.caching import Cache, resolve
 from cuforge.errors import CuforgeError
@@ -51,13 +52,17 @@ def load_bundle(
 ) -> Store:
     """Serve the bundle at ``path`` to every later lookup of ``cache`` (default: the
     default cache, i.e. every call that passes no ``cache=``): a read-only tier asked after
-    the cache's own tiers, memory-mapped, nothing copied into the cache dir. ``verify``
-    (default): check every entry's SHA-256 now (a 100 MB bundle costs ~0.1 s); False: check
-    each entry the first time it is served. Loading the same file twice returns the tier
-    already loaded. Returns the tier (a read-only view of the
+    the cache's own tiers, read in place, nothing copied into the cache dir. Every entry
+    is copied out of the file and its SHA-256 checked each time it is served (a bundle
+    changed after loading is refused, never served). ``verify`` (default): also check
+    every entry now (a 100 MB bundle costs ~0.1 s), so a damaged bundle fails here, not at
+    its first use. The file must be owned by you or root and not be group- or
+    world-writable (a bundle is code); loading it through a symlink logs a warning.
+    Loading the same file twice returns the tier already loaded. Returns the tier (a read-only view of the
     :class:`~cuforge.store.bundle.BundleStore`: ``path``, ``info``, ``entries()``).
 
-    Raises :class:`BundleError` (naming the file) for a missing, damaged or foreign file.
+    Raises :class:`BundleError` (naming the file) for a missing, damaged, foreign or
+    untrusted file.
 
     Combine with ``CUFORGE_OFFLINE=1`` for production: every kernel comes from the bundle
     or the cache, and a kernel the bundle lacks raises ``OfflineMissError`` instead of
@@ -66,8 +71,8 @@ def load_bundle(
 
 
 def unload_bundle(bundle: Store, *, cache: Cache | None = None) -> bool:
-    """Stop serving ``bundle`` (the tier :func:`load_bundle` returned) and unmap it; True
-    when it was loaded."""
+    """Stop serving ``bundle`` (the tier :func:`load_bundle` returned) and close its
+    file; True when it was loaded."""
     removed = resolve(cache).remove_bundle(bundle)
     if removed:
         bundle.close()
@@ -143,22 +148,9 @@ def _writable_destination(path: str) -> None:
         raise FileNotFoundError(
             f"cannot write {path}: the directory {directory} does not exist (create it first)"
         )
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return
-    if not stat.S_ISREG(mode):
-        what = (
-            "a symlink"
-            if stat.S_ISLNK(mode)
-            else "a directory"
-            if stat.S_ISDIR(mode)
-            else ("a device, FIFO or socket")
-        )
-        raise ValueError(
-            f"cannot write {path}: it exists and is {what}, not a regular file; cuforge does "
-            "not replace it: remove it or give another file name"
-        )
+    problem = destination_problem(path)
+    if problem is not None:
+        raise ValueError(f"cannot write {path}: {problem}")
 
 
 def export_bundle(
@@ -292,8 +284,9 @@ def import_bundle(
 
 
 def bundle_summary(path: str | os.PathLike[str], *, verify: bool = False) -> dict[str, Any]:
-    """What ``cuforge bundle ls`` shows: the index's info and one row per entry (key,
-    kind, name, arch, size). ``verify``: check every payload too."""
+    """What ``cuforge bundle ls`` shows: the index's info (as written: its fields may have
+    any JSON type; ``info_problem`` says when it is not an object) and one row per entry
+    (key, kind, name, arch, size). ``verify``: check every payload too."""
     bundle = BundleStore(path, verify=verify)
     try:
         rows = [
@@ -311,6 +304,7 @@ def bundle_summary(path: str | os.PathLike[str], *, verify: bool = False) -> dic
             "path": bundle.path,
             "size": os.path.getsize(bundle.path),
             "info": bundle.info,
+            "info_problem": bundle.info_problem,
             "entries": rows,
             "verified": verify,
         }

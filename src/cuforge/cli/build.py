@@ -9,9 +9,11 @@ are still built), 2 for a usage error. ``--json``: one document with every varia
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
+from cuforge._fs import destination_problem
 from cuforge.aot.build import build
 from cuforge.cli import output
 from cuforge.config import settings
@@ -105,6 +107,10 @@ def _progress_wanted(as_json: bool) -> tuple[bool, bool]:
 
 def run(args: argparse.Namespace) -> int:
     jobs = output.usage_value("--jobs", _jobs, args.jobs) if args.jobs is not None else None
+    if args.bundle:  # refused before anything is built, not after
+        problem = destination_problem(os.path.abspath(args.bundle))
+        if problem is not None:
+            raise ValueError(f"--bundle {args.bundle}: cannot write the bundle there: {problem}")
     rich, plain = _progress_wanted(args.json)
     counts = {"done": 0, "hits": 0, "failed": 0}
 

@@ -69,17 +69,25 @@ def run_ls(args: argparse.Namespace) -> int:
         output.emit_json({"command": "bundle ls", "ok": True, **summary})
         return 0
     info = summary["info"]
-    toolchain = info.get("toolchain") or {}
+    toolchain = info.get("toolchain")
+    if isinstance(toolchain, dict):
+        toolchain = ", ".join(f"{k} {_shown(v)}" for k, v in toolchain.items()) or None
+    archs = info.get("archs")
+    if isinstance(archs, list):
+        archs = ", ".join(_shown(a) for a in archs) or "-"
+    variants = info.get("variants")
     rows = [
         ("file", f"{summary['path']} ({output.human_bytes(summary['size'])})"),
-        ("cuforge", info.get("cuforge_version", "?")),
-        ("toolchain", ", ".join(f"{k} {v}" for k, v in toolchain.items()) or "?"),
-        ("created", output.human_time(info.get("created"))),
-        ("archs", ", ".join(info.get("archs") or []) or "-"),
-        ("variants", len(info.get("variants") or [])),
+        ("cuforge", _shown(info.get("cuforge_version"))),
+        ("toolchain", _shown(toolchain)),
+        ("created", _when(info.get("created"))),
+        ("archs", "-" if archs is None else _shown(archs)),
+        ("variants", len(variants) if isinstance(variants, list) else _shown(variants)),
         ("entries", len(summary["entries"])),
         ("checksums", "verified" if summary["verified"] else "not checked (--verify)"),
     ]
+    if summary.get("info_problem"):
+        rows.insert(1, ("index", summary["info_problem"]))
     output.table(("bundle", ""), rows)
     entries = [
         (
@@ -97,3 +105,21 @@ def run_ls(args: argparse.Namespace) -> int:
         print()
         output.table(("key", "kind", "name", "arch", "variant", "size"), entries, right=(5,))
     return 0
+
+
+def _shown(value: Any) -> str:
+    """An index field as text, whatever JSON type the writer gave it ("?" when absent)."""
+    if value is None:
+        return "?"
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _when(value: Any) -> str:
+    """The index's ``created`` field: a time when it is a timestamp, else as written."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        try:
+            return output.human_time(value)
+        except (OverflowError, ValueError, OSError):
+            pass  # not a time this machine can show (1e300, NaN)
+    return _shown(value)

@@ -19,16 +19,24 @@ artifact (inside a wheel, a container image) and be served in place::
 ``info`` is the writer's description (cuforge writes the variants, the archs, the cuforge
 version and the toolchain identity; see :mod:`cuforge.aot.bundle`).
 
-Guarantees of :class:`BundleStore`:
+Guarantees of :class:`BundleStore` (a bundle is code: whatever it serves, a process runs):
 
-* Opening checks the header, the index checksum, every row (a hex key, a known kind, a
-  meta that passes :mod:`cuforge.store.schema`, an offset and size inside the payload
-  area) and, with ``verify=True`` (the default), every payload's SHA-256. Anything wrong
-  raises :class:`BundleError` naming the file and what is wrong: a damaged bundle is never
-  half-served.
-* The file is memory-mapped: nothing is copied into a cache dir; ``get`` copies one
-  payload out of the map. With ``verify=False``, an entry's SHA-256 is checked the first
-  time it is served (a mismatch raises :class:`BundleError`).
+* Opening refuses a file this process should not trust: it must be owned by the current
+  user or root and not be writable by group or others (else :class:`BundleError` says
+  why and how to fix it: ``chown``, ``chmod go-w``, or copy it). A bundle reached through
+  a symlink is loaded with a warning (once per link) naming the link, its target and the
+  target's owner.
+* Opening checks the header, the index checksum (and its nesting depth), every row (a hex
+  key given once, a known kind, a meta that passes :mod:`cuforge.store.schema`, a
+  non-empty payload for a kernel, an offset and size inside the payload area, no two rows
+  overlapping) and, with ``verify=True`` (the default), every payload's SHA-256. Anything
+  wrong raises :class:`BundleError` naming the file and what is wrong: a damaged bundle
+  is never half-served.
+* The file stays open and is read in place (``os.pread``), nothing is copied into a cache
+  dir. Every ``get`` copies the payload out of the file, checks the copy's SHA-256 and
+  serves that copy: a file rewritten after it was opened is refused
+  (:class:`BundleError`), never served, and one cut short is an error naming the file,
+  never a SIGBUS (the file is not memory-mapped).
 * Read-only: ``put`` and ``delete`` do nothing and return False.
 
 Layer 2: imports :mod:`cuforge._fs`, :mod:`cuforge.store.base` and
@@ -39,12 +47,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import mmap
 import os
 import struct
 from typing import TYPE_CHECKING
 
-from cuforge._fs import atomic_write, open_regular
+from cuforge._fs import atomic_write, destination_problem, open_regular
 from cuforge.errors import CuforgeError
 from cuforge.store.base import Entry, EntryInfo, Store, StoreStats, is_entry_key
 from cuforge.store.schema import entry_problem
@@ -76,8 +83,13 @@ def write_bundle_file(path: str, entries: Iterable[Entry], info: dict[str, Any])
     """Write ``entries`` (each key once; a repeated key must have the same kind and payload)
     and ``info`` (JSON types) as a bundle at ``path``, atomically (mode 0644: a bundle is
     meant to be shipped). Returns the file's size. Raises ``ValueError`` for a malformed
-    entry, ``OSError`` when the file cannot be written."""
+    entry (a kernel needs a non-empty payload) or a ``path`` that exists and is not a
+    regular file (a symlink, a device such as /dev/null, a directory: never replaced),
+    ``OSError`` when the file cannot be written."""
 
+    problem = destination_problem(path)
+    if problem is not None:
+        raise ValueError(f"cannot write the bundle {path}: {problem}")
     rows: list[dict[str, Any]] = []
     seen: dict[str, tuple[str, bytes]] = {}
     body = bytearray()
@@ -88,6 +100,8 @@ def write_bundle_file(path: str, entries: Iterable[Entry], info: dict[str, Any])
                 raise ValueError(f"two different entries have the key {entry.key[:16]}...")
             continue
         problem = entry_problem(entry.kind, entry.meta)
+        if problem is None and entry.kind == "kernel" and not payload:
+            problem = "a kernel with an empty payload"
         if problem is not None or not is_entry_key(entry.key):
             raise ValueError(
                 f"entry {entry.key[:16]!r} cannot go into a bundle: {problem or 'not a hex key'}"
@@ -115,37 +129,105 @@ def write_bundle_file(path: str, entries: Iterable[Entry], info: dict[str, Any])
     return len(data)
 
 
+#: deeper JSON than this in the index's ``info`` or an entry's ``meta`` is damage (cuforge
+#: writes 3 levels; a deep one would blow the stack of whoever prints or stores it)
+MAX_INDEX_DEPTH = 32
+
+# bundle links already warned about in this process
+_warned_links: set[str] = set()
+
+
+def _too_deep(value: Any, limit: int = MAX_INDEX_DEPTH) -> bool:
+    """Whether the JSON value ``value`` nests deeper than ``limit`` (no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth > limit:
+                return True
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return False
+
+
+def _owner(uid: int) -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _trust_problem(path: str, st: os.stat_result) -> str | None:
+    """Why the opened bundle file (``st``: its ``fstat``) must not be loaded, or None. The
+    rule of the cache dir, for one file: owned by this user or root, and not writable by
+    group or others (whoever can write it chooses the code this process runs)."""
+    uid = os.geteuid()
+    if st.st_uid not in (uid, 0):
+        return (
+            f"it is owned by {_owner(st.st_uid)}, not by you ({_owner(uid)}) or root, and a "
+            f"bundle is code. If you trust it, copy it (`cp {path} ~/`) or take it over "
+            f"(`chown $(id -un) {path}`), then load the copy"
+        )
+    if st.st_mode & 0o022:
+        who = " and ".join(
+            w for w, bit in (("group", 0o020), ("others", 0o002)) if st.st_mode & bit
+        )
+        return (
+            f"it is writable by {who}, who could change the code it serves; fix it with "
+            f"`chmod go-w {path}`"
+        )
+    return None
+
+
 class BundleStore(Store):
     """A read-only tier over the bundle at ``path`` (see the module doc). ``info``: the
-    writer's description; ``path``: the absolute path."""
+    writer's description (a dict; empty when the index's is not an object, which
+    ``info_problem`` then says); ``path``: the absolute path of the file (a symlink's
+    target)."""
 
     tier = "bundle"
 
     def __init__(self, path: str | os.PathLike[str], *, verify: bool = True) -> None:
-        self.path = os.path.abspath(os.fspath(path))
+
+        self._fd = -1
+        given = os.path.abspath(os.fspath(path))
+        self.path = os.path.realpath(given)
         self.hits = self.misses = 0
         try:
-            fd = open_regular(self.path, follow=True)  # the user's own file, named in code
+            fd = open_regular(given, follow=True)  # the user's own file, named in code
         except OSError as exc:
             raise BundleError(
-                f"cannot open bundle {self.path}: {exc.strerror or exc}; build one with "
+                f"cannot open bundle {given}: {exc.strerror or exc}; build one with "
                 "`cuforge build --bundle FILE`"
             ) from None
+        self._fd = fd
         try:
-            size = os.fstat(fd).st_size
-            if size < _HEADER_SIZE:
-                raise self._error(f"it is {size} bytes, shorter than a bundle header")
-            self._map = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-        finally:
-            os.close(fd)
-        try:
-            self._rows = self._read_index(size)
-            self._verified: set[str] = set()
+            st = os.fstat(fd)
+            problem = _trust_problem(self.path, st)
+            if problem is not None:
+                raise BundleError(f"cuforge does not load the bundle {self.path}: {problem}")
+            if given != self.path and os.path.islink(given) and given not in _warned_links:
+                _warned_links.add(given)
+                import logging
+
+                logging.getLogger("cuforge").warning(
+                    "cuforge: the bundle %s is a symlink to %s (owned by %s); loading the "
+                    "target. Load the file itself to silence this",
+                    given,
+                    self.path,
+                    _owner(st.st_uid),
+                )
+            self._size = st.st_size
+            if self._size < _HEADER_SIZE:
+                raise self._error(f"it is {self._size} bytes, shorter than a bundle header")
+            self._rows = self._read_index(self._size)
             if verify:
                 for key in self._rows:
-                    self._check(key)
+                    self._read(key)
         except BaseException:
-            self._map.close()
+            self.close()
             raise
 
     def _error(self, what: str) -> BundleError:
@@ -154,14 +236,32 @@ class BundleStore(Store):
             "`cuforge build --bundle FILE` (or copy it again)"
         )
 
+    def _pread(self, size: int, offset: int) -> bytes:
+        """``size`` bytes at ``offset``, copied out of the file; a file that no longer
+        holds them (cut short since it was opened) raises :class:`BundleError`."""
+        if self._fd < 0:
+            raise BundleError(f"bundle {self.path} was closed (unload_bundle); load it again")
+        chunks, done = [], 0
+        while done < size:
+            chunk = os.pread(self._fd, min(size - done, 1 << 30), offset + done)
+            if not chunk:
+                now = os.fstat(self._fd).st_size
+                raise BundleError(
+                    f"bundle {self.path} changed after it was loaded: it is now {now} bytes, "
+                    f"was {self._size} (cut short in place). Nothing more is served from it; "
+                    "replace bundles by renaming a new file over them, then load it again"
+                )
+            chunks.append(chunk)
+            done += len(chunk)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
     def _read_index(self, size: int) -> dict[str, dict[str, Any]]:
-        m = self._map
-        magic, version, _flags, off, length, index_sha, header_sha = struct.unpack(
-            _HEADER, m[:_HEADER_SIZE]
-        )
+
+        header = self._pread(_HEADER_SIZE, 0)
+        magic, version, _flags, off, length, index_sha, header_sha = struct.unpack(_HEADER, header)
         if magic != MAGIC:
             raise self._error("it does not start with the bundle magic bytes")
-        if _sha256(m[:64]) != header_sha:
+        if _sha256(header[:64]) != header_sha:
             raise self._error("the header checksum does not match")
         if version != FORMAT_VERSION:
             raise BundleError(
@@ -170,21 +270,35 @@ class BundleStore(Store):
             )
         if length > MAX_INDEX_BYTES or off < _HEADER_SIZE or off + length != size:
             raise self._error(f"the index ({length} bytes at {off}) does not end the file")
-        raw = m[off : off + length]
+        raw = self._pread(length, off)
         if _sha256(raw) != index_sha:
             raise self._error("the index checksum does not match")
         try:
             doc = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, ValueError):
             raise self._error("the index is not JSON") from None
+        except RecursionError:
+            raise self._error("the index nests too deeply to be read") from None
         if not isinstance(doc, dict) or not isinstance(doc.get("entries"), list):
             raise self._error("the index has no entry list")
         info = doc.get("info")
+        if _too_deep(info):
+            raise self._error(f"the index's info nests deeper than {MAX_INDEX_DEPTH} levels")
         self.info: dict[str, Any] = info if isinstance(info, dict) else {}
+        #: what is wrong with the index's ``info`` (not an object), or None
+        self.info_problem = (
+            None
+            if info is None or isinstance(info, dict)
+            else f"the index's info is a {type(info).__name__}, not an object"
+        )
         rows: dict[str, dict[str, Any]] = {}
+        where: dict[str, int] = {}
         for i, row in enumerate(doc["entries"]):
             if not isinstance(row, dict) or not is_entry_key(row.get("key")):
                 raise self._error(f"index row {i} has no valid key")
+            key = row["key"]
+            if key in rows:
+                raise self._error(f"index rows {where[key]} and {i} have the same key {key[:16]}")
             o, n, sha = row.get("offset"), row.get("size"), row.get("sha256")
             if not (
                 isinstance(o, int)
@@ -195,20 +309,37 @@ class BundleStore(Store):
                 and isinstance(sha, str)
                 and len(sha) == 64
             ):
-                raise self._error(f"index row {i} ({row['key'][:16]}) has a bad offset/size/sha256")
-            problem = entry_problem(row.get("kind"), row.get("meta"))
+                raise self._error(f"index row {i} ({key[:16]}) has a bad offset/size/sha256")
+            meta = row.get("meta")
+            if _too_deep(meta):
+                raise self._error(f"entry {key[:16]}: meta nests deeper than {MAX_INDEX_DEPTH}")
+            problem = entry_problem(row.get("kind"), meta)
+            if problem is None and row["kind"] == "kernel" and n == 0:
+                problem = "a kernel with an empty payload"
             if problem is not None:
-                raise self._error(f"entry {row['key'][:16]}: {problem}")
-            rows[row["key"]] = row
+                raise self._error(f"entry {key[:16]}: {problem}")
+            rows[key] = row
+            where[key] = i
+        # each row's bytes are its own: overlapping rows would serve (and install) the same
+        # bytes many times over
+        end, last = _HEADER_SIZE, ""
+        for row in sorted(rows.values(), key=lambda r: (r["offset"], r["size"])):
+            if row["offset"] < end:
+                raise self._error(
+                    f"entries {last[:16]} and {row['key'][:16]} overlap (their byte ranges "
+                    "share bytes)"
+                )
+            if row["size"]:
+                end, last = row["offset"] + row["size"], row["key"]
         return rows
 
-    def _check(self, key: str) -> bytes:
+    def _read(self, key: str) -> bytes:
+        """The payload of ``key``, copied out of the file and then checked: the bytes
+        checked are the bytes returned."""
         row = self._rows[key]
-        payload = self._map[row["offset"] : row["offset"] + row["size"]]
-        if key not in self._verified:
-            if _sha256(payload).hex() != row["sha256"]:
-                raise self._error(f"entry {key[:16]} ({row['kind']}) fails its SHA-256 check")
-            self._verified.add(key)
+        payload = self._pread(row["size"], row["offset"])
+        if _sha256(payload).hex() != row["sha256"]:
+            raise self._error(f"entry {key[:16]} ({row['kind']}) fails its SHA-256 check")
         return payload
 
     # -- Store --------------------------------------------------------------------
@@ -218,7 +349,7 @@ class BundleStore(Store):
         if row is None or (kind is not None and row["kind"] != kind):
             self.misses += 1
             return None
-        payload = self._check(key)
+        payload = self._read(key)
         self.hits += 1
         return Entry(key, row["kind"], payload, dict(row["meta"]))
 
@@ -255,8 +386,13 @@ class BundleStore(Store):
         return len(self._rows)
 
     def close(self) -> None:
-        """Unmap the file (entries already returned stay valid: they are copies)."""
-        self._map.close()
+        """Close the file (entries already returned stay valid: they are copies)."""
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    def __del__(self) -> None:
+        self.close()
 
     def __repr__(self) -> str:
         return f"BundleStore({self.path!r}, {len(self._rows)} entries)"
