@@ -169,3 +169,16 @@ def test_import_cuforge_loads_only_the_warm_path():
         n for n in names if not n.startswith(("cuforge", "_")) and n not in allowed_stdlib
     )
     assert not foreign, f"import cuforge imported {foreign}"
+
+
+def test_every_directory_cuforge_creates_is_private(tmp_path):
+    """README promises a cache dir created 0700; the dirs cuforge makes under it (v1, locks,
+    explain/names, telemetry, ...) must be 0700 too, whoever creates them first."""
+    import stat
+
+    c = Cache(tmp_path / "new" / "cache")
+    cuforge.compile(SRC, arch="sm_90", cache=c)
+    cuforge.compile(SRC + "\n// 2", arch="sm_90", cache=c)  # a second key: explain records
+    for dirpath, _subdirs, _files in os.walk(c.directory):
+        mode = stat.S_IMODE(os.stat(dirpath).st_mode)
+        assert mode & 0o077 == 0, f"{dirpath} has mode {oct(mode)}"

@@ -110,6 +110,20 @@ def read_bytes(path: str, max_bytes: int | None = None, *, follow: bool = False)
         os.close(fd)
 
 
+def makedirs_private(directory: str) -> None:
+    """``os.makedirs(directory, exist_ok=True)`` with every directory it creates at mode
+    0700, not only the last (``os.makedirs`` gives the intermediate ones the umask's mode)."""
+    if os.path.isdir(directory):
+        return
+    parent = os.path.dirname(directory)
+    if parent and parent != directory:
+        makedirs_private(parent)
+    try:
+        os.mkdir(directory, 0o700)
+    except FileExistsError:
+        pass
+
+
 def temp_path(path: str) -> str:
     """A unique temp file name beside ``path`` (same directory, so a rename is atomic)."""
     _counter[0] += 1
@@ -159,7 +173,7 @@ def atomic_write(
         data = data.encode("utf-8")
     directory = os.path.dirname(path) or "."
     if makedirs:
-        os.makedirs(directory, mode=0o700, exist_ok=True)
+        makedirs_private(directory)
     fd, tmp = create_temp(path, mode)
     try:
         try:
@@ -214,7 +228,7 @@ def append_line(path: str, line: bytes | str, *, create: bool = True, mode: int 
     except FileNotFoundError:
         if not create:
             raise
-        os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+        makedirs_private(os.path.dirname(path) or ".")
         fd = open_regular(path, flags, mode)
     try:
         os.write(fd, line)
@@ -251,7 +265,7 @@ class locked:
         try:
             self.fd = open_regular(self.path, flags)
         except FileNotFoundError:
-            os.makedirs(os.path.dirname(self.path) or ".", mode=0o700, exist_ok=True)
+            makedirs_private(os.path.dirname(self.path) or ".")
             self.fd = open_regular(self.path, flags)
         op = fcntl.LOCK_SH if self.shared else fcntl.LOCK_EX
         try:

@@ -8,6 +8,7 @@ import errno
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -689,3 +690,87 @@ def test_a_malformed_kernel_entry_is_rebuilt_by_the_next_compile(tmp_path, field
     assert field in stderr  # the warning names what was wrong
     third, _ = _compiles(cache)
     assert third["compiles"] == 0 and third["from"] == "disk"
+
+
+# ---------------------------------------------------------------------- a real second user
+INTRUDER = "cuforge-intruder"
+
+
+def _intruder() -> tuple[int, int] | None:
+    """(uid, gid) of a real second user (made once with useradd), or None when this
+    process cannot make or become one (not root)."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        return None
+    import pwd
+
+    try:
+        pw = pwd.getpwnam(INTRUDER)
+    except KeyError:
+        done = subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", INTRUDER],
+            capture_output=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            return None
+        pw = pwd.getpwnam(INTRUDER)
+    return pw.pw_uid, pw.pw_gid
+
+
+PLANT = """
+import sys
+from cuforge.store.base import Entry
+from cuforge.store.entry_codec import encode_entry
+path, key = sys.argv[1], sys.argv[2]
+import os
+os.unlink(path)  # the fan-out dir is world-writable: replace the entry outright
+with open(path, "wb") as f:
+    f.write(encode_entry(Entry(key, "kernel", b"EVIL" * 64, {"name": "k.cu"})))
+"""
+
+
+def test_a_second_user_cannot_plant_an_entry_through_a_fan_out_dir(tmp_path):
+    """Issue 20, item 3: a team dir was `chmod -R 777`, then the old advice (`chmod go-w`
+    on the cache dir and the four dirs it checked) was followed, leaving the fan-out dirs
+    `v1/entries/ab/cd` world-writable. Another user replaced an entry there. Now every
+    directory on the way to an entry is checked: the planted entry is never served."""
+    ids = _intruder()
+    if ids is None:
+        pytest.skip("needs root and setpriv to act as a second, real user")
+    import pathlib
+    import tempfile
+
+    team = pathlib.Path(tempfile.mkdtemp(prefix="cuforge-team-", dir="/tmp"))  # reachable
+    try:
+        _plant_through_fan_out(team, ids)
+    finally:
+        shutil.rmtree(team, ignore_errors=True)
+
+
+def _plant_through_fan_out(team, ids) -> None:
+    cache = team / "cache"
+    first, _ = _compiles(str(cache))
+    assert first["compiles"] == 1
+    subprocess.run(["chmod", "-R", "777", str(team)], check=True)
+    for sub in ("", "v1", "v1/entries", "v1/index", "locks"):  # the old, partial advice
+        os.chmod(cache / sub if sub else cache, 0o755)
+    entries = [
+        os.path.join(d, f)
+        for d, _, files in os.walk(cache / "v1" / "entries")
+        for f in files
+        if len(f) == 64
+    ]
+    kernel = [p for p in entries if b'"kernel"' in open(p, "rb").read(4096)]
+    assert kernel, entries
+    target = kernel[0]
+    uid, gid = ids
+    planted = subprocess.run(
+        ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups", sys.executable,
+         "-c", PLANT, target, os.path.basename(target)],
+        env=child_env(), capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert planted.returncode == 0, planted.stderr
+    assert os.stat(target).st_uid == uid  # the other user's file is in place
+    got, stderr = _compiles(str(cache))
+    assert got["compiles"] == 1 and got["from"] == "compiled"  # never served
+    assert os.path.dirname(target) in stderr and "chmod -R go-w" in stderr

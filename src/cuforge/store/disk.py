@@ -151,6 +151,8 @@ class DiskStore(Store):
         # this process's counters (stats() reports shared telemetry when it is on)
         self.hits = self.misses = self.puts = self.evictions = self.corrupt = 0
         self.journal_rebuilds = 0
+        # fan-out dirs that passed the trust rule in this process (see _dir_trusted)
+        self._trusted_dirs: set[str] = set()
         if not os.path.isdir(layout.index):  # one stat when the cache exists
             try:
                 if not os.path.isdir(self.root):
@@ -165,6 +167,30 @@ class DiskStore(Store):
     def path_for(self, key: str) -> str:
         """The entry file's path (``layout.entry_path``); ValueError for a non-key."""
         return self.layout.entry_path(key)
+
+    def _dir_trusted(self, path: str) -> bool:
+        """Whether every directory from the cache root to ``path``'s (the entry's fan-out
+        dirs ``ab/cd`` included) passes the cache dir's trust rule. Checked once per
+        fan-out dir per process: a directory that is ours and not writable by others
+        stays so (only its owner or root can change that). An untrusted one is a miss,
+        warned about once with the fix: its entry may have been planted."""
+        directory = os.path.dirname(path)
+        if directory in self._trusted_dirs:
+            return True
+        problem = self.layout.trust_problem(path)
+        if problem is None:
+            if os.path.isdir(directory):
+                self._trusted_dirs.add(directory)
+            return True
+        if problem not in _warned:
+            _warned.add(problem)
+            _logger().warning(
+                "cuforge: not reading or writing %s: %s. Whoever can write a directory of "
+                "the cache can make this process run their code.",
+                directory,
+                problem,
+            )
+        return False
 
     # ------------------------------------------------------------------ warnings
     def _disable(self, exc: OSError, what: str) -> None:
@@ -217,6 +243,9 @@ class DiskStore(Store):
     def get(self, key: str, *, kind: str | None = None) -> Entry | None:
         """The entry for ``key`` (``kind`` is ignored: keys are unique across kinds)."""
         path = self.path_for(key)
+        if not self._dir_trusted(path):
+            self.misses += 1
+            return None
         try:
             fd = _fs.open_regular(path)
         except OSError as exc:
@@ -296,6 +325,8 @@ class DiskStore(Store):
             if retry_at is None or monotonic() < retry_at:
                 return False
         path = self.path_for(entry.key)
+        if not self._dir_trusted(path):
+            return False
         data = encode_entry(entry)
         # An entry without a payload (a direct-mode manifest) is a hint: losing it to a
         # crash costs one compile and the checksum catches a torn one, so it skips fsync.
