@@ -40,6 +40,10 @@ CUFORGE_REMOTE_BACKEND     ``module:Class``: a plug-in backend, used for the CUF
 CUFORGE_REMOTE_KEY         HMAC-SHA256 key: sign remote entries, refuse unsigned ones (set
                            but empty is an error: an unexpanded CI secret must not mean "none")
 CUFORGE_REMOTE_KEY_FILE    a file holding that key (instead of the variable)
+CUFORGE_SIGNING_KEY        a private key file (``cuforge keys generate``): sign remote entries
+                           and bundles with Ed25519 (writers, e.g. CI)
+CUFORGE_TRUSTED_KEYS       a keyring file of ``NAME ed25519:HEX`` lines: accept only remote
+                           entries and bundles signed by one of these keys (readers)
 CUFORGE_REMOTE_READONLY    ``1``: read remote tiers, never write them
 CUFORGE_REMOTE_CONNECT_TIMEOUT  seconds to connect to a remote (default 0.1)
 CUFORGE_REMOTE_TIMEOUT     seconds for one remote get or put, all of it (default 1)
@@ -130,6 +134,8 @@ _SETTING_VARS: tuple[str, ...] = (
     "CUFORGE_REMOTE_BACKEND",
     "CUFORGE_REMOTE_KEY",
     "CUFORGE_REMOTE_KEY_FILE",
+    "CUFORGE_SIGNING_KEY",
+    "CUFORGE_TRUSTED_KEYS",
     "CUFORGE_REMOTE_READONLY",
     "CUFORGE_REMOTE_CONNECT_TIMEOUT",
     "CUFORGE_REMOTE_TIMEOUT",
@@ -201,6 +207,8 @@ class Settings:
         "remote_backend",
         "remote_key",
         "remote_key_file",
+        "signing_key",
+        "trusted_keys",
         "remote_readonly",
         "remote_connect_timeout",
         "remote_timeout",
@@ -271,6 +279,10 @@ class Settings:
                 "or unset it (unset CUFORGE_REMOTE_KEY) to use unsigned entries"
             )
         self.remote_key_file: str = (get("CUFORGE_REMOTE_KEY_FILE") or "").strip()
+        #: a private key file: sign remote entries and bundles (Ed25519, cuforge.signing)
+        self.signing_key: str = (get("CUFORGE_SIGNING_KEY") or "").strip()
+        #: a keyring file: accept only entries and bundles signed by its keys
+        self.trusted_keys: str = (get("CUFORGE_TRUSTED_KEYS") or "").strip()
         self.remote_readonly: bool = _switch(get, "CUFORGE_REMOTE_READONLY", False)
         self.remote_connect_timeout: float = _seconds(
             get, "CUFORGE_REMOTE_CONNECT_TIMEOUT", DEFAULT_REMOTE_CONNECT_TIMEOUT
@@ -293,6 +305,8 @@ class Settings:
             self.remote_backend,
             self.remote_key,
             self.remote_key_file,
+            self.signing_key,
+            self.trusted_keys,
             self.remote_readonly,
             self.remote_connect_timeout,
             self.remote_timeout,

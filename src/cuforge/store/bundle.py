@@ -14,7 +14,15 @@ artifact (inside a wheel, a container image) and be served in place::
         header_sha 32 bytes SHA-256 of the 64 bytes above
     payloads, back to back (each entry's bytes, at the offset its index row gives)
     index: UTF-8 JSON {"format": 1, "info": {...},
-                       "entries": [{"key", "kind", "offset", "size", "sha256", "meta"}, ...]}
+                       "entries": [{"key", "kind", "offset", "size", "sha256", "meta"}, ...],
+                       "signature": {"kid", "ed25519"}}   (optional)
+
+``signature`` (written when a signing key is given or ``CUFORGE_SIGNING_KEY`` is set): the
+Ed25519 signature (:func:`cuforge.signing.bundle_message`) of the SHA-256 of the index
+without it, canonical JSON (sorted keys, no spaces). With a keyring (``CUFORGE_TRUSTED_KEYS``
+or ``keyring=``), opening refuses an unsigned bundle or one whose signature no trusted,
+unrevoked key made, offline (no network); the served entries' ``meta["signer"]`` names the
+signer.
 
 ``info`` is the writer's description (cuforge writes the variants, the archs, the cuforge
 version and the toolchain identity; see :mod:`cuforge.aot.bundle`).
@@ -79,13 +87,29 @@ def _sha256(data) -> bytes:
     return hashlib.sha256(data).digest()
 
 
-def write_bundle_file(path: str, entries: Iterable[Entry], info: dict[str, Any]) -> int:
+#: "the signing key / keyring the settings name" (CUFORGE_SIGNING_KEY, CUFORGE_TRUSTED_KEYS)
+CONFIGURED: Any = "configured"
+
+
+def _signed_digest(doc: dict[str, Any]) -> str:
+    """The SHA-256 a bundle signature covers: the index without its signature."""
+    unsigned = {k: v for k, v in doc.items() if k != "signature"}
+    return _sha256(
+        json.dumps(unsigned, sort_keys=True, separators=(",", ":")).encode("utf-8")
+    ).hex()
+
+
+def write_bundle_file(
+    path: str, entries: Iterable[Entry], info: dict[str, Any], *, signer: Any = CONFIGURED
+) -> int:
     """Write ``entries`` (each key once; a repeated key must have the same kind and payload)
     and ``info`` (JSON types) as a bundle at ``path``, atomically (mode 0644: a bundle is
     meant to be shipped). Returns the file's size. Raises ``ValueError`` for a malformed
     entry (a kernel needs a non-empty payload) or a ``path`` that exists and is not a
     regular file (a symlink, a device such as /dev/null, a directory: never replaced),
-    ``OSError`` when the file cannot be written."""
+    ``OSError`` when the file cannot be written. ``signer``: a
+    :class:`cuforge.signing.SigningKey` to sign the index with (default: the one
+    ``CUFORGE_SIGNING_KEY`` names, if any; None: unsigned)."""
 
     problem = destination_problem(path)
     if problem is not None:
@@ -118,9 +142,19 @@ def write_bundle_file(path: str, entries: Iterable[Entry], info: dict[str, Any])
             }
         )
         body += payload
-    index = json.dumps(
-        {"format": FORMAT_VERSION, "info": info, "entries": rows}, sort_keys=True
-    ).encode("utf-8")
+    doc: dict[str, Any] = {"format": FORMAT_VERSION, "info": info, "entries": rows}
+    if signer is CONFIGURED:
+        from cuforge.signing import configured
+
+        signer = configured()[0]
+    if signer is not None:
+        from cuforge.signing import bundle_message
+
+        # the digest of the index as a reader parses it back (JSON types only)
+        doc = json.loads(json.dumps(doc))
+        sig = signer.sign(bundle_message(_signed_digest(doc)))
+        doc["signature"] = {"kid": signer.kid, "ed25519": sig}
+    index = json.dumps(doc, sort_keys=True).encode("utf-8")
     head = struct.pack(
         "<8sIIQQ32s", MAGIC, FORMAT_VERSION, 0, _HEADER_SIZE + len(body), len(index), _sha256(index)
     )
@@ -189,7 +223,18 @@ class BundleStore(Store):
 
     tier = "bundle"
 
-    def __init__(self, path: str | os.PathLike[str], *, verify: bool = True) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, verify: bool = True, keyring: Any = CONFIGURED
+    ) -> None:
+        """``keyring``: a :class:`cuforge.signing.Keyring` the bundle must be signed by
+        (default: ``CUFORGE_TRUSTED_KEYS``'s, if set; None: no signature required)."""
+        if keyring is CONFIGURED:
+            from cuforge.signing import configured
+
+            keyring = configured()[1]
+        self._keyring = keyring
+        #: the trusted name of the bundle's signer (None: no keyring was asked)
+        self.signer: str | None = None
 
         self._fd = -1
         given = os.path.abspath(os.fspath(path))
@@ -320,6 +365,7 @@ class BundleStore(Store):
                 raise self._error(f"entry {key[:16]}: {problem}")
             rows[key] = row
             where[key] = i
+        self._check_signature(doc, rows)
         # each row's bytes are its own: overlapping rows would serve (and install) the same
         # bytes many times over
         end, last = _HEADER_SIZE, ""
@@ -332,6 +378,29 @@ class BundleStore(Store):
             if row["size"]:
                 end, last = row["offset"] + row["size"], row["key"]
         return rows
+
+    def _check_signature(self, doc: dict[str, Any], rows: dict[str, dict[str, Any]]) -> None:
+        """Refuse a bundle the keyring does not accept; name the signer in every row."""
+        keyring = self._keyring
+        if keyring is not None:
+            from cuforge.signing import Untrusted, bundle_message
+
+            sig = doc.get("signature")
+            sig = sig if isinstance(sig, dict) else {}
+            try:
+                self.signer = keyring.check(
+                    sig.get("ed25519"), sig.get("kid"), bundle_message(_signed_digest(doc))
+                )
+            except Untrusted as exc:
+                raise BundleError(
+                    f"cuforge does not load the bundle {self.path}: {exc.reason} "
+                    "(CUFORGE_TRUSTED_KEYS). Sign it with `CUFORGE_SIGNING_KEY=KEYFILE "
+                    "cuforge build --bundle` using a key the keyring trusts"
+                ) from None
+        for row in rows.values():
+            row["meta"].pop("signer", None)  # only a checked signature names a writer
+            if self.signer is not None:
+                row["meta"]["signer"] = self.signer
 
     def _read(self, key: str) -> bytes:
         """The payload of ``key``, copied out of the file and then checked: the bytes

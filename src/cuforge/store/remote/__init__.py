@@ -208,6 +208,11 @@ def open_remotes(current: Settings, *, telemetry_root: str | None = None) -> lis
     from cuforge.store.remote.tier import RemoteStore
 
     secret = read_secret(current)
+    signer = keyring = None
+    if current.signing_key or current.trusted_keys:
+        from cuforge.signing import configured
+
+        signer, keyring = configured(current)
     ns = namespace()
     tiers: list[Store] = []
     for url in urls:
@@ -245,6 +250,8 @@ def open_remotes(current: Settings, *, telemetry_root: str | None = None) -> lis
                 secret=secret,
                 readonly=current.remote_readonly,
                 telemetry_root=telemetry_root,
+                signer=signer,
+                keyring=keyring,
             )
         )
     return tiers

@@ -4,10 +4,13 @@ Format (version :data:`VERSION`), integers little-endian::
 
     b"CUFR" u8(version) u32(len(header)) header entry
 
-* ``header``: UTF-8 JSON ``{"ns", "kind", "key", "sha256"}`` plus ``"sig"`` when signed.
+* ``header``: UTF-8 JSON ``{"ns", "kind", "key", "sha256"}`` plus ``"sig"`` when signed
+  with the shared HMAC key, and ``"ed25519"`` + ``"kid"`` when signed with a private key.
   ``ns`` is the namespace (:func:`namespace`: cuforge's version and the key schema
   version), ``sha256`` the hex SHA-256 of ``entry``, ``sig`` the hex HMAC-SHA256 (with the
-  shared key) of the length-prefixed fields ``ns``, ``kind``, ``key``, ``sha256``.
+  shared key) of the length-prefixed fields ``ns``, ``kind``, ``key``, ``sha256``;
+  ``ed25519`` the hex Ed25519 signature of the same fields
+  (:func:`cuforge.signing.entry_message`) by the key whose id is ``kid``.
 * ``entry``: an entry file of the disk tier (:func:`cuforge.store.disk.encode_entry`:
   its own BLAKE2b checksum, and metadata that must follow :mod:`cuforge.store.schema`).
 
@@ -18,8 +21,11 @@ itself when it came along), so garbage or an oversized value is never buffered w
 :func:`open_envelope` checks, in this order, and raises :class:`Rejected` naming the
 first check that failed: the size cap (``max_bytes``), magic and version,
 the header, the namespace, kind and key against what was asked, the digest, the
-signature (when a key is set: unsigned or badly signed values are refused; without a key a
-signature is not checked, the digest still is), then the entry's own checksum and schema.
+HMAC signature (when a key is set: unsigned or badly signed values are refused; without a
+key a signature is not checked, the digest still is), the Ed25519 signature (when a keyring
+is given: unsigned, unknown-key, revoked-key and bad signatures are refused), then the
+entry's own checksum and schema. With a keyring, the entry's ``meta["signer"]`` is the
+trusted name of its signer (a ``signer`` the writer put there is never kept).
 :attr:`Rejected.trust` tells trust failures (namespace, signature) from damage.
 """
 
@@ -30,6 +36,7 @@ from cuforge.store.remote.base import DEFAULT_MAX_BYTES, DamagedValue
 
 TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs ~10 ms
 if TYPE_CHECKING:  # pragma: no cover
+    from cuforge.signing import Keyring, SigningKey
     from cuforge.store.base import Entry
 
 __all__ = [
@@ -81,8 +88,11 @@ def signature(secret: bytes, ns: str, kind: str, key: str, sha256: str) -> str:
     return hmac.new(secret, msg, "sha256").hexdigest()
 
 
-def seal(entry: Entry, ns: str, secret: bytes | None = None) -> bytes:
-    """The envelope holding ``entry`` (signed when ``secret`` is given)."""
+def seal(
+    entry: Entry, ns: str, secret: bytes | None = None, signer: SigningKey | None = None
+) -> bytes:
+    """The envelope holding ``entry`` (HMAC-signed when ``secret`` is given, Ed25519-signed
+    when ``signer`` is)."""
     import hashlib
     import json
 
@@ -93,6 +103,11 @@ def seal(entry: Entry, ns: str, secret: bytes | None = None) -> bytes:
     header = {"ns": ns, "kind": entry.kind, "key": entry.key, "sha256": digest}
     if secret is not None:
         header["sig"] = signature(secret, ns, entry.kind, entry.key, digest)
+    if signer is not None:
+        from cuforge.signing import entry_message
+
+        header["ed25519"] = signer.sign(entry_message(ns, entry.kind, entry.key, digest))
+        header["kid"] = signer.kid
     raw = json.dumps(header, separators=(",", ":")).encode()
     return b"".join((MAGIC, bytes((VERSION,)), len(raw).to_bytes(4, "little"), raw, body))
 
@@ -158,6 +173,7 @@ def open_envelope(
     key: str,
     secret: bytes | None = None,
     max_bytes: int | None = None,
+    keyring: Keyring | None = None,
 ) -> tuple[dict, bytes]:
     """``(entry header {"key", "kind", "meta", "created"}, payload)`` of a value read for
     ``(kind, key)``. Raises :class:`Rejected` (see the module doc for the checks). Copies
@@ -182,6 +198,16 @@ def open_envelope(
             raise Rejected("unsigned, and CUFORGE_REMOTE_KEY requires signed entries", trust=True)
         if not hmac.compare_digest(sig, signature(secret, ns, kind, key, digest)):
             raise Rejected("bad signature (written with another key?)", trust=True)
+    signer = None
+    if keyring is not None:
+        from cuforge.signing import Untrusted, entry_message
+
+        try:
+            signer = keyring.check(
+                header.get("ed25519"), header.get("kid"), entry_message(ns, kind, key, digest)
+            )
+        except Untrusted as exc:
+            raise Rejected(exc.reason, trust=True) from None
     from cuforge.store.disk import CorruptEntry, decode_entry
 
     try:
@@ -190,4 +216,10 @@ def open_envelope(
         raise Rejected(f"bad entry: {exc}") from None
     if obj.get("key") != key or obj.get("kind") != kind:
         raise Rejected("the entry inside names another key or kind")
+    meta = obj.get("meta")
+    if isinstance(meta, dict):
+        # provenance: only a signature this reader checked names a writer
+        meta.pop("signer", None)
+        if signer is not None:
+            meta["signer"] = signer
     return obj, payload

@@ -50,6 +50,7 @@ TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs ~10 
 if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Iterator
 
+    from cuforge.signing import Keyring, SigningKey
     from cuforge.store.base import EntryInfo
     from cuforge.store.remote.base import RemoteBackend
 
@@ -93,8 +94,14 @@ class RemoteStore(Store):
         secret: bytes | None = None,
         readonly: bool = False,
         telemetry_root: str | None = None,
+        signer: SigningKey | None = None,
+        keyring: Keyring | None = None,
     ) -> None:
         self.backend = backend
+        #: the private key writes are signed with (Ed25519), or None
+        self.signer = signer
+        #: the trusted public keys reads must be signed by, or None (any signature)
+        self.keyring = keyring
         self.url = backend.describe()
         self.namespace = backend.namespace
         self.secret = secret or None
@@ -191,6 +198,7 @@ class RemoteStore(Store):
                 key=key,
                 secret=self.secret,
                 max_bytes=self.max_bytes,
+                keyring=self.keyring,
             )
             meta = obj["meta"]
         except Rejected as exc:
@@ -204,7 +212,7 @@ class RemoteStore(Store):
         finally:
             del data  # the remote's buffer: the payload is a copy
         self.breaker.success(seconds)
-        if self.secret is None and not self._trust_warned:
+        if self.secret is None and self.keyring is None and not self._trust_warned:
             self._check_trust(kind, key)
         self.hits += 1
         self._record("hit", kind, meta.get("name"), len(payload), meta.get("compile_seconds", 0.0))
@@ -239,8 +247,9 @@ class RemoteStore(Store):
                 self.url,
                 "rejected",
                 "cuforge: refused an entry of remote cache %s (%s %s...): %s. It counts as a "
-                "miss; set the same CUFORGE_REMOTE_KEY on writers and readers, or unset it to "
-                "accept unsigned entries. Shown once per process.",
+                "miss; writers must sign with a key the readers trust (CUFORGE_REMOTE_KEY: the "
+                "same shared key; CUFORGE_SIGNING_KEY: a key in the readers' "
+                "CUFORGE_TRUSTED_KEYS). Shown once per process.",
                 self.url,
                 kind,
                 key[:16],
@@ -264,15 +273,18 @@ class RemoteStore(Store):
             )
 
     def put(self, entry: Entry, *, durable: bool = True) -> bool:
-        """Publish ``entry`` (signed when a key is set). False when read-only, while the
+        """Publish ``entry`` (signed when a key is set). False when read-only, with a
+        keyring but no signing key (every reader holding the keyring would refuse it), while the
         breaker is open, for a value over the size cap, or when the backend failed (counted
         as an error). Returns within the backend's timeouts; never raises."""
-        if self.readonly or not self._allow():
+        if self.readonly or (self.keyring is not None and self.signer is None):
+            return False  # (a keyring without a signing key: readers would refuse it)
+        if not self._allow():
             return False
         from cuforge.store.remote.envelope import seal
 
         try:
-            data = seal(entry, self.namespace, self.secret)
+            data = seal(entry, self.namespace, self.secret, self.signer)
         except (TypeError, ValueError) as exc:  # meta that is not JSON: the disk tier's bug too
             self._failed("put", exc)
             return False
@@ -318,6 +330,8 @@ class RemoteStore(Store):
                 "backend": type(self.backend).__name__,
                 "namespace": self.namespace,
                 "signed": self.secret is not None,
+                "signing_key": self.signer.name if self.signer is not None else None,
+                "trusted_keys": len(self.keyring) if self.keyring is not None else None,
                 "readonly": self.readonly,
                 "breaker": self.breaker.state(),
                 "skipped": self.skipped,
