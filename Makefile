@@ -3,12 +3,13 @@
 #   make test   create or reuse .venv, install cuforge with its test extras, run ruff and pytest
 #   make test-fast   the same without the slow tests (PyTorch extension builds): the edit loop
 #   make test-cu12   NVRTC 12 from pip wheels, in a second venv (.venv-cu12, cuforge[cu12])
+#   make test-s3     s3:// against a real S3 server (moto), boto3 + moto[server] in .venv-s3
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: demo test test-fast test-cu12 lint format bench clean
+.PHONY: demo test test-fast test-cu12 test-s3 lint format bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +55,19 @@ $(VENV12)/.installed: $(BUILD_INPUTS) | $(PY12)
 test-cu12: $(VENV12)/.installed
 	$(PY12) -m pytest -q -p no:cacheprovider tests/test_cuda12.py $(PYTEST_ARGS)
 
+# s3:// against a real S3-protocol server process (moto's standalone server on 127.0.0.1):
+# boto3 and moto[server] are heavy, so they go into their own --target dir (.venv-s3) that
+# only this target puts on PYTHONPATH; `make test` skips the s3 tests and says why.
+S3SITE := .venv-s3
+
+$(S3SITE)/.installed: | $(PY)
+	$(PIP) install --target $(S3SITE) "boto3>=1.35" "moto[server]>=5"
+	touch $@
+
+test-s3: $(VENV)/.installed-test $(S3SITE)/.installed
+	PYTHONPATH=$(S3SITE) $(PY) -m pytest -q -p no:cacheprovider -k s3 \
+		tests/store/test_remote_s3.py tests/store/test_remote_contract.py $(PYTEST_ARGS)
+
 lint: $(VENV)/.installed-test
 	$(PY) -m ruff check --fix setup.py src tests bench
 	$(PY) -m ruff format setup.py src tests bench
@@ -62,5 +76,5 @@ bench: $(VENV)/.installed-test
 	$(PY) bench/compile_cache.py --runs 7
 
 clean:
-	rm -rf $(VENV) $(VENV12) build dist src/*.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VENV12) $(S3SITE) build dist src/*.egg-info .pytest_cache .ruff_cache
 	rm -f src/cuforge/runtime/*.so

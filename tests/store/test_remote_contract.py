@@ -1,6 +1,8 @@
 """The contract every remote backend keeps, checked once per backend against the real
 thing: HttpBackend against a real nginx with WebDAV PUT, RedisBackend against a real
-redis-server (both started per test on 127.0.0.1), FileBackend on a real directory; and
+redis-server, S3Backend against a real moto S3 server (all started per test on 127.0.0.1;
+s3 skips unless boto3 and moto[server] are installed: ``make test-s3``), FileBackend on a
+real directory; and
 the network backends against servers that never answer or never accept.
 
 What only one backend does (auth, TLS, keep-alive, TTLs, misbehaving HTTP servers, ...)
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 import pytest
 
 from cuforge.store.remote.base import RemoteError
+from tests.s3_server import s3_server_fixture  # noqa: F401 - the fixture
 from tests.store.helpers import key_of
 
 #: a generous sanity bound for "it returned" (speed is measured in bench/, not asserted)
@@ -97,7 +100,35 @@ def _file(request) -> Remote:
     return Remote("file", make, stored, None)
 
 
-_BACKENDS = {"http": _http, "redis": _redis, "file": _file}
+def _s3(request) -> Remote:
+    server = request.getfixturevalue("s3_server")
+    from cuforge.store.remote.s3 import S3Backend
+
+    def make(timeout: float = 2.0, connect_timeout: float = 0.5):
+        return S3Backend(
+            server.url(), namespace=NS, connect_timeout=connect_timeout, timeout=timeout
+        )
+
+    def stored(kind: str, key: str) -> bytes | None:
+        # the layout operators see: <prefix>/<namespace>/<kind>/<key> in the bucket
+        try:
+            got = server.client().get_object(Bucket="cuforge-test", Key=f"team/{NS}/{kind}/{key}")
+        except server.client().exceptions.NoSuchKey:
+            return None
+        return got["Body"].read()
+
+    return Remote("s3", make, stored, server.kill)
+
+
+@pytest.fixture(autouse=True)
+def _aws_credentials(monkeypatch):
+    """Credentials of the usual chain for s3 (the test servers accept any; boto3 refuses to
+    send a request without some)."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+
+
+_BACKENDS = {"http": _http, "redis": _redis, "file": _file, "s3": _s3}
 
 
 @pytest.fixture(params=sorted(_BACKENDS))
@@ -106,7 +137,7 @@ def remote(request) -> Remote:
     return _BACKENDS[request.param](request)
 
 
-@pytest.fixture(params=["http", "redis"])
+@pytest.fixture(params=["http", "redis", "s3"])
 def network(request) -> Remote:
     """Each network backend in turn, on its own fresh server."""
     return _BACKENDS[request.param](request)
@@ -120,6 +151,21 @@ def _on(url: str, name: str, timeout: float, connect_timeout: float):
 
         return RedisBackend(
             url, namespace=NS, connect_timeout=connect_timeout, timeout=timeout, ttl=0
+        )
+    if name == "s3":
+        from tests.s3_server import available
+
+        if available() is not None:
+            pytest.skip(available())
+        from cuforge.store.remote.s3 import S3Backend
+
+        # the server's host and port as the endpoint of a bucket
+        endpoint = "http://" + url.split("://", 1)[1].split("/", 1)[0]
+        return S3Backend(
+            f"s3://bucket/p?endpoint={endpoint}&region=us-east-1",
+            namespace=NS,
+            connect_timeout=connect_timeout,
+            timeout=timeout,
         )
     from cuforge.store.remote.http import HttpBackend
 
@@ -178,8 +224,16 @@ def test_server_killed(network):
         assert time.monotonic() - start < RETURNS_WITHIN
 
 
-NEVER_ANSWERS = {"http": "no answer within 0.2 s", "redis": "[Tt]imeout"}
-NEVER_CONNECTS = {"http": "no connection within 0.2 s", "redis": "[Tt]imeout connecting"}
+NEVER_ANSWERS = {
+    "http": "no answer within 0.2 s",
+    "redis": "[Tt]imeout",
+    "s3": "no answer within 0.2 s",
+}
+NEVER_CONNECTS = {
+    "http": "no connection within 0.2 s",
+    "redis": "[Tt]imeout connecting",
+    "s3": "no connection within 0.2 s",
+}
 
 
 @pytest.mark.parametrize("name", sorted(NEVER_ANSWERS))
@@ -206,7 +260,7 @@ def test_connect_that_never_completes(tarpit, name):
     assert time.monotonic() - start < RETURNS_WITHIN
 
 
-@pytest.mark.parametrize("name", ["http", "redis"])
+@pytest.mark.parametrize("name", ["http", "redis", "s3"])
 def test_constructor_does_not_connect(black_hole, name):
     _on(black_hole.url(name), name, timeout=3, connect_timeout=3)
     time.sleep(0.3)  # time for the black hole to accept a connection, had one been made

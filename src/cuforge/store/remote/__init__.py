@@ -5,7 +5,7 @@ Modules: :mod:`~cuforge.store.remote.base` (the backend interface),
 :mod:`~cuforge.store.remote.envelope` (the checked, signed value format),
 :mod:`~cuforge.store.remote.breaker` (the circuit breaker),
 :mod:`~cuforge.store.remote.file` (``file://``), ``redis`` (``redis://``, ``rediss://``),
-``http`` (``http://``, ``https://``), :mod:`~cuforge.store.remote.plugin` (loading
+``http`` (``http://``, ``https://``), ``s3`` (``s3://bucket/prefix``), :mod:`~cuforge.store.remote.plugin` (loading
 ``CUFORGE_REMOTE_BACKEND``). Nothing is imported until :func:`open_remotes` runs.
 """
 
@@ -26,9 +26,12 @@ BUILTIN = {
     "rediss": "cuforge.store.remote.redis:RedisBackend",
     "http": "cuforge.store.remote.http:HttpBackend",
     "https": "cuforge.store.remote.http:HttpBackend",
+    "s3": "cuforge.store.remote.s3:S3Backend",
 }
-#: what to install when a built-in backend's dependency is missing
-_EXTRAS = {"redis": "redis", "rediss": "redis"}
+#: what to install when a built-in backend's dependency is missing (the extra's name)
+_EXTRAS = {"redis": "redis", "rediss": "redis", "s3": "s3"}
+#: the module an extra provides, where its name differs
+_EXTRA_MODULE = {"s3": "boto3"}
 
 # key file path -> its contents (read once per process)
 _secrets: dict[str, bytes] = {}
@@ -127,7 +130,7 @@ def backend_class(url: str, plugin: str = "") -> type[RemoteBackend] | None:
 
         raise ConfigError(
             f"CUFORGE_REMOTE: no backend serves {redact(url)!r} (scheme {scheme!r}). Built in: "
-            "file://, redis://, rediss://, http://, https://; for another scheme set "
+            "file://, redis://, rediss://, http://, https://, s3://; for another scheme set "
             "CUFORGE_REMOTE_BACKEND=module:Class to a RemoteBackend subclass whose `schemes` "
             f"lists {scheme!r}"
             + (f" (CUFORGE_REMOTE_BACKEND={plugin!r} does not)" if plugin else "")
@@ -146,7 +149,7 @@ def _missing_extra(scheme: str) -> bool:
         return False
     from importlib.util import find_spec
 
-    return find_spec(extra) is None
+    return find_spec(_EXTRA_MODULE.get(extra, extra)) is None
 
 
 def _install_fix(scheme: str) -> str:
@@ -164,7 +167,8 @@ def open_remotes(current: Settings, *, telemetry_root: str | None = None) -> lis
 
     Scheme dispatch: ``file`` -> :class:`~cuforge.store.remote.file.FileBackend`;
     ``redis``/``rediss`` -> ``cuforge.store.remote.redis:RedisBackend``;
-    ``http``/``https`` -> ``cuforge.store.remote.http:HttpBackend``; any other scheme
+    ``http``/``https`` -> ``cuforge.store.remote.http:HttpBackend``; ``s3`` ->
+    ``cuforge.store.remote.s3:S3Backend`` (boto3); any other scheme
     (or one of those, to replace the built-in backend) -> the plug-in named by
     ``CUFORGE_REMOTE_BACKEND=module:Class``. A built-in backend whose module or
     dependency is missing is skipped with one warning naming the URL and the fix
