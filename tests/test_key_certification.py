@@ -1,0 +1,325 @@
+"""Certified keys, kernels first (issue 24, item 3): a key must be *stable* (the same
+inputs give the same key whatever else differs) and *sufficient* (every input that changes
+the generated code changes the key).
+
+* **Sufficient**: :data:`KERNEL_MUTATIONS` is the one table of kernel inputs. Each row
+  names the key field it proves (``covers``) and a mutation of a base compile; the test
+  compiles both (real NVRTC, through ``compile_cached``) and asserts the keys differ.
+  :func:`test_every_kernel_key_field_has_a_mutation` fails when a key field appears in
+  ``key_fields`` that no row covers, and when an allow-listed codegen variable has no row:
+  adding a key field without a mutation test fails.
+* **Stable**: the same compiles in fresh processes under each perturbation of
+  :data:`PERTURBATIONS` (hash seed, HOME / XDG dirs, venv prefix, checkout path and cwd,
+  build order, host name and pid, cache dir) give the same keys as a baseline process.
+
+Needs NVRTC (the cuda-toolkit wheels of the test extra): skips without it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+import cuforge
+from cuforge.config import CODEGEN_ENV_VARS
+from tests.child import SRC
+
+HEADER = "#define V 1\n"
+INLINE = "#define W 2\n"
+#: the base kernel: a header reached through the include path, an inline header and a
+#: template instance (so every kind of key field is present)
+BASE_SOURCE = """#include "v.h"
+#include "inline.h"
+template <int N> __global__ void t(float* x) { x[0] = N + V + W; }
+extern "C" __global__ void k(float* x) { x[0] = V; }
+"""
+
+
+@dataclass
+class Call:
+    """One compile: ``compile_cached`` keywords plus the files and environment around it."""
+
+    source: str = BASE_SOURCE
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    #: files under the project dir (path -> content)
+    files: dict[str, str] = field(default_factory=lambda: {"inc/v.h": HEADER})
+    env: dict[str, str] = field(default_factory=dict)
+    version: str | None = None
+
+    def replace(self, **changes: Any) -> Call:
+        out = Call(self.source, dict(self.kwargs), dict(self.files), dict(self.env), self.version)
+        for name, value in changes.items():
+            setattr(out, name, value)
+        return out
+
+    def with_kwargs(self, **kw: Any) -> Call:
+        return self.replace(kwargs={**self.kwargs, **kw})
+
+    def with_env(self, **env: str) -> Call:
+        return self.replace(env={**self.env, **env})
+
+    def with_file(self, path: str, content: str) -> Call:
+        return self.replace(files={**self.files, path: content})
+
+
+BASE_KWARGS: dict[str, Any] = {
+    "name": "k.cu",
+    "include_dirs": ["inc"],
+    "headers": {"inline.h": INLINE},
+    "name_expressions": ["t<1>"],
+    "arch": "sm_90",
+}
+
+
+def _base() -> Call:
+    return Call(kwargs=dict(BASE_KWARGS))
+
+
+def _no_inline() -> Call:
+    """The base kernel without in-memory headers (nvcc takes none)."""
+    kw = {k: v for k, v in BASE_KWARGS.items() if k != "headers"}
+    return Call(source=BASE_SOURCE.replace('#include "inline.h"', "#define W 2"), kwargs=kw)
+
+
+def _spelling(include: str, files: dict[str, str], **kw: Any) -> Call:
+    """The base kernel reaching v.h through the include line ``include``."""
+    return _base().replace(source=BASE_SOURCE.replace('#include "v.h"', include), files=files)
+
+
+def _toolkit_root() -> str:
+    from cuforge import toolchain
+
+    return str(toolchain.toolkit_root() or "")
+
+
+#: each allow-listed codegen variable, and a value that must change the key (set where the
+#: base leaves it unset); one row per variable is generated below
+ENV_VALUES: dict[str, Callable[[], str]] = {
+    "NVCC_PREPEND_FLAGS": lambda: "-lineinfo",
+    "NVCC_APPEND_FLAGS": lambda: "-lineinfo",
+    "CUDA_HOME": _toolkit_root,
+    "CUDA_PATH": _toolkit_root,
+    "CUFORGE_EXTRA_OPTIONS": lambda: "-lineinfo",
+    "CUFORGE_NVCC": lambda: shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc",
+}
+
+
+@dataclass
+class Mutation:
+    #: the key field (a label of ``key_fields``) this row proves
+    covers: str
+    what: str
+    #: (base, mutated) calls; their keys must differ
+    make: Callable[[], tuple[Call, Call]]
+    #: why the key cannot be proven here by a real mutation (the row then checks that the
+    #: field records what would differ), or None
+    not_here: str | None = None
+
+
+def _m(covers: str, what: str, mutate: Callable[[Call], Call], base=_base) -> Mutation:
+    return Mutation(covers, what, lambda: (base(), mutate(base())))
+
+
+_NESTED = {"inc/v.h": HEADER, "inc/sub/.keep": ""}
+KERNEL_MUTATIONS: list[Mutation] = [
+    _m("name", "the file name", lambda c: c.with_kwargs(name="other.cu")),
+    _m("source", "one source byte", lambda c: c.replace(source=c.source.replace("N + V", "N - V"))),
+    _m("backend", "nvrtc -> nvcc", lambda c: c.with_kwargs(backend="nvcc"), base=_no_inline),
+    _m("output", "cubin -> ptx", lambda c: c.with_kwargs(output="ptx")),
+    _m("arch", "sm_90 -> sm_90a", lambda c: c.with_kwargs(arch="sm_90a")),
+    _m("arch", "sm_90 -> sm_80", lambda c: c.with_kwargs(arch="sm_80")),
+    _m("options", "-lineinfo", lambda c: c.with_kwargs(options=["-lineinfo"])),
+    _m("options", "--use_fast_math", lambda c: c.with_kwargs(options=["--use_fast_math"])),
+    _m("options", "-std=c++20", lambda c: c.with_kwargs(options=["-std=c++20"])),
+    _m("options", "a define", lambda c: c.with_kwargs(defines={"EXTRA": 1})),
+    _m("options", "a define's value", lambda c: c.with_kwargs(defines={"V2": 2})),
+    _m("options", "another include dir", lambda c: c.with_kwargs(include_dirs=["inc", "inc2"]).with_file("inc2/.keep", "")),
+    _m("name_expressions", "another template instance", lambda c: c.with_kwargs(name_expressions=["t<2>"])),
+    _m("inline_headers", "an inline header's byte", lambda c: c.with_kwargs(headers={"inline.h": "#define W 3\n"})),
+    _m("headers", "a header byte, same size (#include \"v.h\" via -I)", lambda c: c.with_file("inc/v.h", "#define V 2\n")),
+    Mutation("headers", "a header byte via #include <v.h>", lambda: (
+        _spelling("#include <v.h>", {"inc/v.h": HEADER}),
+        _spelling("#include <v.h>", {"inc/v.h": "#define V 3\n"}),
+    )),
+    Mutation("headers", "a header byte via a path relative to the source dir", lambda: (
+        _spelling('#include "inc/v.h"', {"inc/v.h": HEADER}),
+        _spelling('#include "inc/v.h"', {"inc/v.h": "#define V 4\n"}),
+    )),
+    Mutation("headers", "a header byte via sub/../v.h", lambda: (
+        _spelling('#include "sub/../v.h"', _NESTED),
+        _spelling('#include "sub/../v.h"', {**_NESTED, "inc/v.h": "#define V 5\n"}),
+    )),
+    _m("cuforge", "the cuforge version", lambda c: c.replace(version="999.0.0")),
+    Mutation("compiler", "the compiler identity", lambda: (_base(), _base()),
+             not_here="one NVRTC per venv (tests/test_cuda12.py runs NVRTC 12): the field "
+             "must record the version and the library's SHA-256"),
+    *[
+        Mutation("env", f"{var} set", (lambda v: lambda: (_base(), _base().with_env(**{v: ENV_VALUES[v]()})))(var))
+        for var in ENV_VALUES
+    ],
+]  # fmt: skip
+
+
+# ---------------------------------------------------------------- running a call
+
+
+def _nvrtc_or_skip() -> None:
+    try:
+        from cuforge import toolchain
+
+        if toolchain.nvrtc_version() is None:
+            raise RuntimeError("no NVRTC found")
+    except Exception as exc:  # noqa: BLE001 - any failure means no NVRTC here
+        pytest.skip(f"NVRTC is not usable here ({type(exc).__name__}: {exc})")
+
+
+def _materialize(call: Call, root: str) -> str:
+    os.makedirs(root, exist_ok=True)
+    for path, content in call.files.items():
+        full = os.path.join(root, path)
+        os.makedirs(os.path.dirname(full), exist_ok=True)
+        with open(full, "w") as f:
+            f.write(content)
+    return root
+
+
+def _key(call: Call, root: str, cache_dir: str, monkeypatch) -> tuple[str, dict]:
+    from cuforge.pipeline import compile_cached
+
+    _materialize(call, root)
+    with monkeypatch.context() as m:
+        for name, value in call.env.items():
+            m.setenv(name, value)
+        if call.version is not None:
+            m.setattr("cuforge.key.__version__", call.version)
+        m.chdir(root)  # the base dir of keyed paths (CUFORGE_BASE_DIR unset)
+        kw = dict(call.kwargs)
+        kw["include_dirs"] = [os.path.join(root, d) for d in kw.get("include_dirs", [])]
+        art = compile_cached(
+            call.source, source_dir=root, cache=cuforge.Cache(cache_dir, memory=False), **kw
+        )
+    return art.key, art.key_fields
+
+
+@pytest.mark.parametrize(
+    "row", KERNEL_MUTATIONS, ids=[f"{m.covers}:{m.what}" for m in KERNEL_MUTATIONS]
+)
+def test_kernel_key_is_sufficient(row, tmp_path, monkeypatch, isolated_cache):
+    _nvrtc_or_skip()
+    base, mutated = row.make()
+    if mutated.kwargs.get("backend") == "nvcc" and not shutil.which("nvcc"):
+        nvcc = os.path.join(_toolkit_root(), "bin", "nvcc")
+        if not os.path.exists(nvcc):
+            pytest.skip("nvcc is not installed")
+    key0, fields0 = _key(base, str(tmp_path / "p0"), str(tmp_path / "c0"), monkeypatch)
+    assert row.covers in fields0, f"{row.covers!r} is not a key field: {sorted(fields0)}"
+    if row.not_here is not None:
+        record = json.dumps(fields0[row.covers])
+        assert "version" in record and "sha256" in record, row.not_here
+        return
+    key1, fields1 = _key(mutated, str(tmp_path / "p1"), str(tmp_path / "c1"), monkeypatch)
+    assert key0 != key1, f"{row.what} did not change the key"
+    assert fields0[row.covers] != fields1.get(row.covers), (
+        f"{row.what} changed the key but not the field {row.covers!r} it should"
+    )
+
+
+def test_every_kernel_key_field_has_a_mutation(tmp_path, monkeypatch, isolated_cache):
+    """Adding a key field (or a codegen variable) without a row in KERNEL_MUTATIONS fails."""
+    _nvrtc_or_skip()
+    _, fields = _key(_base(), str(tmp_path / "p"), str(tmp_path / "c"), monkeypatch)
+    covered = {m.covers for m in KERNEL_MUTATIONS}
+    assert set(fields) <= covered, f"key fields with no mutation row: {set(fields) - covered}"
+    env_rows = {m.what.split()[0] for m in KERNEL_MUTATIONS if m.covers == "env"}
+    assert set(CODEGEN_ENV_VARS) <= env_rows, set(CODEGEN_ENV_VARS) - env_rows
+    assert set(fields["env"]) == set(CODEGEN_ENV_VARS)
+
+
+# ---------------------------------------------------------------- stable
+
+_CHILD = """
+import json, os, sys
+import cuforge
+from cuforge.pipeline import compile_cached
+root, order = sys.argv[1], sys.argv[2]
+calls = {
+    "a": dict(name="a.cu", source='#include "v.h"\\nextern "C" __global__ void a(float*x){x[0]=V;}'),
+    "b": dict(name="b.cu", source='extern "C" __global__ void b(float*x){x[0]=2;}'),
+}
+keys = {}
+for label in order:
+    c = calls[label]
+    art = compile_cached(c["source"], name=c["name"], include_dirs=[os.path.join(root, "inc")],
+                         source_dir=root, arch="sm_90")
+    keys[label] = art.key
+print(json.dumps(keys))
+"""
+
+#: name -> how a perturbed child differs from the baseline (see _run_child)
+PERTURBATIONS = (
+    "PYTHONHASHSEED",
+    "HOME and XDG dirs",
+    "venv prefix",
+    "checkout path and cwd",
+    "build order",
+    "host name and pid",
+    "cache dir",
+)
+
+
+def _run_child(tmp_path, tag: str, *, root=None, order="ab", env=None, python=None, host=None):
+    root = root or str(tmp_path / "checkout")
+    _materialize(Call(files={"inc/v.h": HEADER}), root)
+    script = tmp_path / "child.py"
+    script.write_text(_CHILD)
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("CUFORGE_")}
+    environ.update(
+        PYTHONPATH=SRC,
+        PYTHONHASHSEED="0",
+        CUFORGE_CACHE_DIR=str(tmp_path / "cache-base"),
+        CUFORGE_ARCH="sm_90",
+    )
+    environ.update(env or {})
+    cmd = [python or sys.executable, str(script), root, order]
+    if host is not None:
+        cmd = ["unshare", "--uts", "sh", "-c", f'hostname {host} && exec "$@"', "sh", *cmd]
+    done = subprocess.run(cmd, cwd=root, env=environ, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"{tag}: {done.stderr[-2000:]}"
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_kernel_key_is_stable(tmp_path):
+    _nvrtc_or_skip()
+    base = _run_child(tmp_path, "baseline")
+    homes = {
+        "HOME": str(tmp_path / "home2"),
+        "XDG_CACHE_HOME": str(tmp_path / "xdg-cache"),
+        "XDG_CONFIG_HOME": str(tmp_path / "xdg-config"),
+        "XDG_DATA_HOME": str(tmp_path / "xdg-data"),
+    }
+    alias = tmp_path / "venv-alias"
+    alias.symlink_to(sys.prefix)  # the same venv reached through another prefix path
+    python = str(alias / "bin" / os.path.basename(sys.executable))
+    hostname_ok = os.geteuid() == 0 and shutil.which("unshare") is not None
+    runs = {
+        "PYTHONHASHSEED": dict(env={"PYTHONHASHSEED": "12345"}),
+        "HOME and XDG dirs": dict(env=homes),
+        "venv prefix": dict(python=python),
+        "checkout path and cwd": dict(root=str(tmp_path / "elsewhere" / "clone")),
+        "build order": dict(order="ba"),
+        "host name and pid": dict(host="other-host") if hostname_ok else dict(),
+        "cache dir": dict(env={"CUFORGE_CACHE_DIR": str(tmp_path / "cache-other")}),
+    }
+    assert set(runs) == set(PERTURBATIONS)
+    differ = {
+        name: got for name, kw in runs.items() if (got := _run_child(tmp_path, name, **kw)) != base
+    }
+    assert not differ, f"keys changed under {sorted(differ)}: {differ} vs {base}"
