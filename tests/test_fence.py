@@ -117,8 +117,9 @@ def test_blob_builds_cached_and_uncached(cache):
     assert len(built) == 1
 
 
-def test_triton_compile_outside_cuforge(capsys):
+def test_triton_compile_outside_cuforge(capsys, tmp_path, monkeypatch):
     triton = pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
     import triton.language as tl
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource

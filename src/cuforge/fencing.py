@@ -48,7 +48,7 @@ _mode: str | None = None
 _lock = threading.Lock()
 _reported: set[tuple[str, str, str]] = set()
 _reports: list[dict[str, Any]] = []
-_CUFORGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 #: entry kind -> the system it belongs to, as reports name it
 SYSTEMS = {
@@ -204,7 +204,7 @@ def caller_stack(limit: int = 4) -> list[str]:
     out: list[str] = []
     while frame is not None and len(out) < limit:
         path = frame.f_code.co_filename
-        if not path.startswith(_CUFORGE_DIR) and f"{os.sep}triton{os.sep}" not in path:
+        if not path.startswith(_PACKAGE_DIR) and f"{os.sep}triton{os.sep}" not in path:
             if not path.startswith("<frozen"):
                 out.append(f"{os.path.basename(path)}:{frame.f_lineno} in {frame.f_code.co_name}")
         frame = frame.f_back

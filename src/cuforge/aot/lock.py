@@ -126,7 +126,9 @@ def build_lock(
                         entries.setdefault(entry.key, entry)
                 store.close()
     still = _collect(cache, [r for r in lacking if r["kind"] != "torch"], {})
-    torch_done = {r["name"] for r in stanzas if r["kind"] == "torch"} if not report.failures else set()
+    torch_done = (
+        {r["name"] for r in stanzas if r["kind"] == "torch"} if not report.failures else set()
+    )
     for r in still + [r for r in lacking if r["kind"] == "torch" and r["name"] not in torch_done]:
         report.missing.append(f"{r['system']} {r['name']} {r['key'][:16]}")
     if not report.ok:
