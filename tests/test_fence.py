@@ -9,15 +9,9 @@ import pytest
 import cuforge
 from cuforge import blobcache, fencing
 from cuforge.errors import CompileAfterFenceError, CuforgeError
+from tests.test_jit import SCALE
 
 SRC = 'extern "C" __global__ void k(float* x) { x[0] = TILE; }\n'
-SCALE = r"""
-template <typename T, int BLOCK>
-__global__ void scale(const T* __restrict__ x, T* out, T alpha, int n) {
-    int i = blockIdx.x * BLOCK + threadIdx.x;
-    if (i < n) out[i] = x[i] * alpha;
-}
-"""
 
 
 @pytest.fixture(autouse=True)
