@@ -12,11 +12,10 @@ import pytest
 
 pytest.importorskip("triton", reason="Triton is not installed (pip install cuforge[triton])")
 
-from tests.child import ROOT, child_env, finish, run_python, spawn  # noqa: E402
-from tests.triton.kernels import CompileCounter, compile_kernel, cubin_digest  # noqa: E402
-
 import cuforge  # noqa: E402
 import cuforge.triton as ct  # noqa: E402
+from tests.child import ROOT, child_env, finish, run_python, spawn  # noqa: E402
+from tests.triton.kernels import CompileCounter, compile_kernel, cubin_digest  # noqa: E402
 
 # one "machine": compiles the named kernels through cuforge, reports Triton's own counts
 MACHINE = f"""
