@@ -71,7 +71,7 @@ _LAZY = {
 
 
 #: subpackages reachable as attributes without an explicit import (``cuforge.torch.load``)
-_SUBPACKAGES = ("torch", "runtime", "store", "cli", "cccl", "cute", "aot")
+_SUBPACKAGES = ("torch", "runtime", "store", "cli", "cccl", "cute", "aot", "triton")
 
 
 def __getattr__(name: str):

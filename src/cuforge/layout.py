@@ -18,6 +18,7 @@ launcher and the torch build are handed the paths they need from it.
       torch/build/<name>/        torch extension build dirs (ninja objects, depfiles)
       torch/modules/<key>/       torch extension modules, by link key
       torch/paths.json           the torch build's probe memo (include dirs, compilers)
+      triton/<key>/              Triton kernel groups materialized from `triton` entries
 
 **The trust rule** (ssh's StrictModes, applied to every directory on the way): whoever can
 write a cache dir can make the processes that use it run their code. So a directory that
@@ -71,6 +72,7 @@ class CacheLayout:
         "torch_builds",
         "torch_modules",
         "torch_paths_memo",
+        "triton",
         "_entry_prefix",
     )
 
@@ -102,6 +104,7 @@ class CacheLayout:
         self.torch_builds = join(self.torch, "build")
         self.torch_modules = join(self.torch, "modules")
         self.torch_paths_memo = join(self.torch, "paths.json")
+        self.triton = join(self.root, "triton")
         self._entry_prefix = self.entries + os.sep
 
     def __repr__(self) -> str:
@@ -135,6 +138,12 @@ class CacheLayout:
         if not is_entry_key(key):
             raise ValueError(f"{key!r} is not a cuforge key (64 lowercase hex digits)")
         return os.path.join(self.torch_modules, key)
+
+    def triton_dir(self, key: str) -> str:
+        """``<root>/triton/<key>``: a Triton kernel group materialized from an entry."""
+        if not is_entry_key(key):
+            raise ValueError(f"{key!r} is not a cuforge key (64 lowercase hex digits)")
+        return os.path.join(self.triton, key)
 
     def own_dirs(self) -> tuple[str, ...]:
         """The directories cuforge creates directly under the root (checked and created

@@ -43,6 +43,8 @@ ENTRY_KINDS = (
     "module",
     "cccl",
     "cute",
+    "triton",
+    "inductor",
 )  # = cuforge.store.schema.KINDS
 
 
