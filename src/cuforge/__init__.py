@@ -65,7 +65,18 @@ _LAZY = {
 
 
 #: subpackages reachable as attributes without an explicit import (``cuforge.torch.load``)
-_SUBPACKAGES = ("torch", "runtime", "store", "cli", "cccl", "cute", "aot")
+_SUBPACKAGES = (
+    "torch",
+    "runtime",
+    "store",
+    "cli",
+    "cccl",
+    "cute",
+    "aot",
+    "cuda_core",
+    "jax",
+    "cupy",
+)
 
 
 def __getattr__(name: str):

@@ -43,6 +43,9 @@ ENTRY_KINDS = (
     "module",
     "cccl",
     "cute",
+    "cuda-core",
+    "jax",
+    "cupy",
 )  # = cuforge.store.schema.KINDS
 
 
