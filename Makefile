@@ -64,7 +64,7 @@ $(JAXSITE)/.installed: | $(VENV)/.installed-test
 	touch $@
 
 test-jax: $(JAXSITE)/.installed
-	PYTHONPATH=$(abspath $(JAXSITE)) $(PY) -m pytest -q -p no:cacheprovider tests/jax $(PYTEST_ARGS)
+	PYTHONPATH=$(abspath $(JAXSITE)) $(PY) -m pytest -q -p no:cacheprovider tests/jax tests/test_adapters_contract.py $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed-test
 	$(PY) -m ruff check --fix setup.py src tests bench
