@@ -40,9 +40,9 @@ from cuda.core import ObjectCode, Program, ProgramOptions
 from cuda.core.utils import ProgramCacheResource, make_program_cache_key
 
 from cuforge import blobcache
+from cuforge._adapters import damaged, read_files, write_files
 from cuforge.caching import Cache, resolve
 from cuforge.deps import file_digest, scan_includes
-from cuforge.store.base import Entry
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -84,12 +84,6 @@ def _value_bytes(value: object) -> bytes:
     )
 
 
-def _warn(cache: Cache, message: str) -> None:
-    import logging
-
-    logging.getLogger("cuforge").warning(message)
-
-
 class ProgramCache(ProgramCacheResource):
     """A ``cuda.core.utils.ProgramCacheResource`` backed by a :class:`cuforge.Cache`
     (``cache``; default: :func:`cuforge.default_cache` at each call).
@@ -117,22 +111,14 @@ class ProgramCache(ProgramCacheResource):
     def __getitem__(self, key: bytes | str) -> bytes:
         cache = self.cache
         ckey = self.entry_key(key)
-        entry = cache.get(ckey, kind=KIND)
-        if entry is None:
+        files = read_files(cache, ckey, KIND, "cuda-core program")
+        if files is None:
             raise KeyError(key)
-        try:
-            if entry.kind != KIND:
-                raise blobcache.BlobFormatError(f"the entry is of kind {entry.kind!r}")
-            return blobcache.unpack(entry.payload)[_CODE]
-        except (blobcache.BlobFormatError, KeyError) as exc:
-            cache.count(f"{KIND}:load_errors")
-            _warn(
-                cache,
-                f"cuforge: the cached cuda-core program (key {ckey[:12]}) could not be read "
-                f"({type(exc).__name__}: {exc}); it is deleted and compiled again",
-            )
-            cache.delete(ckey)
-            raise KeyError(key) from None
+        data = files.get(_CODE)
+        if data is None:
+            damaged(cache, ckey, KIND, "cuda-core program", KeyError(_CODE))
+            raise KeyError(key)
+        return data
 
     def __setitem__(self, key: bytes | str, value: Any) -> None:
         data = _value_bytes(value)
@@ -141,7 +127,7 @@ class ProgramCache(ProgramCacheResource):
         if isinstance(value, ObjectCode):
             meta["name"] = value.name or "program"
             meta["output"] = str(value.code_type)
-        self.cache.put(Entry(ckey, KIND, blobcache.pack({_CODE: data}), meta))
+        write_files(self.cache, ckey, KIND, {_CODE: data}, meta)
 
     def __delitem__(self, key: bytes | str) -> None:
         if not self.cache.delete(self.entry_key(key)):
@@ -281,30 +267,14 @@ def compile_result(
     )
 
 
-def compile(
-    code: str,
-    code_type: str = "c++",
-    *,
-    options: ProgramOptions | None = None,
-    target_type: str = "cubin",
-    name_expressions: Sequence[str] = (),
-    logs: Any = None,
-    cache: Cache | None = None,
-) -> ObjectCode:
+def compile(code: str, code_type: str = "c++", **kwargs: Any) -> ObjectCode:
     """``Program(code, code_type, options).compile(target_type, name_expressions, logs)``,
     cached in ``cache`` (default :func:`cuforge.default_cache`) with the user headers'
-    contents in the key and ``symbol_mapping`` kept. A compile cuforge cannot key (PCH
-    options, a computed include it cannot follow) runs every time, with a warning once.
-    ``logs`` receives nothing on a hit."""
-    return compile_result(
-        code,
-        code_type,
-        options=options,
-        target_type=target_type,
-        name_expressions=name_expressions,
-        logs=logs,
-        cache=cache,
-    ).value
+    contents in the key and ``symbol_mapping`` kept; the keywords of
+    :func:`compile_result`. A compile cuforge cannot key (PCH options, a computed include
+    it cannot follow) runs every time, with a warning once. ``logs`` receives nothing on a
+    hit."""
+    return compile_result(code, code_type, **kwargs).value
 
 
 def enable(cache: Cache | None = None) -> None:

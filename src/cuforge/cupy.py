@@ -30,15 +30,14 @@ A stored entry that does not unpack is deleted and reported as missing: CuPy com
 from __future__ import annotations
 
 import json
-import logging
 import os
 import threading
 from typing import TYPE_CHECKING
 
 from cuforge import blobcache
+from cuforge._adapters import damaged, read_files, version_tuple, warn_once, write_files
 from cuforge.caching import Cache, resolve
 from cuforge.deps import file_digest, scan_includes
-from cuforge.store.base import Entry
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -54,17 +53,6 @@ _PAYLOAD = "payload"
 _HEADERS = "headers.json"
 _lock = threading.Lock()
 _previous: list[Any] = []
-_warned: set[str] = set()
-
-
-def _version(text: str) -> tuple[int, ...]:
-    parts = []
-    for piece in text.split(".")[:2]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        if not digits:
-            break
-        parts.append(int(digits))
-    return tuple(parts)
 
 
 def hook_problem() -> str | None:
@@ -76,7 +64,7 @@ def hook_problem() -> str | None:
     except ImportError as exc:
         return f"CuPy cannot be imported ({exc})"
     low, high = SUPPORTED
-    if not (low <= _version(cupy.__version__) < high):
+    if not (low <= version_tuple(cupy.__version__, 2) < high):
         return f"CuPy {cupy.__version__} is outside the versions cuforge.cupy supports (>= {low[0]}, < {high[0]})"
     setter = getattr(compiler, "_set_kernel_cache_backend", None)
     if not callable(setter) or not hasattr(compiler, "_kernel_cache_backend"):
@@ -88,12 +76,6 @@ def hook_problem() -> str | None:
     if getattr(KernelCacheBackend, "__abstractmethods__", None) != frozenset({"load", "save"}):
         return "CuPy's KernelCacheBackend is not load(name) / save(name, cubin, source)"
     return None
-
-
-def _warn_once(message: str) -> None:
-    if message not in _warned:
-        _warned.add(message)
-        logging.getLogger("cuforge").warning(message)
 
 
 def _roots(include_dirs: Sequence[str]) -> list[str]:
@@ -155,24 +137,16 @@ def backend(cache: Cache | None = None, include_dirs: Sequence[str] = ()) -> Any
         def load(self, name: str) -> bytes | None:
             c = resolve(cache)
             ckey = self.entry_key(name)
-            entry = c.get(ckey, kind=KIND)
-            if entry is None:
+            files = read_files(c, ckey, KIND, f"CuPy kernel {name}")
+            if files is None:
                 c.count(f"{KIND}:miss")
                 return None
             try:
-                if entry.kind != KIND:
-                    raise blobcache.BlobFormatError(f"the entry is of kind {entry.kind!r}")
-                files = blobcache.unpack(entry.payload)
                 payload = files[_PAYLOAD]
                 recorded = json.loads(files[_HEADERS].decode("utf-8"))
                 fresh = recorded is None or _headers_hold(recorded, dirs)
-            except (blobcache.BlobFormatError, KeyError, ValueError) as exc:
-                c.count(f"{KIND}:load_errors")
-                _warn_once(
-                    f"cuforge: the cached CuPy kernel {name} could not be read "
-                    f"({type(exc).__name__}: {exc}); it is deleted and compiled again"
-                )
-                c.delete(ckey)
+            except (KeyError, ValueError) as exc:
+                damaged(c, ckey, KIND, f"CuPy kernel {name}", exc)
                 return None
             if not fresh:
                 c.count(f"{KIND}:header_changed")
@@ -186,7 +160,7 @@ def backend(cache: Cache | None = None, include_dirs: Sequence[str] = ()) -> Any
             files = {_PAYLOAD: bytes(cubin), _HEADERS: json.dumps(headers).encode()}
             output = "ptx" if name.endswith(".ptx") else "cubin"
             meta = {"name": name, "backend": KIND, "output": output}
-            c.put(Entry(self.entry_key(name), KIND, blobcache.pack(files), meta))
+            write_files(c, self.entry_key(name), KIND, files, meta)
 
     if cache is not None:
         resolve(cache)
@@ -199,7 +173,7 @@ def enable(cache: Cache | None = None, include_dirs: Sequence[str] = ()) -> bool
     cache is then left as it was. :func:`disable` undoes it."""
     why = hook_problem()
     if why is not None:
-        _warn_once(f"cuforge.cupy: {why}; CuPy's own kernel cache is left as it is")
+        warn_once(f"cuforge.cupy: {why}; CuPy's own kernel cache is left as it is")
         return False
     from cupy.cuda import compiler
 

@@ -25,14 +25,13 @@ again after it.
 
 from __future__ import annotations
 
-import logging
 import pathlib
 import threading
 from typing import TYPE_CHECKING
 
 from cuforge import blobcache
+from cuforge._adapters import read_files, version_tuple, warn_once, write_files
 from cuforge.caching import Cache, resolve
-from cuforge.store.base import Entry
 
 if TYPE_CHECKING:
     from typing import Any
@@ -47,17 +46,6 @@ _FILE = "executable"
 _lock = threading.Lock()
 #: (the module patched, what its _cache held before) while enabled
 _previous: list[tuple[Any, Any]] = []
-_warned: set[str] = set()
-
-
-def _version(text: str) -> tuple[int, ...]:
-    parts = []
-    for piece in text.split(".")[:3]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        if not digits:
-            break
-        parts.append(int(digits))
-    return tuple(parts)
 
 
 def hook_problem() -> str | None:
@@ -71,7 +59,7 @@ def hook_problem() -> str | None:
     except ImportError as exc:
         return f"JAX's compilation cache cannot be imported ({exc})"
     low, high = SUPPORTED
-    version = _version(jax.__version__)
+    version = version_tuple(jax.__version__)
     if not (low <= version < high):
         shown = ".".join(map(str, low)), ".".join(map(str, high))
         return f"JAX {jax.__version__} is outside the versions cuforge.jax supports (>= {shown[0]}, < {shown[1]})"
@@ -80,12 +68,6 @@ def hook_problem() -> str | None:
     if getattr(CacheInterface, "__abstractmethods__", None) != frozenset({"get", "put"}):
         return "jax's CacheInterface is not get(key) / put(key, value)"
     return None
-
-
-def _warn_once(message: str) -> None:
-    if message not in _warned:
-        _warned.add(message)
-        logging.getLogger("cuforge").warning(message)
 
 
 def _adapter_class() -> type:
@@ -105,21 +87,10 @@ def _adapter_class() -> type:
         def get(self, key: str) -> bytes | None:
             cache = resolve(self._cache)
             ckey = self.entry_key(key)
-            entry = cache.get(ckey, kind=KIND)
-            if entry is None:
+            files = read_files(cache, ckey, KIND, f"JAX executable {key!r}")
+            data = None if files is None else files.get(_FILE)
+            if data is None:
                 cache.count(f"{KIND}:miss")
-                return None
-            try:
-                if entry.kind != KIND:
-                    raise blobcache.BlobFormatError(f"the entry is of kind {entry.kind!r}")
-                data = blobcache.unpack(entry.payload)[_FILE]
-            except (blobcache.BlobFormatError, KeyError) as exc:
-                cache.count(f"{KIND}:load_errors")
-                _warn_once(
-                    f"cuforge: the cached JAX executable {key!r} could not be read "
-                    f"({type(exc).__name__}: {exc}); it is deleted and compiled again"
-                )
-                cache.delete(ckey)
                 return None
             cache.count(f"{KIND}:hit")
             return data
@@ -128,7 +99,7 @@ def _adapter_class() -> type:
             cache = resolve(self._cache)
             name = key.rsplit("-", 1)[0] if "-" in key else key
             meta = {"name": name, "backend": KIND, "output": "executable", "jax_key": key}
-            cache.put(Entry(self.entry_key(key), KIND, blobcache.pack({_FILE: bytes(value)}), meta))
+            write_files(cache, self.entry_key(key), KIND, {_FILE: bytes(value)}, meta)
 
         def clear(self) -> None:
             cache = resolve(self._cache)
@@ -147,7 +118,7 @@ def enable(cache: Cache | None = None) -> bool:
         resolve(cache)  # a wrong argument is named now
     why = hook_problem()
     if why is not None:
-        _warn_once(f"cuforge.jax: {why}; JAX's own compilation cache is left as it is")
+        warn_once(f"cuforge.jax: {why}; JAX's own compilation cache is left as it is")
         return False
     from jax._src import compilation_cache as cc
 
