@@ -3,12 +3,13 @@
 #   make test   create or reuse .venv, install cuforge with its test extras, run ruff and pytest
 #   make test-fast   the same without the slow tests (PyTorch extension builds): the edit loop
 #   make test-cu12   NVRTC 12 from pip wheels, in a second venv (.venv-cu12, cuforge[cu12])
+#   make test-jax    jax[cpu] in its own folder (.jax-site, pip --target), tests/jax only
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: demo test test-fast test-cu12 lint format bench clean
+.PHONY: demo test test-fast test-cu12 test-jax lint format bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +54,17 @@ $(VENV12)/.installed: $(BUILD_INPUTS) | $(PY12)
 
 test-cu12: $(VENV12)/.installed
 	$(PY12) -m pytest -q -p no:cacheprovider tests/test_cuda12.py $(PYTEST_ARGS)
+
+# JAX (cuforge.jax): jax[cpu] in .jax-site (pip --target, beside the test venv, which it
+# shadows only for this run); about 15-35 s to install, downloaded once
+JAXSITE := .jax-site
+
+$(JAXSITE)/.installed: | $(VENV)/.installed-test
+	$(PIP) install --target $(JAXSITE) "jax[cpu]>=0.4.36,<0.11"
+	touch $@
+
+test-jax: $(JAXSITE)/.installed
+	PYTHONPATH=$(abspath $(JAXSITE)) $(PY) -m pytest -q -p no:cacheprovider tests/jax tests/test_adapters_contract.py $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed-test
 	$(PY) -m ruff check --fix setup.py src tests bench

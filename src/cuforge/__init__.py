@@ -71,7 +71,19 @@ _LAZY = {
 
 
 #: subpackages reachable as attributes without an explicit import (``cuforge.torch.load``)
-_SUBPACKAGES = ("torch", "runtime", "store", "cli", "cccl", "cute", "aot", "triton")
+_SUBPACKAGES = (
+    "torch",
+    "runtime",
+    "store",
+    "cli",
+    "cccl",
+    "cute",
+    "aot",
+    "triton",
+    "cuda_core",
+    "jax",
+    "cupy",
+)
 
 
 def __getattr__(name: str):

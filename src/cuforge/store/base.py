@@ -45,6 +45,9 @@ ENTRY_KINDS = (
     "cute",
     "triton",
     "inductor",
+    "cuda-core",
+    "jax",
+    "cupy",
 )  # = cuforge.store.schema.KINDS
 
 

@@ -30,6 +30,10 @@ The rules (a field marked *typed* may be absent, but when present must have that
 * ``"inductor"`` (:mod:`cuforge.torch.compile_cache`, one value of Inductor's FX-graph
   or autotune remote cache): the common rules, plus ``cache`` (required, a str naming
   Inductor's cache).
+* ``"cuda-core"`` (:mod:`cuforge.cuda_core`, a cuda.core program), ``"jax"``
+  (:mod:`cuforge.jax`, a serialized JAX executable), ``"cupy"`` (:mod:`cuforge.cupy`, a
+  CuPy kernel binary): the common rules, and ``output`` (*typed*) is the name of a binary
+  format (:data:`_ADAPTER_OUTPUTS`).
 * any other kind is corrupt.
 
 Imports nothing at load time.
@@ -37,16 +41,16 @@ Imports nothing at load time.
 
 from __future__ import annotations
 
+from cuforge.store.base import ENTRY_KINDS
+
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: see docs/architecture.md, the warm path
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any
 
 __all__ = ["KINDS", "entry_problem"]
 
-#: Every kind an entry may have (the same tuple as ``cuforge.store.base.ENTRY_KINDS``).
-KINDS = ("kernel", "manifest", "object", "module", "cccl", "cute")
-KINDS += ("triton",)  # cuforge.triton: one Triton kernel group (issue 21)
-KINDS += ("inductor",)  # cuforge.torch.compile_cache: one Inductor remote-cache value
+#: Every kind an entry may have: the one list, ``cuforge.store.base.ENTRY_KINDS``.
+KINDS = ENTRY_KINDS
 
 _STR_FIELDS = ("name", "arch", "backend", "output", "log")
 
@@ -117,6 +121,14 @@ _CHECKS = {
 }
 
 
+#: what ``meta.output`` of an adapter entry may say, per kind
+_ADAPTER_OUTPUTS = {
+    "cuda-core": ("cubin", "ptx", "ltoir", "fatbin", "object", "library"),
+    "jax": ("executable",),
+    "cupy": ("cubin", "ptx", "fatbin"),
+}
+
+
 def entry_problem(kind: Any, meta: Any) -> str | None:
     """Why an entry of ``kind`` with ``meta`` is malformed, or None when it is well formed.
     The message names the field (it ends up in warnings and ``verify`` reports)."""
@@ -154,4 +166,9 @@ def entry_problem(kind: Any, meta: Any) -> str | None:
             return "meta.probes is not a list of str"
         if "for" in meta and not isinstance(meta["for"], str):
             return "meta.for is not a str"
+    outputs = _ADAPTER_OUTPUTS.get(kind)
+    if outputs is not None and "output" in meta and meta["output"] not in outputs:
+        return (
+            f"meta.output of a {kind} entry is {meta['output']!r}, not one of {', '.join(outputs)}"
+        )
     return None
