@@ -489,8 +489,25 @@ def _build(
     kw["trace_finalize_hooks"] = _hooks_with(info["hooks"], hook) if export else info["hooks"]
     if kw["trace_finalize_hooks"] is None:
         del kw["trace_finalize_hooks"]
+    real = real_compile(info.get("bracket"))
+    adapted = _adapt_arrays(args) if export else None
     counters["compile"] += 1
-    compiled = real_compile(info.get("bracket"))(fn, *args, **kw)
+    if adapted is None:
+        compiled = real(fn, *args, **kw)
+    else:
+        # raw arrays (numpy, torch): the DSL compiles them as the tensors its TensorAdapter
+        # makes (``from_dlpack(x).mark_layout_dynamic()``), but cannot export a function
+        # compiled from the raw arrays themselves; compile from those very tensors (the
+        # same kernel; calls adapt raw arrays either way)
+        try:
+            compiled = real(fn, *adapted, **kw)
+        except Exception as exc:  # noqa: BLE001 - fall back to exactly the user's call
+            found.clear()
+            counters["compile"] += 1
+            state["compiled"] = real(fn, *args, **kw)
+            _not_exportable(
+                state, f"compiling from the adapted raw arrays failed ({type(exc).__name__})"
+            )
     state["compiled"] = compiled
     if not export:
         return {"uncached": b"-"}  # nothing is stored: blobcache wants a non-empty mapping
@@ -506,7 +523,7 @@ def _build(
             _not_exportable(
                 state,
                 f"the compiled function cannot be exported ({type(exc).__name__}: "
-                f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''})",
+                f"{_plain_message(exc)})",
             )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -518,6 +535,29 @@ def _build(
     }
     state["record"] = record
     return {_OBJECT: obj, _HEADER: header, _RECORD: json.dumps(record, sort_keys=True).encode()}
+
+
+def _plain_message(exc: BaseException) -> str:
+    """The DSL's error text without colour codes, on one line, at most 400 characters."""
+    import re
+
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
+    text = " ".join(text.split())
+    return text if len(text) <= 400 else text[:397] + "..."
+
+
+def _adapt_arrays(args: tuple) -> tuple | None:
+    """``args`` with every raw array (a type the DSL has a ``TensorAdapter`` for) replaced
+    by the tensor that adapter makes of it; None when there is none."""
+    from cuforge.cute.spec import _adapted_tensor
+
+    out = []
+    changed = False
+    for value in args:
+        tensor = None if isinstance(value, (int, float, str, tuple)) else _adapted_tensor(value)
+        changed = changed or tensor is not None
+        out.append(value if tensor is None else tensor)
+    return tuple(out) if changed else None
 
 
 def _not_exportable(state: dict, why: str) -> None:
