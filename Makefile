@@ -3,7 +3,7 @@
 #   make test   create or reuse .venv, install cuforge with its test extras, run ruff and pytest
 #   make test-fast   the same without the slow tests (PyTorch extension builds): the edit loop
 #   make test-cu12   NVRTC 12 from pip wheels, in a second venv (.venv-cu12, cuforge[cu12])
-#   make test-jax    jax[cpu] in its own folder (.jax-site, pip --target), tests/jax only
+#   make test-jax    jax[cpu] in its own folder (.jax-site, pip --target), tests/jax_adapter only
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -64,7 +64,7 @@ $(JAXSITE)/.installed: | $(VENV)/.installed-test
 	touch $@
 
 test-jax: $(JAXSITE)/.installed
-	PYTHONPATH=$(abspath $(JAXSITE)) $(PY) -m pytest -q -p no:cacheprovider tests/jax tests/test_adapters_contract.py $(PYTEST_ARGS)
+	PYTHONPATH=$(abspath $(JAXSITE)) $(PY) -m pytest -q -p no:cacheprovider tests/jax_adapter tests/test_adapters_contract.py $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed-test
 	$(PY) -m ruff check --fix setup.py src tests bench

@@ -52,7 +52,7 @@ __all__ = ["KIND", "ProgramCache", "compile", "compile_result", "header_digest",
 
 KIND = "cuda-core"
 #: cuda.core versions whose ProgramCacheResource / make_program_cache_key this module
-#: was written against (checked by tests/cuda_core/test_contract.py)
+#: was written against (checked by tests/cuda_core_adapter/test_contract.py)
 SUPPORTED = ((1, 2),)
 
 _CODE = "code"

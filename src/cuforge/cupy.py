@@ -58,9 +58,8 @@ _previous: list[Any] = []
 def hook_problem() -> str | None:
     """Why the installed CuPy cannot take cuforge's cache (None when it can)."""
     try:
-        from cupy.cuda import compiler
-
         import cupy
+        from cupy.cuda import compiler
     except ImportError as exc:
         return f"CuPy cannot be imported ({exc})"
     low, high = SUPPORTED

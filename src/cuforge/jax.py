@@ -52,10 +52,9 @@ def hook_problem() -> str | None:
     """Why the installed JAX cannot take cuforge's cache (None when it can): the version is
     outside :data:`SUPPORTED`, or the private hook is not what cuforge expects."""
     try:
+        import jax
         from jax._src import compilation_cache as cc
         from jax._src.compilation_cache_interface import CacheInterface
-
-        import jax
     except ImportError as exc:
         return f"JAX's compilation cache cannot be imported ({exc})"
     low, high = SUPPORTED

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import inspect
 
+import pytest
+
 from tests.child import child_env, run_python
+
+pytest.importorskip(
+    "jax", reason="jax is not installed: `make test-jax` (or 'cuforge[jax]' 'jax[cpu]')"
+)
 
 #: a child: enable cuforge's cache, run one jitted function, report JAX's cache events
 CHILD = r"""
@@ -30,11 +36,11 @@ print(json.dumps({
 
 
 def test_contract_with_the_installed_jax():
+    import jax
     from jax._src import compilation_cache as cc
     from jax._src.compilation_cache_interface import CacheInterface
 
     import cuforge.jax as cj
-    import jax
 
     assert cj.hook_problem() is None, f"jax {jax.__version__}: {cj.hook_problem()}"
     assert hasattr(cc, "_cache") and callable(cc._get_cache)

@@ -1,5 +1,5 @@
 """cuforge.cupy on the real CuPy. The contract test needs CuPy (it skips without it); the
-process-B test needs a GPU (``pytest -m gpu tests/cupy`` on a machine with cupy-cuda13x)."""
+process-B test needs a GPU (``pytest -m gpu tests/cupy_adapter`` on a machine with cupy-cuda13x)."""
 
 from __future__ import annotations
 
@@ -51,11 +51,11 @@ print(json.dumps({
 
 @needs_cupy
 def test_contract_with_the_installed_cupy():
+    import cupy
     from cupy.cuda import compiler
     from cupy.cuda._compiler_cache import KernelCacheBackend
 
     import cuforge.cupy as cc
-    import cupy
 
     assert cc.hook_problem() is None, f"cupy {cupy.__version__}: {cc.hook_problem()}"
     assert list(inspect.signature(compiler._set_kernel_cache_backend).parameters) == ["backend"]

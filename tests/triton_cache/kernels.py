@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import hashlib
 
+import triton
 import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-
-import triton
 
 TARGET = GPUTarget("cuda", 90, 32)
 SIGNATURE = {"x": "*fp32", "y": "*fp32", "out": "*fp32", "n": "i32"}

@@ -1,6 +1,6 @@
 """On a GPU: torch.compile of a small CUDA model whose Triton kernels go through cuforge;
 "machine" B (fresh Inductor, Triton and cuforge dirs, the same file:// remote) runs 0
-Triton compiles and gives the same outputs. Run with ``pytest -m gpu tests/triton``."""
+Triton compiles and gives the same outputs. Run with ``pytest -m gpu tests/triton_cache``."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ sys.path.insert(0, {ROOT!r})
 import torch, triton
 import cuforge
 from cuforge.torch import compile_cache
-from tests.triton.kernels import CompileCounter
+from tests.triton_cache.kernels import CompileCounter
 counter = CompileCounter().install()
 assert compile_cache.enable()
 torch.manual_seed(0)

@@ -15,14 +15,14 @@ pytest.importorskip("triton", reason="Triton is not installed (pip install cufor
 import cuforge  # noqa: E402
 import cuforge.triton as ct  # noqa: E402
 from tests.child import ROOT, child_env, finish, run_python, spawn  # noqa: E402
-from tests.triton.kernels import CompileCounter, compile_kernel, cubin_digest  # noqa: E402
+from tests.triton_cache.kernels import CompileCounter, compile_kernel, cubin_digest  # noqa: E402
 
 # one "machine": compiles the named kernels through cuforge, reports Triton's own counts
 MACHINE = f"""
 import json, sys
 sys.path.insert(0, {ROOT!r})
 import cuforge, cuforge.triton as ct
-from tests.triton.kernels import CompileCounter, compile_kernel, cubin_digest
+from tests.triton_cache.kernels import CompileCounter, compile_kernel, cubin_digest
 counter = CompileCounter().install()
 assert ct.enable()
 digests = {{name: cubin_digest(compile_kernel(name)) for name in NAMES}}
