@@ -533,6 +533,30 @@ def _enc(text: str) -> bytes:
 _GLOBAL_OPS = frozenset({"LOAD_GLOBAL", "STORE_GLOBAL", "DELETE_GLOBAL", "LOAD_NAME"})
 
 
+def attribute_names(code: types.CodeType) -> frozenset[str]:
+    """Every name in ``code``'s ``co_names`` and those of the code objects nested in it (the
+    attributes it may read off a module it names)."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= attribute_names(const)
+    return frozenset(names)
+
+
+_MISSING = object()
+_PLAIN = (int, float, complex, str, bytes, bool, type(None))
+
+
+def _is_plain(value: object) -> bool:
+    """Plain data (numbers, text, None, and tuples / frozensets of them): the values a
+    module attribute holds when code reads it as a setting."""
+    if type(value) in _PLAIN:
+        return True
+    if type(value) in (tuple, frozenset):
+        return all(_is_plain(v) for v in value)
+    return False
+
+
 def _global_names(code: types.CodeType) -> tuple[str, ...]:
     """The global names ``code`` and the code objects nested in it load, in first-use order."""
     found = _code_globals.get(code)
@@ -1000,12 +1024,30 @@ class _Hasher:
             self._str(name)
             if name in glb:
                 self._tag("global")
-                self.feed(glb[name], f"{path}.__globals__[{name!r}]")
+                value = glb[name]
+                self.feed(value, f"{path}.__globals__[{name!r}]")
+                if isinstance(value, types.ModuleType):
+                    self._module_values(value, fn.__code__, f"{path}.__globals__[{name!r}]")
             elif isinstance(builtins, dict) and name in builtins:
                 self._tag("builtin")
                 self.feed(builtins[name], f"{path}.<builtin {name}>")
             else:
                 self._tag("unbound")
+
+    def _module_values(self, module: types.ModuleType, code: types.CodeType, path: str) -> None:
+        """The current values of ``module``'s plain-data attributes that ``code`` may read
+        (``cfg.TILE``): a module is keyed by its version or source, but code can change its
+        attributes at run time (``cfg.TILE = 256`` before a compile)."""
+        found = []
+        for attr in sorted(attribute_names(code)):
+            value = module.__dict__.get(attr, _MISSING)
+            if value is not _MISSING and _is_plain(value):
+                found.append((attr, value))
+        if found:
+            self._tag("module-values")
+            for attr, value in found:
+                self._str(attr)
+                self.feed(value, f"{path}.{attr}")
 
     def _cell(self, cell: types.CellType, path: str) -> None:
         try:

@@ -48,6 +48,7 @@ from cuforge.fingerprint import (
     _global_names,
     _normalize,
     _resolvable,
+    attribute_names,
     fingerprint,
 )
 from cuforge.fingerprint import installed_versions as _installed_versions
@@ -400,7 +401,7 @@ class _Baked:
         state_globals, state_cells = state_arrays(fn) if root else (frozenset(), frozenset())
         code = fn.__code__
         glb = fn.__globals__
-        attrs = _attribute_names(code)
+        attrs = attribute_names(code)
         for name in _global_names(code):
             if name not in glb:
                 continue
@@ -427,13 +428,3 @@ class _Baked:
             self.walk(value, f"{path}.<closure {name}>", depth=depth)
         self.walk(fn.__defaults__, f"{path}.__defaults__", depth=depth)
         self.walk(fn.__kwdefaults__, f"{path}.__kwdefaults__", depth=depth)
-
-
-def _attribute_names(code: types.CodeType) -> frozenset[str]:
-    """Every name in ``code``'s ``co_names`` and those of the code objects nested in it (the
-    attributes it may read off a module it names)."""
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names |= _attribute_names(const)
-    return frozenset(names)
