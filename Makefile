@@ -3,13 +3,14 @@
 #   make test   create or reuse .venv, install cuforge with its test extras, run ruff and pytest
 #   make test-fast   the same without the slow tests (PyTorch extension builds): the edit loop
 #   make test-cu12   NVRTC 12 from pip wheels, in a second venv (.venv-cu12, cuforge[cu12])
+#   make test-jax    jax[cpu] in its own folder (.jax-site, pip --target), tests/jax_adapter only
 #   make test-s3     s3:// against a real S3 server (moto), boto3 + moto[server] in .venv-s3
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: demo test test-fast test-cu12 test-s3 lint format bench clean
+.PHONY: demo test test-fast test-cu12 test-jax test-s3 lint format bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +56,17 @@ $(VENV12)/.installed: $(BUILD_INPUTS) | $(PY12)
 test-cu12: $(VENV12)/.installed
 	$(PY12) -m pytest -q -p no:cacheprovider tests/test_cuda12.py $(PYTEST_ARGS)
 
+# JAX (cuforge.jax): jax[cpu] in .jax-site (pip --target, beside the test venv, which it
+# shadows only for this run); about 15-35 s to install, downloaded once
+JAXSITE := .jax-site
+
+$(JAXSITE)/.installed: | $(VENV)/.installed-test
+	$(PIP) install --target $(JAXSITE) "jax[cpu]>=0.4.36,<0.11"
+	touch $@
+
+test-jax: $(JAXSITE)/.installed
+	PYTHONPATH=$(abspath $(JAXSITE)) $(PY) -m pytest -q -p no:cacheprovider tests/jax_adapter tests/test_adapters_contract.py $(PYTEST_ARGS)
+
 # s3:// against a real S3-protocol server process (moto's standalone server on 127.0.0.1):
 # boto3 and moto[server] are heavy, so they go into their own --target dir (.venv-s3) that
 # only this target puts on PYTHONPATH; `make test` skips the s3 tests and says why.
@@ -65,7 +77,7 @@ $(S3SITE)/.installed: | $(PY)
 	touch $@
 
 test-s3: $(VENV)/.installed-test $(S3SITE)/.installed
-	PYTHONPATH=$(S3SITE) $(PY) -m pytest -q -p no:cacheprovider -k s3 \
+	PYTHONPATH=$(abspath $(S3SITE)) $(PY) -m pytest -q -p no:cacheprovider -k s3 \
 		tests/store/test_remote_s3.py tests/store/test_remote_contract.py $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed-test

@@ -352,3 +352,29 @@ def test_loggers_weakrefs_and_plain_objects_stay_refused():
         fp(weakref.proxy(thing))
     with pytest.raises(UnstableKeyError):
         fp(thing)
+
+
+def test_a_module_attribute_changed_at_run_time_changes_the_key(tmp_path, monkeypatch):
+    """``cfg.TILE = 256`` before a compile: the module is keyed by its source, so its
+    attributes' current values (plain data the code reads) are keyed too."""
+    import importlib
+    import sys
+
+    (tmp_path / "tilecfg_mod.py").write_text("TILE = 64\nNAME = 'a'\n")
+    (tmp_path / "tileop_mod.py").write_text(
+        "import tilecfg_mod\n\ndef op(x):\n    return x * tilecfg_mod.TILE\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = importlib.import_module("tilecfg_mod")
+    op = importlib.import_module("tileop_mod").op
+    try:
+        before = fingerprint(op, what="op")
+        cfg.TILE = 256
+        assert fingerprint(op, what="op") != before
+        cfg.TILE = 64
+        assert fingerprint(op, what="op") == before
+        cfg.NAME = "b"  # an attribute the code does not read: the same key
+        assert fingerprint(op, what="op") == before
+    finally:
+        sys.modules.pop("tilecfg_mod", None)
+        sys.modules.pop("tileop_mod", None)

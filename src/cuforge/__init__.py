@@ -48,6 +48,9 @@ __all__ = [
     "load_bundle",
     "OfflineMissError",
     "SpecializationError",
+    "fence",
+    "record",
+    "CompileAfterFenceError",
 ]
 
 _LAZY = {
@@ -61,11 +64,26 @@ _LAZY = {
     "load_bundle": ("cuforge.aot.bundle", "load_bundle"),
     "OfflineMissError": ("cuforge.errors", "OfflineMissError"),
     "SpecializationError": ("cuforge.jitkernel", "SpecializationError"),
+    "fence": ("cuforge.fencing", "fence"),
+    "record": ("cuforge.recording", "record"),
+    "CompileAfterFenceError": ("cuforge.errors", "CompileAfterFenceError"),
 }
 
 
 #: subpackages reachable as attributes without an explicit import (``cuforge.torch.load``)
-_SUBPACKAGES = ("torch", "runtime", "store", "cli", "cccl", "cute", "aot")
+_SUBPACKAGES = (
+    "torch",
+    "runtime",
+    "store",
+    "cli",
+    "cccl",
+    "cute",
+    "aot",
+    "triton",
+    "cuda_core",
+    "jax",
+    "cupy",
+)
 
 
 def __getattr__(name: str):
@@ -81,6 +99,24 @@ def __getattr__(name: str):
     value = getattr(importlib.import_module(module_name), attr)
     globals()[name] = value
     return value
+
+
+def _from_environment() -> None:
+    # CUFORGE_FENCE / CUFORGE_RECORD act from import on (a dict lookup each when unset)
+    from os import environ
+
+    if environ.get("CUFORGE_FENCE", "").strip().lower() in ("warn", "error"):
+        from cuforge.fencing import install_triton_hooks
+
+        install_triton_hooks()
+    path = environ.get("CUFORGE_RECORD", "").strip()
+    if path:
+        from cuforge.recording import start_from_env
+
+        start_from_env(path)
+
+
+_from_environment()
 
 
 def __dir__() -> list[str]:

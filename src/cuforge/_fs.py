@@ -319,10 +319,14 @@ def trust_problem(path: str) -> str | None:
         return None
     except OSError as exc:
         return f"{path} cannot be checked ({exc.strerror})"
+    return dir_stat_problem(path, st)
+
+
+def dir_stat_problem(path: str, st: os.stat_result) -> str | None:
+    """:func:`trust_problem` for a directory whose ``stat`` the caller already has."""
     if not _stat.S_ISDIR(st.st_mode):
         return f"{path} is not a directory"
-    uid = os.geteuid()
-    if st.st_uid != uid:
+    if st.st_uid != os.geteuid():
         import pwd  # pwd: only to name the owner in an error
 
         try:

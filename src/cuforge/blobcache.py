@@ -272,6 +272,7 @@ def get_or_build(
             raise offline_error(kind, name, key, recorded, f"cannot be cached ({uncacheable})")
         return _uncached(cache, kind, name, key, recorded, build, load, uncacheable, started)
     if not cache.enabled and not cache.offline:
+        _fence(cache, kind, name, key, recorded, "is built with caching off")
         value, seconds = _build_and_load(kind, name, build, load)
         return _done(cache, kind, name, value, "compiled", key, recorded, None, seconds, started)
     return cache.build_once(
@@ -337,7 +338,17 @@ def _build_and_store(cache: Cache, kind, name, key, recorded, build, load, meta,
     return _done(cache, kind, name, value, "compiled", key, recorded, None, seconds, started)
 
 
+def _fence(cache: Cache, kind, name, key, recorded, why: str) -> None:
+    # a build outside Cache.build_once asks the compile fence too (cuforge.fence)
+    from cuforge.fencing import before_build
+
+    before_build(
+        cache, key, f"{kind} {name}", lambda: offline_error(kind, name, key, recorded, why)
+    )
+
+
 def _uncached(cache: Cache, kind, name, key, recorded, build, load, reason, started):
+    _fence(cache, kind, name, key, recorded, f"cannot be cached ({reason})")
     value, seconds = _build_and_load(kind, name, build, load)
     if cache.enabled:
         cache.record_build(name, key, recorded, uncached=reason)

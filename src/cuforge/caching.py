@@ -57,6 +57,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["Cache", "CallMemo", "default_cache", "using", "DefaultCounters"]
 
+#: ``watch(cache, key, result, offline_error)``, called for every key :meth:`Cache.build_once`
+#: serves or builds while a recording is on (:mod:`cuforge.recording`); None otherwise
+_watch: Any = None
+
 #: The counters every cache starts with (what ``CUFORGE_VERBOSE`` and the tests read).
 #: Integrations add ``"<kind>:<source_of_result>"`` and ``"<kind>:load_errors"``.
 _COUNTER_NAMES = (
@@ -445,18 +449,32 @@ class Cache:
         With the cache disabled there is no lock and nothing to look up: it builds."""
         hit = lookup()
         if hit is not None:
+            if _watch is not None:  # a recording (cuforge.record) is on
+                _watch(self, key, hit, offline_error)
             return hit
         if strict or self.offline:
             raise offline_error()
         if self.store is None:
-            return build()
+            return self._build(key, what, build, offline_error)
         from cuforge.store.single_flight import single_flight
 
         with single_flight(self.lock_dir, key, self.lock_timeout, what=what):
             hit = lookup()
             if hit is not None:
+                if _watch is not None:
+                    _watch(self, key, hit, offline_error)
                 return hit
-            return build()
+            return self._build(key, what, build, offline_error)
+
+    def _build(self, key: str, what: str, build: Callable[[], R], offline_error) -> R:
+        # the compile fence (cuforge.fence / CUFORGE_FENCE) is asked on the build path only
+        from cuforge.fencing import before_build
+
+        before_build(self, key, what, offline_error)
+        built = build()
+        if _watch is not None:
+            _watch(self, key, built, offline_error)
+        return built
 
     def record_build(
         self,

@@ -53,6 +53,11 @@ CUFORGE_REMOTE_TTL         seconds a remote entry lives where the backend suppor
                            (default 0: no expiry)
 CUFORGE_OFFLINE            ``1``: strict production mode: a kernel not in the cache or a
                            loaded bundle raises ``OfflineMissError``; nothing is compiled
+CUFORGE_FENCE              ``warn`` / ``error``: the compile fence (``cuforge.fence``): any
+                           build after it is reported once per key, or raises
+                           ``CompileAfterFenceError`` (nothing is compiled); ``off``: none
+CUFORGE_RECORD             a path: write every cache key this process asks for to that
+                           lockfile at exit (``cuforge.record``; ``cuforge build --lock``)
 ========================== ============================================================
 
 Accepted values, and what an out-of-range one does (always a :class:`ConfigError`, a
@@ -69,6 +74,7 @@ Accepted values, and what an out-of-range one does (always a :class:`ConfigError
 * ``CUFORGE_LOCK_TIMEOUT``: seconds, ``0`` or more; ``inf`` waits forever (in practice
   ``threading.TIMEOUT_MAX``, about 292 years). Negative and ``nan`` are errors;
 * ``CUFORGE_FAST_LAUNCH``: ``c`` or ``python``; anything else is an error.
+* ``CUFORGE_FENCE``: ``off``, ``warn`` or ``error`` (any case); anything else is an error.
 """
 
 from __future__ import annotations
@@ -142,6 +148,8 @@ _SETTING_VARS: tuple[str, ...] = (
     "CUFORGE_REMOTE_TTL",
     "CUFORGE_REMOTE_MAX_BYTES",
     "CUFORGE_OFFLINE",
+    "CUFORGE_FENCE",
+    "CUFORGE_RECORD",
     "TORCH_CUDA_ARCH_LIST",
     "XDG_CACHE_HOME",
     "HOME",
@@ -215,6 +223,8 @@ class Settings:
         "remote_ttl",
         "remote_max_bytes",
         "offline",
+        "fence",
+        "record",
     )
 
     def __init__(self, env: dict[str, str]) -> None:
@@ -296,6 +306,11 @@ class Settings:
         )
         #: strict production mode: any kernel miss raises instead of compiling
         self.offline: bool = _switch(get, "CUFORGE_OFFLINE", False)
+        #: the compile fence: "warn" / "error", or "" (off)
+        fence = _choice(get, "CUFORGE_FENCE", ("off", "warn", "error"), "off")
+        self.fence: str = "" if fence == "off" else fence
+        #: the lockfile a recording of this process writes at exit ("": no recording)
+        self.record: str = (get("CUFORGE_RECORD") or "").strip()
 
     def remote_shape(self) -> tuple:
         """The settings that decide which remote tiers exist and how they behave: two

@@ -8,6 +8,7 @@ __all__ = [
     "ArchError",
     "ConfigError",
     "ToolchainError",
+    "CompileAfterFenceError",
     "OfflineMissError",
     "Diagnostic",
 ]
@@ -58,6 +59,33 @@ class OfflineMissError(CuforgeError):
         self.manifest_entry = manifest_entry
         for attr, value in details.items():
             setattr(self, attr, value)
+        super().__init__(message)
+
+
+class CompileAfterFenceError(CuforgeError):
+    """A build was about to run after the compile fence (``cuforge.fence("error")`` or
+    ``CUFORGE_FENCE=error``); nothing was compiled.
+
+    Attributes: ``system`` (``"kernel"``, ``"cuforge.jit"``, ``"torch extension"``,
+    ``"cuda.compute"``, ``"CuTe DSL"``, ``"triton"``...), ``kind`` (the entry kind),
+    ``name``, ``key``, ``reasons`` (the labeled key fields that missed, as ``cuforge cache
+    explain`` words them), ``manifest_entry`` (the ``cuforge.toml`` stanza that would build
+    it ahead of time, or None) and ``stack`` (the caller's frames, innermost last)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        system: str,
+        kind: str,
+        name: str,
+        key: str,
+        reasons: tuple[str, ...] = (),
+        manifest_entry: str | None = None,
+        stack: tuple[str, ...] = (),
+    ) -> None:
+        self.system, self.kind, self.name, self.key = system, kind, name, key
+        self.reasons, self.manifest_entry, self.stack = tuple(reasons), manifest_entry, stack
         super().__init__(message)
 
 

@@ -49,7 +49,7 @@ _last_misses: list[dict[str, Any]] = []
 
 
 def _name_file(cache_dir: str, name: str) -> str:
-    return CacheLayout(cache_dir).explain_names_file(text_digest(name)[:32])
+    return CacheLayout.of(cache_dir).explain_names_file(text_digest(name)[:32])
 
 
 def _read_history(cache_dir: str | None, name: str) -> list[dict[str, Any]]:
@@ -220,7 +220,7 @@ def log_miss(cache_dir: str | None, name: str, key: str, reasons: list[str]) -> 
     del _last_misses[:-64]
     if cache_dir is None:
         return
-    path = CacheLayout(cache_dir).explain_misses
+    path = CacheLayout.of(cache_dir).explain_misses
     try:
         size = _fs.append_line(path, json.dumps(record) + "\n")
         if size > MISS_LOG_MAX_BYTES:
@@ -243,7 +243,7 @@ def _trim(path: str, keep_lines: int | None) -> None:
 def recent_misses(cache_dir: str, limit: int = 20) -> list[dict[str, Any]]:
     """The newest ``limit`` explained misses recorded under ``cache_dir``, oldest first.
     Each is ``{"time", "name", "key", "reasons": [str, ...]}``."""
-    path = CacheLayout(cache_dir).explain_misses
+    path = CacheLayout.of(cache_dir).explain_misses
     try:
         lines = _read_lines(path)
     except OSError:

@@ -135,14 +135,25 @@ def register(cls: type, fn: Callable[[Any], Any]) -> None:
     _registry[cls] = fn
 
 
-def fingerprint(obj: Any, *, what: str, hook: Callable[[Any], Any] | None = None) -> str:
+def fingerprint(
+    obj: Any,
+    *,
+    what: str,
+    hook: Callable[[Any], Any] | None = None,
+    instances: bool = False,
+) -> str:
     """The stable SHA-256 hex digest of ``obj`` (see the module doc for what is hashed).
 
     ``what`` names the argument in errors. ``hook`` (optional) is asked first about every
     non-scalar object met on the way: it returns plain data to hash in the object's place,
-    or :data:`UNHANDLED`. Raises :class:`UnstableKeyError` when ``obj`` holds anything that
-    cannot be keyed the same way in every process."""
-    hasher = _Hasher(what, hook)
+    or :data:`UNHANDLED`. ``instances=True``: an instance of a class defined in Python
+    (every class of its MRO but ``object`` a Python class, no C-level storage: not a
+    tensor, a lock, an extension object) that no other rule covers is keyed by its class
+    (by content) and its state -- its ``__dict__`` and ``__slots__`` values, recursively by
+    the same rules; a slot that is not set is keyed as unset. Raises
+    :class:`UnstableKeyError` when ``obj`` holds anything that cannot be keyed the same way
+    in every process."""
+    hasher = _Hasher(what, hook, instances=instances)
     try:
         hasher.feed(obj, what)
     except RecursionError:
@@ -522,6 +533,30 @@ def _enc(text: str) -> bytes:
 _GLOBAL_OPS = frozenset({"LOAD_GLOBAL", "STORE_GLOBAL", "DELETE_GLOBAL", "LOAD_NAME"})
 
 
+def attribute_names(code: types.CodeType) -> frozenset[str]:
+    """Every name in ``code``'s ``co_names`` and those of the code objects nested in it (the
+    attributes it may read off a module it names)."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= attribute_names(const)
+    return frozenset(names)
+
+
+_MISSING = object()
+_PLAIN = (int, float, complex, str, bytes, bool, type(None))
+
+
+def _is_plain(value: object) -> bool:
+    """Plain data (numbers, text, None, and tuples / frozensets of them): the values a
+    module attribute holds when code reads it as a setting."""
+    if type(value) in _PLAIN:
+        return True
+    if type(value) in (tuple, frozenset):
+        return all(_is_plain(v) for v in value)
+    return False
+
+
 def _global_names(code: types.CodeType) -> tuple[str, ...]:
     """The global names ``code`` and the code objects nested in it load, in first-use order."""
     found = _code_globals.get(code)
@@ -581,16 +616,19 @@ def _resolvable(obj: Any) -> types.ModuleType | None:
 
 
 class _Hasher:
-    __slots__ = ("_h", "_hook", "_keep", "_last", "_seen", "_stack", "_what")
+    __slots__ = ("_h", "_hook", "_instances", "_keep", "_last", "_seen", "_stack", "_what")
 
     def __init__(
         self,
         what: str,
         hook: Callable[[Any], Any] | None = None,
         stack: dict[int, int] | None = None,
+        *,
+        instances: bool = False,
     ) -> None:
         self._what = what
         self._hook = hook
+        self._instances = instances
         # id -> depth of every object being hashed now (shared with the hashers of set
         # items, which start afresh: a set item that refers back to an object being hashed
         # is keyed by that object's depth, so a cycle through a set ends)
@@ -619,7 +657,7 @@ class _Hasher:
 
     def _sub_digest(self, obj: Any, path: str) -> str:
         """The digest of ``obj`` on its own (a set item: the set's key sorts them)."""
-        sub = _Hasher(self._what, self._hook, self._stack)
+        sub = _Hasher(self._what, self._hook, self._stack, instances=self._instances)
         try:
             sub.feed(obj, path)
         finally:
@@ -799,10 +837,37 @@ class _Hasher:
             self._tag("named")
             self._named(obj)
             return
+        if self._instances and _python_instance(t):
+            self._instance_state(obj, t, path)
+            return
         raise self._fail(
             path,
             f"it is a {_type_name(t)}, which has no stable value (it would be keyed by address)",
         )
+
+    def _instance_state(self, obj: Any, t: type, path: str) -> None:
+        """``instances=True``: the class (by content) and every ``__slots__`` and
+        ``__dict__`` value (see :func:`fingerprint`)."""
+        self._tag("instance")
+        self.feed(t, f"{path}.__class__")
+        for cls in t.__mro__:
+            slots = cls.__dict__.get("__slots__", ())
+            for name in (slots,) if isinstance(slots, str) else slots:
+                if name in ("__dict__", "__weakref__"):
+                    continue
+                stored = name
+                if name.startswith("__") and not name.endswith("__"):
+                    stored = f"_{cls.__name__.lstrip('_')}{name}"  # a mangled private slot
+                self._str(f"slot {cls.__qualname__}.{stored}")
+                try:
+                    value = object.__getattribute__(obj, stored)
+                except AttributeError:
+                    self._tag("unset")
+                    continue
+                self.feed(value, f"{path}.{stored}")
+        attrs = getattr(obj, "__dict__", None)
+        self._tag("attrs")
+        self._attrs(attrs if isinstance(attrs, dict) else {}, path)
 
     def _items(self, obj: Any, path: str) -> None:
         self._str(str(len(obj)))
@@ -959,12 +1024,30 @@ class _Hasher:
             self._str(name)
             if name in glb:
                 self._tag("global")
-                self.feed(glb[name], f"{path}.__globals__[{name!r}]")
+                value = glb[name]
+                self.feed(value, f"{path}.__globals__[{name!r}]")
+                if isinstance(value, types.ModuleType):
+                    self._module_values(value, fn.__code__, f"{path}.__globals__[{name!r}]")
             elif isinstance(builtins, dict) and name in builtins:
                 self._tag("builtin")
                 self.feed(builtins[name], f"{path}.<builtin {name}>")
             else:
                 self._tag("unbound")
+
+    def _module_values(self, module: types.ModuleType, code: types.CodeType, path: str) -> None:
+        """The current values of ``module``'s plain-data attributes that ``code`` may read
+        (``cfg.TILE``): a module is keyed by its version or source, but code can change its
+        attributes at run time (``cfg.TILE = 256`` before a compile)."""
+        found = []
+        for attr in sorted(attribute_names(code)):
+            value = module.__dict__.get(attr, _MISSING)
+            if value is not _MISSING and _is_plain(value):
+                found.append((attr, value))
+        if found:
+            self._tag("module-values")
+            for attr, value in found:
+                self._str(attr)
+                self.feed(value, f"{path}.{attr}")
 
     def _cell(self, cell: types.CellType, path: str) -> None:
         try:
@@ -1171,6 +1254,42 @@ _DATACLASS_GENERATED = (
     "__setstate__",
     "__slots__",
 )
+
+
+_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement (or type())
+_PTR = struct.calcsize("P")
+_EXTENSION_METACLASS = ("pybind11", "nanobind", "Boost.Python", "sip", "shiboken")
+
+
+def _python_instance(t: type) -> bool:
+    """Whether ``t`` is a class defined in Python whose instances hold their state only in
+    ``__dict__`` / ``__slots__``: every class of its MRO but ``object`` is a heap type, has
+    a ``__dict__`` or ``__slots__``, adds no C-level fields (its size is its base's plus its
+    slots, a ``__dict__`` and a weak-reference pointer at most), and has no metaclass from a
+    C++ binding library. Locks, tensors, deques, extension objects and a bare ``object()``
+    (a sentinel: its identity is its only value) fail this."""
+    if t is object:
+        return False
+    for cls in t.__mro__[:-1]:
+        if not cls.__flags__ & _HEAPTYPE:
+            return False
+        slots = cls.__dict__.get("__slots__")
+        if slots is None:
+            if cls.__dictoffset__ == 0:
+                return False
+            own = 0
+        else:
+            names = (slots,) if isinstance(slots, str) else tuple(slots)
+            own = sum(1 for n in names if n not in ("__dict__", "__weakref__"))
+        base = cls.__base__ or object
+        if cls.__basicsize__ > base.__basicsize__ + _PTR * (own + 2):
+            return False
+        meta = type(cls)
+        if meta is not type and any(
+            getattr(m, "__module__", "").startswith(_EXTENSION_METACLASS) for m in meta.__mro__
+        ):
+            return False
+    return t.__mro__[-1] is object
 
 
 def _plain_repr(key: Any) -> bool:

@@ -18,6 +18,7 @@ launcher and the torch build are handed the paths they need from it.
       torch/build/<name>/        torch extension build dirs (ninja objects, depfiles)
       torch/modules/<key>/       torch extension modules, by link key
       torch/paths.json           the torch build's probe memo (include dirs, compilers)
+      triton/<key>/              Triton kernel groups materialized from `triton` entries
 
 **The trust rule** (ssh's StrictModes, applied to every directory on the way): whoever can
 write a cache dir can make the processes that use it run their code. So a directory that
@@ -30,8 +31,10 @@ it, and its message names a recursive fix.
 from __future__ import annotations
 
 import os
+import stat as _stat
 
-from cuforge._fs import trust_problem as _dir_problem
+from cuforge._fs import dir_stat_problem
+from cuforge._fs import trust_problem as _root_problem
 
 __all__ = ["CacheLayout", "DISK_FORMAT", "is_entry_key"]
 
@@ -69,8 +72,17 @@ class CacheLayout:
         "torch_builds",
         "torch_modules",
         "torch_paths_memo",
+        "triton",
         "_entry_prefix",
     )
+
+    @classmethod
+    def of(cls, root: str | os.PathLike[str]) -> CacheLayout:
+        """The layout of ``root``, memoized (callers on the warm path ask per call)."""
+        layout = _LAYOUTS.get(root)
+        if layout is None:
+            layout = _LAYOUTS[root] = cls(root)
+        return layout
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = os.path.abspath(os.path.expanduser(os.fspath(root)))
@@ -92,6 +104,7 @@ class CacheLayout:
         self.torch_builds = join(self.torch, "build")
         self.torch_modules = join(self.torch, "modules")
         self.torch_paths_memo = join(self.torch, "paths.json")
+        self.triton = join(self.root, "triton")
         self._entry_prefix = self.entries + os.sep
 
     def __repr__(self) -> str:
@@ -126,6 +139,12 @@ class CacheLayout:
             raise ValueError(f"{key!r} is not a cuforge key (64 lowercase hex digits)")
         return os.path.join(self.torch_modules, key)
 
+    def triton_dir(self, key: str) -> str:
+        """``<root>/triton/<key>``: a Triton kernel group materialized from an entry."""
+        if not is_entry_key(key):
+            raise ValueError(f"{key!r} is not a cuforge key (64 lowercase hex digits)")
+        return os.path.join(self.triton, key)
+
     def own_dirs(self) -> tuple[str, ...]:
         """The directories cuforge creates directly under the root (checked and created
         0700 by :meth:`ensure`)."""
@@ -148,29 +167,62 @@ class CacheLayout:
         ``paths`` (the paths themselves included when they are directories; for a file,
         its parent). With no ``paths``, checks the directories cuforge creates under the
         root (:meth:`own_dirs`). A directory that does not exist yet is no problem
-        (cuforge creates it 0700). The message names a fix that covers the whole tree."""
+        (cuforge creates it 0700); a symlink below the root is (cuforge never makes one).
+        One ``lstat`` per directory. The message names a fix that covers the whole tree."""
         for directory in self._dirs_to_check(paths or self.own_dirs(), not paths):
-            problem = _dir_problem(directory)
+            problem = self._problem(directory, create=False)
             if problem is not None:
                 return self._with_recursive_fix(problem)
         return None
 
+    def _problem(self, directory: str, *, create: bool) -> str | None:
+        """The trust problem of one directory (None when it is fine, or missing and not
+        to be created); with ``create``, a missing one is made 0700 first."""
+        if directory == self.root:  # a symlinked cache root is the user's own choice
+            if create:
+                try:
+                    os.mkdir(directory, 0o700)
+                except OSError:
+                    pass  # exists (checked next), or cannot be made (reported by its writer)
+            return _root_problem(directory)
+        try:
+            st = os.lstat(directory)
+        except FileNotFoundError:
+            if not create:
+                return None
+            try:
+                os.mkdir(directory, 0o700)
+            except FileExistsError:
+                return self._problem(directory, create=False)  # made meanwhile: check it
+            except OSError:
+                return None  # cannot be made: whoever writes there reports the error
+            return None
+        except OSError as exc:
+            return f"{directory} cannot be checked ({exc.strerror})"
+        if _stat.S_ISLNK(st.st_mode):
+            return f"{directory} is a symlink; cuforge never creates one inside its cache dir"
+        return dir_stat_problem(directory, st)
+
     def _dirs_to_check(self, paths, are_dirs: bool) -> list[str]:
         """The root, then every directory from it down to each path, in order."""
         seen: dict[str, None] = {self.root: None}
+        prefix = self.root + os.sep
         for path in paths:
-            path = os.path.abspath(path)
-            if not self.contains(path):
-                raise ValueError(f"{path} is not under the cache dir {self.root}")
-            if not are_dirs and path != self.root and not os.path.isdir(path):
+            if not path.startswith(prefix):
+                path = os.path.abspath(path)
+                if path == self.root:
+                    continue
+                if not path.startswith(prefix):
+                    raise ValueError(f"{path} is not under the cache dir {self.root}")
+            if not are_dirs and not os.path.isdir(path):
                 path = os.path.dirname(path)
-            rel = os.path.relpath(path, self.root)
-            if rel == ".":
-                continue
+                if path == self.root:
+                    continue
             current = self.root
-            for part in rel.split(os.sep):
-                current = os.path.join(current, part)
-                seen[current] = None
+            for part in path[len(prefix) :].split(os.sep):
+                if part:
+                    current = current + os.sep + part
+                    seen[current] = None
         return list(seen)
 
     def fix_command(self, problem: str) -> str | None:
@@ -208,7 +260,7 @@ class CacheLayout:
         links), at most ``limit`` of them: what ``cuforge doctor`` reports."""
         found: list[str] = []
         for dirpath, subdirs, _files in os.walk(self.root):
-            problem = _dir_problem(dirpath)
+            problem = self._problem(dirpath, create=False)
             if problem is not None:
                 found.append(self._with_recursive_fix(problem))
                 if len(found) >= limit:
@@ -218,26 +270,25 @@ class CacheLayout:
 
     def ensure(self, *dirs: str) -> str | None:
         """Create ``dirs`` (default: :meth:`own_dirs`) and every directory between the root
-        and them, each 0700, then apply :meth:`trust_problem` to them. Returns the
-        problem, or None. A directory that cannot be created is no trust problem (nothing
-        can be planted where nothing exists): whoever writes there reports the error."""
-        targets = dirs or self.own_dirs()
-        try:  # the dirs above the root are the user's; the root and below are cuforge's
-            os.makedirs(os.path.dirname(self.root), exist_ok=True)
-        except OSError:
-            pass  # then the root cannot be made either: nothing to check below
-        for directory in self._dirs_to_check(targets, True):
-            try:
-                os.mkdir(directory, 0o700)
-            except FileExistsError:
-                continue  # checked below
+        and them, each 0700, checking each on the way (:meth:`trust_problem`'s rule, one
+        ``lstat`` per directory that exists). Returns the problem, or None. A directory
+        that cannot be created is no trust problem (nothing can be planted where nothing
+        exists): whoever writes there reports the error."""
+        parent = os.path.dirname(self.root)
+        if not os.path.isdir(parent):
+            try:  # the dirs above the root are the user's; the root and below are cuforge's
+                os.makedirs(parent, exist_ok=True)
             except OSError:
-                break  # cannot be made, nor anything below it
-        for directory in self._dirs_to_check(targets, True):
-            problem = _dir_problem(directory)
+                return None  # then the root cannot be made either: nothing to check below
+        for directory in self._dirs_to_check(dirs or self.own_dirs(), True):
+            problem = self._problem(directory, create=True)
             if problem is not None:
                 return self._with_recursive_fix(problem)
         return None
+
+
+#: memoized layouts (CacheLayout.of), by the root as given
+_LAYOUTS: dict = {}
 
 
 def _check_name(name: str, what: str) -> None:

@@ -103,6 +103,7 @@ def kernel_offline_error(
     why: str = "",
     bundles: tuple[str, ...] = (),
     key: str = "",
+    fields: dict | None = None,
 ) -> OfflineMissError:
     """The :class:`~cuforge.errors.OfflineMissError` of a kernel: it names the kernel, the
     arch, the variant (name expressions, defines, options) and the ``cuforge.toml`` entry
@@ -135,6 +136,7 @@ def kernel_offline_error(
         kind="kernel",
         name=name,
         key=key,
+        fields=fields,
         manifest_entry=entry,
         arch=arch,
         name_expressions=name_expressions,
@@ -346,7 +348,7 @@ def compile_cached(
     _check_sequences(options=options, include_dirs=include_dirs, name_expressions=name_expressions)
     request = _normalize(CompileCall._make(memo_key), cfg, cache)
     result, header_sigs, probes = _lookup_or_compile(
-        request, cache, result_type, started, (strict or cache.offline) and memo_key
+        request, cache, result_type, started, (strict or cache.offline) and memo_key, memo_key
     )
     if cache.enabled and header_sigs is not None and all(settled(sig) for _, sig in header_sigs):
         # a header edited in the last seconds may change again within one timestamp tick:
@@ -559,9 +561,10 @@ def _keyed(paths, base: str) -> list[str]:
 
 
 def _lookup_or_compile(
-    request: CompileRequest, cache: Cache, result_type, started: float, strict=None
+    request: CompileRequest, cache: Cache, result_type, started: float, strict=None, call=None
 ):
-    """``strict``: falsy, or the call's memo key (a miss then raises OfflineMissError).
+    """``strict``: falsy, or the call's memo key (a miss then raises OfflineMissError);
+    ``call``: the call's memo key (the fence and the recorder describe the call with it).
     Returns ``(result, header stat signatures or None, probes)``."""
     base = request.base_key()
     base_digest = base.hexdigest()
@@ -577,7 +580,9 @@ def _lookup_or_compile(
         what=request.name,
         lookup=lambda: _lookup(cache, base, base_digest, result_type, started, request),
         build=lambda: _compile_and_store(request, cache, base, base_digest, result_type, started),
-        offline_error=lambda: _offline_miss(request, CompileCall._make(strict), cache, base_digest),
+        offline_error=lambda: _offline_miss(
+            request, CompileCall._make(strict or call), cache, base_digest
+        ),
         strict=bool(strict),
     )
 
@@ -604,6 +609,8 @@ def _offline_miss(
         output=request.output,
         why=why,
         bundles=tuple(getattr(b, "path", None) or repr(b) for b in cache.bundles),
+        key=base_digest,
+        fields=request.base_key().fields,
     )
 
 

@@ -80,6 +80,12 @@ def add_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--bundle", metavar="FILE", help="also write every variant into this bundle")
     p.add_argument(
+        "--lock",
+        metavar="LOCKFILE",
+        help="build exactly the keys of this lockfile (cuforge.record / CUFORGE_RECORD): "
+        "entries the cache has are copied, the others built from their stanzas; needs --bundle",
+    )
+    p.add_argument(
         "--executor",
         choices=("local", "ray"),
         default="local",
@@ -111,6 +117,8 @@ def run(args: argparse.Namespace) -> int:
         problem = destination_problem(os.path.abspath(args.bundle))
         if problem is not None:
             raise ValueError(f"--bundle {args.bundle}: cannot write the bundle there: {problem}")
+    if args.lock:
+        return _run_lock(args, jobs)
     rich, plain = _progress_wanted(args.json)
     counts = {"done": 0, "hits": 0, "failed": 0}
 
@@ -173,4 +181,37 @@ def run(args: argparse.Namespace) -> int:
             )
         )
     output.table(("build", "result"), rows, title="cuforge build")
+    return 0 if report.ok else 1
+
+
+def _run_lock(args: argparse.Namespace, jobs: int | None) -> int:
+    from cuforge.aot.lock import build_lock
+
+    if not args.bundle or args.manifest:
+        raise ValueError(
+            "--lock builds a warm set into a bundle: pass --bundle FILE and no manifest, e.g. "
+            "cuforge build --lock cuforge.lock --bundle warm.cfb"
+        )
+    report = build_lock(args.lock, args.bundle, jobs=jobs, executor=args.executor)
+    for line in report.failures:
+        output.error(f"failed: {line}")
+    for line in report.missing:
+        output.error(f"missing (not in the cache and no stanza builds it): {line}")
+    if args.json:
+        output.emit_json({"command": "build", **report.as_dict()})
+        return 0 if report.ok else 1
+    rows = [
+        ("lock", args.lock),
+        ("copied from the cache", report.copied),
+        ("built from stanzas", report.built),
+        ("missing", len(report.missing) + len(report.failures)),
+    ]
+    if report.bundle:
+        rows.append(
+            ("bundle", f"{report.bundle} ({report.entries} entries, "
+             f"{output.human_bytes(report.bundle_bytes)})")
+        )  # fmt: skip
+    else:
+        rows.append(("bundle", "not written (a partial warm set would fail in production)"))
+    output.table(("build --lock", "result"), rows, title="cuforge build --lock")
     return 0 if report.ok else 1

@@ -402,7 +402,7 @@ def run_show(args: argparse.Namespace) -> int:
 
 
 #: kinds stored by cuforge.blobcache (their payload is a set of named files)
-_BLOB_KINDS = ("cccl", "cute")
+_BLOB_KINDS = ("cccl", "cute", "triton", "cuda-core", "jax", "cupy")
 
 
 def _short_json(value: Any, limit: int = 200) -> str:

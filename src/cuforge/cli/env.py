@@ -179,6 +179,14 @@ def compute(environ: dict[str, str] | None = None) -> dict[str, Any]:
                 "builds add CUDA_INC_PATH to their include path",
             }
 
+    # Triton (and torch.compile's Triton kernels) cached in cuforge, in every process.
+    if env.get("TRITON_CACHE_MANAGER") is None and _triton_installed():
+        out["TRITON_CACHE_MANAGER"] = {
+            "value": "cuforge.triton:CacheManager",
+            "why": "Triton's kernels in cuforge's cache (one entry per kernel, every tier; "
+            "docs/triton.md)",
+        }
+
     # The cache directory, made explicit so that every tool and process shares it.
     out["CUFORGE_CACHE_DIR"] = {
         "value": settings().cache_dir,
@@ -192,6 +200,12 @@ def compute(environ: dict[str, str] | None = None) -> dict[str, Any]:
         "no_gpu": no_gpu,
         "resources": res,
     }
+
+
+def _triton_installed() -> bool:
+    from importlib.util import find_spec
+
+    return find_spec("triton") is not None
 
 
 def _toolkit_root() -> str | None:

@@ -75,7 +75,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     # the subcommands (aot, store upkeep, doctor) load here, not at `import cuforge.cli.main`
-    from cuforge.cli import build, bundle, cache, doctor, env, keys
+    from cuforge.cli import build, bundle, cache, doctor, env, keys, prefetch
 
     parser = _Parser(
         prog="cuforge",
@@ -91,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_compile_parser(subparsers, common)
     build.add_parser(subparsers, common)
     bundle.add_parser(subparsers, common)
+    prefetch.add_parser(subparsers, common)
     keys.add_parser(subparsers, common)
     return parser
 

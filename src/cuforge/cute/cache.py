@@ -66,6 +66,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from typing import Any
 
 __all__ = [
+    "CachedCompile",
     "CuteResult",
     "StaleEntryError",
     "compile",
@@ -73,6 +74,10 @@ __all__ = [
     "key_fields",
     "clear_memo",
     "counters",
+    "disable",
+    "enable",
+    "enabled",
+    "real_compile",
 ]
 
 KIND = "cute"
@@ -232,17 +237,50 @@ def _original_code_hook() -> Any:
     return hook
 
 
-def _options_field(options: Any, extra: dict) -> str:
-    """The ``options=`` value as key text; raises the spec module's UnkeyableArgument."""
+_FILE_DUMP_HINT = "a cache hit would not write the files it asks for"
+
+
+def _option_text(option: Any, where: str) -> str:
+    """One ``CompileOption`` (object, option class, or a tuple of them) as key text: its
+    class and its values (:func:`cuforge.fingerprint.fingerprint` of its attributes)."""
+    from cutlass.base_dsl.compiler import (
+        BooleanBasedFileDumpOption,
+        BooleanCompileOption,
+        CompileOption,
+    )
+
+    if isinstance(option, tuple):
+        return "(" + ",".join(_option_text(o, f"{where}[{i}]") for i, o in enumerate(option)) + ")"
+    if isinstance(option, type) and issubclass(option, BooleanCompileOption):
+        option = option(True)  # what the DSL does with a bare boolean option class
+    if not isinstance(option, CompileOption):
+        raise UnkeyableArgument(
+            where,
+            f"a {type(option).__name__}; cuforge keys an options string or CuTe DSL compile "
+            "option objects (cute.OptLevel(2), cute.GenerateLineInfo(True), ...)",
+        )
+    name = f"{type(option).__module__}.{type(option).__qualname__}"
+    if isinstance(option, BooleanBasedFileDumpOption) and option.value:
+        raise UnkeyableArgument(where, f"{type(option).__name__}(True): {_FILE_DUMP_HINT}")
+    try:
+        state = fingerprint.fingerprint(vars(option), what=where, instances=True)
+    except UnstableKeyError as exc:
+        raise UnkeyableArgument(where, f"{type(option).__name__}: {exc.reason}") from exc
+    return f"{name}:{state[:32]}"
+
+
+def _options_field(options: Any, extra: dict, bracket: Any = None) -> str:
+    """The ``options=`` value and the ``compile[...]`` options as key text; raises the spec
+    module's UnkeyableArgument."""
 
     if options is None or options == "":
         text = ""
     elif isinstance(options, str):
         text = " ".join(options.split())
-    else:
-        raise UnkeyableArgument(
-            "options", f"a {type(options).__name__}; cuforge keys the options= string form only"
-        )
+    else:  # option objects passed as options= (the DSL 4.8 ignores them; key them anyway)
+        text = "objects=" + _option_text(options, "options")
+    if bracket is not None:
+        text += " |compile[" + _option_text(bracket, "cute.compile[...] options") + "]"
     for k in sorted(extra):
         text += f" |{k}={extra[k]!r}"
     return text
@@ -255,6 +293,25 @@ def key_fields(fn: Any, *args: Any, **kwargs: Any) -> dict[str, str]:
     with _LOCK:
         fields, _ = _key_fields(fn, args, dict(kwargs))
     return fields
+
+
+def _target(fn: Any, args: tuple) -> tuple[Any, tuple]:
+    """``(function, arguments)`` as the DSL's ``cute.compile`` resolves ``fn``: a function
+    as is; a bound method as its function with the instance first; a callable instance as
+    its class's ``__call__`` function with the instance first."""
+    if type(fn) is types.FunctionType:
+        return fn, tuple(args)
+    if type(fn) is types.MethodType:
+        return fn.__func__, (fn.__self__, *args)
+    call = getattr(fn, "__call__", None)  # noqa: B004 - the DSL's own test
+    func = getattr(call, "__func__", None)
+    if not isinstance(fn, type) and type(func) is types.FunctionType:
+        return func, (fn, *args)
+    raise UnkeyableArgument(
+        "fn",
+        f"a {type(fn).__name__}; cuforge keys @cute.jit functions, bound @cute.jit methods "
+        "and instances whose __call__ is a @cute.jit method",
+    )
 
 
 def _split_kwargs(kwargs: dict) -> tuple[dict, Any, dict, Any]:
@@ -297,38 +354,67 @@ def _stream_type(stream: Any) -> str:
     return f"stream:{cls.__module__}.{cls.__qualname__}"
 
 
-def _key_fields(fn: Any, args: tuple, kwargs: dict) -> tuple[dict[str, str], dict]:
-    if type(fn) is not types.FunctionType:
-        raise UnkeyableArgument(
-            "fn",
-            f"a {type(fn).__name__}; cuforge keys plain @cute.jit functions (pass the function, "
-            "and the instance as its first argument, instead of a bound method or callable object)",
-        )
-    inner = _unwrap(fn)
+def _key_fields(
+    fn: Any, args: tuple, kwargs: dict, bracket: Any = None
+) -> tuple[dict[str, str], dict]:
+    func, full_args = _target(fn, args)
+    inner = _unwrap(func)
     if not hasattr(inner, "_dsl_object") and not hasattr(inner, "_dsl_cls"):
-        raise UnkeyableArgument("fn", f"{fn.__qualname__} is not decorated with @cute.jit")
+        raise UnkeyableArgument("fn", f"{func.__qualname__} is not decorated with @cute.jit")
     fkwargs, options, extra, hooks = _split_kwargs(kwargs)
     _teach_fingerprint()
     dsl = _dsl_of(inner)
+    hook = _original_code_hook()
     fields = {
         "format": FORMAT,
         "python": f"{sys.version_info[0]}.{sys.version_info[1]}",
-        "function": f"{getattr(fn, '__module__', '?')}.{fn.__qualname__}",
+        "function": f"{getattr(func, '__module__', '?')}.{func.__qualname__}",
         "dsl": dsl_version(),
         "arch": str(dsl.envar.arch),
         "dsl_settings": _portable_settings(dsl.envar.cache_key_str()),
-        "options": _options_field(options, extra),
+        "options": _options_field(options, extra, bracket),
     }
+    if func is not fn:
+        fields["callable"] = "method" if type(fn) is types.MethodType else "instance.__call__"
     fields["fingerprint"] = fingerprint.fingerprint(
-        fn, what=f"@cute.jit function {fn.__qualname__}", hook=_original_code_hook()
+        func, what=f"@cute.jit function {func.__qualname__}", hook=hook
     )
     if hooks is not None:
         fields["trace_finalize_hooks"] = fingerprint.fingerprint(hooks, what="trace_finalize_hooks")
-    fields["args"] = describe_args(inner, tuple(args), fkwargs)
-    return fields, {"options": options, "extra": extra, "hooks": hooks, "fkwargs": fkwargs}
+    fields["args"] = describe_args(inner, full_args, fkwargs, hook=hook)
+    info = {
+        "options": options,
+        "extra": extra,
+        "hooks": hooks,
+        "fkwargs": fkwargs,
+        "bracket": bracket,
+    }
+    return fields, info
 
 
 # --------------------------------------------------------------------------- build / load
+
+
+#: the DSL's own ``cutlass.cute.compile`` object, saved before cuforge patches it
+_REAL: list[Any] = []
+
+
+def real_compile(bracket: Any = None) -> Any:
+    """The DSL's own ``cute.compile`` (the saved original when :func:`enable` patched it),
+    subscripted with ``bracket`` options when given. Never cuforge's replacement: cuforge's
+    miss path calls this, so a patched ``cute.compile`` never recurses."""
+    if not _REAL:
+        import cutlass.cute as cute
+
+        current = cute.compile
+        if isinstance(current, CachedCompile):
+            raise RuntimeError(
+                "cutlass.cute.compile was replaced by cuforge's compile without "
+                "cuforge.cute.enable(): the DSL's own compile is lost; call enable() instead"
+            )
+        _REAL.append(current)
+    real = _REAL[0]
+    return real if bracket is None else real[bracket]
 
 
 def _symbol_for(key: str) -> str:
@@ -361,8 +447,6 @@ def _hooks_with(user_hooks: Any, mine: Any) -> list:
 
 def _trace(fn: Any, args: tuple, fkwargs: dict, info: dict) -> tuple[str, str]:
     """Trace ``fn`` (no compile) and return its hashes (see :func:`_trace_hashes`)."""
-    import cutlass.cute as cute
-
     found: list[tuple[str, str]] = []
 
     def hook(owner: Any, module: Any, function_name: str) -> None:
@@ -374,7 +458,7 @@ def _trace(fn: Any, args: tuple, fkwargs: dict, info: dict) -> tuple[str, str]:
     kw.update(info["extra"])
     kw["trace_finalize_hooks"] = _hooks_with(info["hooks"], hook)
     counters["trace"] += 1
-    cute.compile.to_precompiled_mlir(fn, *args, **kw)
+    real_compile(info.get("bracket")).to_precompiled_mlir(fn, *args, **kw)
     if not found:
         raise StaleEntryError("tracing produced no module to hash (the DSL did not call the hook)")
     return found[-1]
@@ -384,9 +468,15 @@ def _read_regular(path: str) -> bytes:
     return read_bytes(path)
 
 
-def _build(fn: Any, args: tuple, info: dict, symbol: str, state: dict) -> dict[str, bytes]:
-    import cutlass.cute as cute
+def _build(
+    fn: Any, args: tuple, info: dict, symbol: str, state: dict, export: bool = True
+) -> dict[str, bytes]:
+    """Compile with the DSL's own ``cute.compile``; with ``export``, export the result.
 
+    Whatever goes wrong after the compile (no trace hook call, ``export_to_c`` or reading
+    its files failing in any way) leaves the compiled function in ``state`` and raises
+    :class:`_NotExportable` with the reason: the call is then served uncached, never
+    failed."""
     found: list[tuple[str, str]] = []
 
     def hook(owner: Any, module: Any, function_name: str) -> None:
@@ -396,24 +486,45 @@ def _build(fn: Any, args: tuple, info: dict, symbol: str, state: dict) -> dict[s
     if info["options"] is not None:
         kw["options"] = info["options"]
     kw.update(info["extra"])
-    kw["trace_finalize_hooks"] = _hooks_with(info["hooks"], hook)
+    kw["trace_finalize_hooks"] = _hooks_with(info["hooks"], hook) if export else info["hooks"]
+    if kw["trace_finalize_hooks"] is None:
+        del kw["trace_finalize_hooks"]
+    real = real_compile(info.get("bracket"))
+    adapted = _adapt_arrays(args) if export else None
     counters["compile"] += 1
-    compiled = cute.compile(fn, *args, **kw)
+    if adapted is None:
+        compiled = real(fn, *args, **kw)
+    else:
+        # raw arrays (numpy, torch): the DSL compiles them as the tensors its TensorAdapter
+        # makes (``from_dlpack(x).mark_layout_dynamic()``), but cannot export a function
+        # compiled from the raw arrays themselves; compile from those very tensors (the
+        # same kernel; calls adapt raw arrays either way)
+        try:
+            compiled = real(fn, *adapted, **kw)
+        except Exception as exc:  # noqa: BLE001 - fall back to exactly the user's call
+            found.clear()
+            counters["compile"] += 1
+            state["compiled"] = real(fn, *args, **kw)
+            _not_exportable(
+                state, f"compiling from the adapted raw arrays failed ({type(exc).__name__})"
+            )
     state["compiled"] = compiled
+    if not export:
+        return {"uncached": b"-"}  # nothing is stored: blobcache wants a non-empty mapping
     if not found:
-        raise RuntimeError(
-            "cute.compile did not run cuforge's trace hook, so the entry cannot be verified "
-            "later; this DSL version is not supported by cuforge.cute"
-        )
+        _not_exportable(state, "cute.compile did not run cuforge's trace hook")
     tmp = tempfile.mkdtemp(prefix="cuforge-cute-")
     try:
         try:
             compiled.export_to_c(tmp, symbol, symbol)
-        except NotImplementedError as exc:
-            state["not_exportable"] = f"the compiled function cannot be exported ({exc})"
-            raise _NotExportable(state["not_exportable"]) from exc
-        obj = _read_regular(os.path.join(tmp, symbol + ".o"))
-        header = _read_regular(os.path.join(tmp, symbol + ".h"))
+            obj = _read_regular(os.path.join(tmp, symbol + ".o"))
+            header = _read_regular(os.path.join(tmp, symbol + ".h"))
+        except Exception as exc:  # noqa: BLE001 - any failure: serve the compiled function
+            _not_exportable(
+                state,
+                f"the compiled function cannot be exported ({type(exc).__name__}: "
+                f"{_plain_message(exc)})",
+            )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     record = {
@@ -424,6 +535,34 @@ def _build(fn: Any, args: tuple, info: dict, symbol: str, state: dict) -> dict[s
     }
     state["record"] = record
     return {_OBJECT: obj, _HEADER: header, _RECORD: json.dumps(record, sort_keys=True).encode()}
+
+
+def _plain_message(exc: BaseException) -> str:
+    """The DSL's error text without colour codes, on one line, at most 400 characters."""
+    import re
+
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
+    text = " ".join(text.split())
+    return text if len(text) <= 400 else text[:397] + "..."
+
+
+def _adapt_arrays(args: tuple) -> tuple | None:
+    """``args`` with every raw array (a type the DSL has a ``TensorAdapter`` for) replaced
+    by the tensor that adapter makes of it; None when there is none."""
+    from cuforge.cute.spec import _adapted_tensor
+
+    out = []
+    changed = False
+    for value in args:
+        tensor = None if isinstance(value, (int, float, str, tuple)) else _adapted_tensor(value)
+        changed = changed or tensor is not None
+        out.append(value if tensor is None else tensor)
+    return tuple(out) if changed else None
+
+
+def _not_exportable(state: dict, why: str) -> None:
+    state["not_exportable"] = why
+    raise _NotExportable(why)
 
 
 class _NotExportable(Exception):
@@ -469,22 +608,18 @@ def _load_object(obj: bytes, symbol: str) -> Any:
 # --------------------------------------------------------------------------- public
 
 
-def compile(
-    fn: Any, *args: Any, verify: str | None = None, cache: Cache | None = None, **kwargs: Any
-) -> Any:
-    """Drop-in for ``cutlass.cute.compile(fn, *args, **kwargs)``, cached (see the module doc).
-
-    ``verify="trace"``: also trace and treat a hit whose traced module differs from the one
-    it was built from as a miss. ``cache``: the :class:`cuforge.Cache` (default:
-    :func:`cuforge.default_cache`). Returns the ready JIT function."""
-    return compile_cached(fn, *args, verify=verify, cache=cache, **kwargs).value
-
-
 def compile_cached(
     fn: Any, *args: Any, verify: str | None = None, cache: Cache | None = None, **kwargs: Any
 ) -> CuteResult:
     """Like :func:`compile`, but returns a :class:`CuteResult` saying where the function came
-    from and why it is not cached, when it is not."""
+    from and why it is not cached, when it is not. ``compile_cached[options](...)`` is not
+    offered; use ``compile[options]`` or :meth:`CachedCompile.cached`."""
+    return _compile_cached(fn, args, kwargs, verify, cache, None)
+
+
+def _compile_cached(
+    fn: Any, args: tuple, kwargs: dict, verify: str | None, cache: Cache | None, bracket: Any
+) -> CuteResult:
     if verify not in (None, "trace"):
         raise ValueError(f"verify={verify!r}: expected None or 'trace'")
     cache = resolve(cache)
@@ -494,12 +629,19 @@ def compile_cached(
         name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
         reason = None
         try:
-            fields, info = _key_fields(fn, args, dict(kwargs))
+            fields, info = _key_fields(fn, args, dict(kwargs), bracket)
+            name = fields["function"]
         except (UnkeyableArgument, UnstableKeyError) as exc:
             reason = str(exc)
             fields = {"format": FORMAT, "function": name, "unkeyable": reason}
             fkwargs, options, extra, hooks = _split_kwargs(kwargs)
-            info = {"options": options, "extra": extra, "hooks": hooks, "fkwargs": fkwargs}
+            info = {
+                "options": options,
+                "extra": extra,
+                "hooks": hooks,
+                "fkwargs": fkwargs,
+                "bracket": bracket,
+            }
         key, _recorded = blobcache.make_key(KIND, fields)
         symbol = _symbol_for(key)
         if reason is None and verify is None:
@@ -511,7 +653,8 @@ def compile_cached(
         checked: list[bool] = []
 
         def build() -> dict[str, bytes]:
-            return _build(fn, args, info, symbol, state)
+            # an uncacheable call compiles only: nothing is exported that would be thrown away
+            return _build(fn, args, info, symbol, state, export=reason is None)
 
         def load(files: Any) -> tuple[Any, dict]:
             if "compiled" in state:  # built in this call: the function is in hand
@@ -541,6 +684,7 @@ def compile_cached(
             )
         except _NotExportable:
             why = state.get("not_exportable", "not exportable")
+            cache.warn_once(f"cuforge.cute: {name} runs uncached: {why}")
             return CuteResult(state["compiled"], "uncached", key, fields, reason=why)
         value, record = res.value
         if res.source_of_result != "uncached" and cache.enabled:
@@ -554,3 +698,83 @@ def compile_cached(
             verified=True if checked else None,
             record=record,
         )
+
+
+class CachedCompile:
+    """``cuforge.cute.compile``: a drop-in for ``cutlass.cute.compile``, cached.
+
+    ``compile(fn, *args, verify=None, cache=None, **kwargs)`` returns the ready JIT function
+    (a hit: the stored export, loaded without tracing). ``fn`` is what ``cute.compile``
+    takes: a ``@cute.jit`` function, a bound ``@cute.jit`` method, or an instance whose
+    ``__call__`` is one. ``compile[options]`` (option objects, a tuple of them, or a bare
+    boolean option class, as the DSL's own ``cute.compile[...]``) returns a compile with
+    those options, keyed by their values. ``verify="trace"``: also trace and treat a hit whose
+    traced module differs from the one it was built from as a miss. ``cache``: the
+    :class:`cuforge.Cache` (default: the one this object was made with, else
+    :func:`cuforge.default_cache`)."""
+
+    __slots__ = ("_bracket", "_cache")
+
+    def __init__(self, options: Any = None, cache: Cache | None = None) -> None:
+        self._bracket = options
+        self._cache = cache
+
+    def __getitem__(self, options: Any) -> CachedCompile:
+        real_compile(options)  # the DSL checks the options (an unknown option raises)
+        return CachedCompile(options, self._cache)
+
+    def __call__(
+        self, fn: Any, *args: Any, verify: str | None = None, cache: Cache | None = None, **kw: Any
+    ) -> Any:
+        return self.cached(fn, *args, verify=verify, cache=cache, **kw).value
+
+    def cached(
+        self, fn: Any, *args: Any, verify: str | None = None, cache: Cache | None = None, **kw: Any
+    ) -> CuteResult:
+        """Like calling it, but returns the :class:`CuteResult`."""
+        return _compile_cached(
+            fn, args, kw, verify, cache if cache is not None else self._cache, self._bracket
+        )
+
+    def to_precompiled_mlir(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """The DSL's own ``to_precompiled_mlir`` (not cached)."""
+        return real_compile(self._bracket).to_precompiled_mlir(fn, *args, **kwargs)
+
+    def compile_to(self, target: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """The DSL's own ``compile_to`` (not cached)."""
+        return real_compile(self._bracket).compile_to(target, fn, *args, **kwargs)
+
+    def __repr__(self) -> str:
+        opts = "" if self._bracket is None else f"[{self._bracket!r}]"
+        return f"<cuforge.cute.compile{opts}>"
+
+
+compile = CachedCompile()
+
+
+def enable(cache: Cache | None = None) -> None:
+    """Patch ``cutlass.cute.compile`` in place with cuforge's cached compile (through
+    ``cache``, default: :func:`cuforge.default_cache` at each call), so that CuTe DSL code
+    runs unedited, cached. The DSL's own compile is kept (:func:`real_compile`); cuforge's
+    miss path calls it, never the patched attribute. ``cute.compile[...]`` keeps working.
+    Calling it again only changes the cache. Undo with :func:`disable`."""
+    import cutlass.cute as cute
+
+    with _LOCK:
+        real_compile()  # saves the DSL's own compile before it is replaced
+        cute.compile = CachedCompile(None, cache)
+
+
+def disable() -> None:
+    """Put the DSL's own ``cutlass.cute.compile`` back (no effect when not enabled)."""
+    import cutlass.cute as cute
+
+    with _LOCK:
+        if _REAL and isinstance(cute.compile, CachedCompile):
+            cute.compile = _REAL[0]
+
+
+def enabled() -> bool:
+    """Whether ``cutlass.cute.compile`` is cuforge's (after :func:`enable`)."""
+    cute = sys.modules.get("cutlass.cute")
+    return cute is not None and isinstance(getattr(cute, "compile", None), CachedCompile)

@@ -16,6 +16,12 @@ Guarantees of :func:`describe_args`:
 * Everything the DSL could specialize on is in it; when in doubt it says more (a plain
   Python scalar passed to a parameter that is not annotated with a DSL numeric type is
   keyed by its value), which can cost a compile, never a stale hit.
+* A raw array (numpy, torch, JAX: a type the DSL has a ``TensorAdapter`` for) is keyed
+  as the tensor the DSL makes of it: ``from_dlpack(array).mark_layout_dynamic()`` (dtype,
+  rank, which extents and strides are static, the leading dimension, alignment).
+* Any other object (a kernel class instance, passed as ``self`` or as a Constexpr) is
+  keyed by :func:`cuforge.fingerprint.fingerprint` with ``instances=True``: its class by
+  content (methods, class attributes, bases) and its ``__dict__`` / ``__slots__`` state.
 * An argument it cannot describe stably raises :class:`UnkeyableArgument` naming the
   argument; the caller then compiles uncached and says why.
 
@@ -97,7 +103,44 @@ def _is_constexpr_annotation(annotation: Any) -> bool:
     return annotation is Constexpr or typing.get_origin(annotation) is Constexpr
 
 
-def describe_value(value: Any, annotation: Any, where: str, syms: _SymNames) -> str:
+def _adapted_tensor(value: Any) -> Any:
+    """The DSL tensor a raw array becomes when passed to ``cute.compile`` (numpy, torch,
+    JAX: the DSL's registered ``TensorAdapter``, ``from_dlpack(value).mark_layout_dynamic()``),
+    or None when the DSL has no tensor adapter for the value's type."""
+    from cutlass.base_dsl.runtime.jit_arg_adapters import JitArgAdapterRegistry
+    from cutlass.cute import runtime as cute_rt
+
+    adapter = JitArgAdapterRegistry.get_registered_adapter(value)
+    if not (isinstance(adapter, type) and issubclass(adapter, cute_rt.TensorAdapter)):
+        return None
+    return adapter(value)._arg
+
+
+def _dlpack_spec(value: Any) -> str:
+    value.load_dltensor()
+    wrapper = value._dltensor_wrapper
+    tvm = getattr(value, "_tvm_ffi_tensor", None) is not None
+    # the DSL's own layout spec: static extents as numbers, dynamic ones as `?{...}`
+    return (
+        f"dlpack(dtype={_dtype_name(value.element_type)},align={value._assumed_align},"
+        f"layout={wrapper.cache_key()!s},i32stride={bool(value._use_32bit_stride)},"
+        f"tvm_ffi={tvm})"
+    )
+
+
+def _instance(value: Any, where: str, hook: Any, constexpr: bool = False) -> str:
+    """A kernel object (or any Python object) by its class and state:
+    :func:`cuforge.fingerprint.fingerprint` with ``instances=True``."""
+    try:
+        return fingerprint(value, what=where, hook=hook, instances=True)
+    except UnstableKeyError as exc:
+        what = "Constexpr value" if constexpr else f"a {type(value).__qualname__} object"
+        raise UnkeyableArgument(where, f"{what}: {exc}") from exc
+
+
+def describe_value(
+    value: Any, annotation: Any, where: str, syms: _SymNames, hook: Any = None
+) -> str:
     """The spec of one argument (see the module doc). Raises :class:`UnkeyableArgument`."""
     from cutlass.base_dsl.typing import Numeric
     from cutlass.cute import runtime as cute_rt
@@ -105,10 +148,7 @@ def describe_value(value: Any, annotation: Any, where: str, syms: _SymNames) -> 
 
     cls = type(value)  # the real class: _Tensor reports `Tensor` through __class__
     if _is_constexpr_annotation(annotation):
-        try:
-            return f"constexpr:{fingerprint(value, what=where)}"
-        except UnstableKeyError as exc:
-            raise UnkeyableArgument(where, f"Constexpr value: {exc.reason}") from exc
+        return f"constexpr:{_instance(value, where, hook, constexpr=True)}"
     if isinstance(value, cute_rt._FakeTensor):
         tt = value._typed_tensor
         return (
@@ -119,15 +159,7 @@ def describe_value(value: Any, annotation: Any, where: str, syms: _SymNames) -> 
             f"i32stride={bool(getattr(value, '_use_32bit_stride', False))})"
         )
     if isinstance(value, cute_rt._Tensor):
-        value.load_dltensor()
-        wrapper = value._dltensor_wrapper
-        tvm = getattr(value, "_tvm_ffi_tensor", None) is not None
-        # the DSL's own layout spec: static extents as numbers, dynamic ones as `?{...}`
-        return (
-            f"dlpack(dtype={_dtype_name(value.element_type)},align={value._assumed_align},"
-            f"layout={wrapper.cache_key()!s},i32stride={bool(value._use_32bit_stride)},"
-            f"tvm_ffi={tvm})"
-        )
+        return _dlpack_spec(value)
     if isinstance(value, cute_rt._Pointer):
         return (
             f"ptr(dtype={_dtype_name(value.dtype)},mem={value.memspace},"
@@ -144,25 +176,28 @@ def describe_value(value: Any, annotation: Any, where: str, syms: _SymNames) -> 
         return f"value:{cls.__name__}:{value!r}"
     if isinstance(value, (tuple, list)):
         inner = ",".join(
-            describe_value(v, None, f"{where}[{i}]", syms) for i, v in enumerate(value)
+            describe_value(v, None, f"{where}[{i}]", syms, hook) for i, v in enumerate(value)
         )
         return f"{cls.__name__}({inner})"
     qual = f"{cls.__module__}.{cls.__qualname__}"
     if "Stream" in cls.__qualname__ or qual.endswith("CUstream"):
         # a stream is a runtime handle: its type is the whole spec
         return f"stream:{qual}"
-    raise UnkeyableArgument(
-        where,
-        f"an object of type {qual} (cuforge describes fake/DLPack tensors, pointers, "
-        "SymInt, DSL and Python scalars, streams, tuples of these and Constexpr values)",
-    )
+    adapted = _adapted_tensor(value)
+    if adapted is not None:  # a raw array: keyed as the tensor the DSL makes of it
+        try:
+            return f"array:{qual}:{_dlpack_spec(adapted)}"
+        except Exception as exc:  # noqa: BLE001 - the DSL refuses it: cuforge does not key it
+            raise UnkeyableArgument(where, f"a {qual} the DSL cannot describe ({exc})") from exc
+    return f"object:{_instance(value, where, hook)}"
 
 
-def describe_args(fn: Any, args: tuple, kwargs: dict) -> str:
+def describe_args(fn: Any, args: tuple, kwargs: dict, hook: Any = None) -> str:
     """The spec of every argument of ``fn(*args, **kwargs)``, bound to its parameters.
 
     Raises :class:`UnkeyableArgument` for an argument that cannot be described stably, and
-    for arguments that do not fit the signature (naming the problem).
+    for arguments that do not fit the signature (naming the problem). ``hook``: passed to
+    :func:`cuforge.fingerprint.fingerprint` for Constexpr values and objects.
     """
 
     target = inspect.unwrap(fn)
@@ -191,17 +226,17 @@ def describe_args(fn: Any, args: tuple, kwargs: dict) -> str:
             annotation_text = ""
         where = f"argument {name!r}"
         if param.kind is inspect.Parameter.VAR_POSITIONAL:
-            desc = describe_value(tuple(value), None, where, syms)
+            desc = describe_value(tuple(value), None, where, syms, hook)
         elif param.kind is inspect.Parameter.VAR_KEYWORD:
             desc = (
                 "{"
                 + ",".join(
-                    f"{k}={describe_value(v, None, f'{where}[{k!r}]', syms)}"
+                    f"{k}={describe_value(v, None, f'{where}[{k!r}]', syms, hook)}"
                     for k, v in sorted(value.items())
                 )
                 + "}"
             )
         else:
-            desc = describe_value(value, annotation, where, syms)
+            desc = describe_value(value, annotation, where, syms, hook)
         parts.append(f"{name}{'@' + annotation_text if annotation_text else ''}={desc}")
     return ";".join(parts)

@@ -306,7 +306,7 @@ def _say(message: str) -> None:
 def _runtime_dir() -> tuple[str | None, str | None]:
     """``(<cache>/runtime, None)`` when the library may be kept there, else ``(None, why)``."""
 
-    layout = CacheLayout(settings().cache_dir)
+    layout = CacheLayout.of(settings().cache_dir)
     problem = layout.trust_problem(layout.runtime)
     if problem:
         return None, problem

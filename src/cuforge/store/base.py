@@ -43,6 +43,11 @@ ENTRY_KINDS = (
     "module",
     "cccl",
     "cute",
+    "triton",
+    "inductor",
+    "cuda-core",
+    "jax",
+    "cupy",
 )  # = cuforge.store.schema.KINDS
 
 

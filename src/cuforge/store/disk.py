@@ -175,12 +175,28 @@ class DiskStore(Store):
         stays so (only its owner or root can change that). An untrusted one is a miss,
         warned about once with the fix: its entry may have been planted."""
         directory = os.path.dirname(path)
-        if directory in self._trusted_dirs:
+        trusted = self._trusted_dirs
+        if directory in trusted:
             return True
-        problem = self.layout.trust_problem(path)
+        # the directories between the nearest one checked before and the entry's
+        unchecked = [directory]
+        parent = os.path.dirname(directory)
+        while parent not in trusted and parent != self.layout.root and len(unchecked) < 8:
+            unchecked.append(parent)
+            parent = os.path.dirname(parent)
+        if parent in trusted:
+            problem = None
+            for d in reversed(unchecked):
+                problem = self.layout._problem(d, create=False)
+                if problem is not None:
+                    problem = self.layout._with_recursive_fix(problem)
+                    break
+        else:
+            problem = self.layout.trust_problem(path)
         if problem is None:
             if os.path.isdir(directory):
-                self._trusted_dirs.add(directory)
+                trusted.update(unchecked)
+                trusted.add(parent)
             return True
         if problem not in _warned:
             _warned.add(problem)

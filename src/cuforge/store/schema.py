@@ -24,6 +24,16 @@ The rules (a field marked *typed* may be absent, but when present must have that
 * ``"object"``, ``"module"`` (the torch build): the common rules only.
 * ``"cccl"`` (:mod:`cuforge.cccl`, a serialized cuda.compute algorithm) and ``"cute"``
   (:mod:`cuforge.cute`, an exported CuTe DSL function): the common rules only.
+* ``"triton"`` (:mod:`cuforge.triton`, one Triton kernel group packed as named files):
+  the common rules, plus ``files`` (*typed*, an object of file name -> size) and a
+  non-empty ``name`` (the kernel's name, required).
+* ``"inductor"`` (:mod:`cuforge.torch.compile_cache`, one value of Inductor's FX-graph
+  or autotune remote cache): the common rules, plus ``cache`` (required, a str naming
+  Inductor's cache).
+* ``"cuda-core"`` (:mod:`cuforge.cuda_core`, a cuda.core program), ``"jax"``
+  (:mod:`cuforge.jax`, a serialized JAX executable), ``"cupy"`` (:mod:`cuforge.cupy`, a
+  CuPy kernel binary): the common rules, and ``output`` (*typed*) is the name of a binary
+  format (:data:`_ADAPTER_OUTPUTS`).
 * any other kind is corrupt.
 
 Imports nothing at load time.
@@ -31,14 +41,16 @@ Imports nothing at load time.
 
 from __future__ import annotations
 
+from cuforge.store.base import ENTRY_KINDS
+
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: see docs/architecture.md, the warm path
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any
 
 __all__ = ["KINDS", "entry_problem"]
 
-#: Every kind an entry may have (the same tuple as ``cuforge.store.base.ENTRY_KINDS``).
-KINDS = ("kernel", "manifest", "object", "module", "cccl", "cute")
+#: Every kind an entry may have: the one list, ``cuforge.store.base.ENTRY_KINDS``.
+KINDS = ENTRY_KINDS
 
 _STR_FIELDS = ("name", "arch", "backend", "output", "log")
 
@@ -77,6 +89,19 @@ def _variant_problem(variant: Any, where: str) -> str | None:
     return None
 
 
+def _triton_problem(meta: dict) -> str | None:
+    name = meta.get("name")
+    if not isinstance(name, str) or not name:
+        return "meta.name is not a non-empty str (a triton entry names its kernel)"
+    files = meta.get("files")
+    if files is not None and not (
+        isinstance(files, dict)
+        and all(isinstance(k, str) and type(v) is int and v >= 0 for k, v in files.items())
+    ):
+        return "meta.files is not an object of file name -> size"
+    return None
+
+
 def _is_str(value: Any) -> bool:
     return isinstance(value, str)
 
@@ -96,6 +121,14 @@ _CHECKS = {
 }
 
 
+#: what ``meta.output`` of an adapter entry may say, per kind
+_ADAPTER_OUTPUTS = {
+    "cuda-core": ("cubin", "ptx", "ltoir", "fatbin", "object", "library"),
+    "jax": ("executable",),
+    "cupy": ("cubin", "ptx", "fatbin"),
+}
+
+
 def entry_problem(kind: Any, meta: Any) -> str | None:
     """Why an entry of ``kind`` with ``meta`` is malformed, or None when it is well formed.
     The message names the field (it ends up in warnings and ``verify`` reports)."""
@@ -112,6 +145,12 @@ def entry_problem(kind: Any, meta: Any) -> str | None:
         elif not rule[0](value):
             shown = repr(value) if len(repr(value)) <= 60 else type(value).__name__
             return f"meta.{field} is {shown}, not {rule[1]}"
+    if kind == "triton":
+        why = _triton_problem(meta)
+        if why is not None:
+            return why
+    elif kind == "inductor" and not isinstance(meta.get("cache"), str):
+        return "meta.cache is not a str (an inductor entry names its Inductor cache)"
     if kind == "manifest":
         if "variants" in meta:
             variants = meta["variants"]
@@ -127,4 +166,9 @@ def entry_problem(kind: Any, meta: Any) -> str | None:
             return "meta.probes is not a list of str"
         if "for" in meta and not isinstance(meta["for"], str):
             return "meta.for is not a str"
+    outputs = _ADAPTER_OUTPUTS.get(kind)
+    if outputs is not None and "output" in meta and meta["output"] not in outputs:
+        return (
+            f"meta.output of a {kind} entry is {meta['output']!r}, not one of {', '.join(outputs)}"
+        )
     return None

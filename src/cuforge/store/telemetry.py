@@ -121,7 +121,7 @@ def _run_drains() -> None:
 def telemetry_dir(root: str) -> str:
     """The telemetry dir of the cache dir ``root`` (``CacheLayout(root).telemetry``)."""
 
-    return CacheLayout(root).telemetry
+    return CacheLayout.of(root).telemetry
 
 
 def record(

@@ -322,9 +322,36 @@ def toolkit_include_dirs() -> list[str]:
 
 def header_cuda_version(include_dir: str) -> tuple[int, int] | None:
     """``CUDA_VERSION`` of ``<include_dir>/cuda.h`` as (major, minor) (``12090`` ->
-    ``(12, 9)``), or None when there is no such header or no readable define."""
+    ``(12, 9)``), or None when there is no such header or no readable define. Memoized
+    in the process and in the toolchain memo by the header's stat."""
+    path = os.path.join(include_dir, "cuda.h")
+    sig = _memo.file_stat_key(path)
+    if sig is None:
+        return None
+    known = _version_memo.get(("cuda_h", path))
+    if known is not None and known[0] == sig:
+        return known[1]
+    with _memo.lock:
+        memo = _memo.load()
+        data = _memo.probed(memo, "cuda_h", path, sig)
+        if data is None:
+            found = _read_cuda_version(path)
+            data = {"version": list(found) if found else None}
+            _memo.remember(memo, "cuda_h", path, sig, data)
+            _memo.save(memo)
+    raw = data.get("version")
+    version = (int(raw[0]), int(raw[1])) if isinstance(raw, list) and len(raw) == 2 else None
+    _version_memo[("cuda_h", path)] = (sig, version)
+    return version
+
+
+#: (probe kind, path) -> (stat signature, version): the in-process layer of the memo
+_version_memo: dict[tuple[str, str], tuple[list[int], tuple[int, int] | None]] = {}
+
+
+def _read_cuda_version(path: str) -> tuple[int, int] | None:
     try:
-        fd = _fs.open_regular(os.path.join(include_dir, "cuda.h"))
+        fd = _fs.open_regular(path)
     except OSError:
         return None
     try:
@@ -365,6 +392,30 @@ def nvrtc_wheel_version(library: str) -> tuple[int, int] | None:
         if parent == d:
             return None
         d = parent
+    # memoized by the library's stat and the site-packages dir's (its mtime changes when a
+    # distribution is installed or removed): one listdir per install, not per process
+    lib_sig, dir_sig = _memo.file_stat_key(library), _memo.file_stat_key(d)
+    sig = None if lib_sig is None or dir_sig is None else lib_sig + dir_sig
+    known = _version_memo.get(("nvrtc_wheel", library))
+    if sig is not None and known is not None and known[0] == sig:
+        return known[1]
+    with _memo.lock:
+        memo = _memo.load()
+        data = _memo.probed(memo, "nvrtc_wheel", library, sig) if sig is not None else None
+        if data is None:
+            found = _scan_nvrtc_wheel_version(library, d)
+            data = {"version": list(found) if found else None}
+            if sig is not None:
+                _memo.remember(memo, "nvrtc_wheel", library, sig, data)
+                _memo.save(memo)
+    raw = data.get("version")
+    version = (int(raw[0]), int(raw[1])) if isinstance(raw, list) and len(raw) == 2 else None
+    if sig is not None:
+        _version_memo[("nvrtc_wheel", library)] = (sig, version)
+    return version
+
+
+def _scan_nvrtc_wheel_version(library: str, d: str) -> tuple[int, int] | None:
     try:
         names = os.listdir(d)
     except OSError:

@@ -54,7 +54,7 @@ _cache: tuple[str, tuple[int, int, int], dict] | None = None
 def memo_path() -> str:
     """``<cache_dir>/toolchain.json`` for the current settings."""
 
-    return CacheLayout(settings().cache_dir).toolchain_memo
+    return CacheLayout.of(settings().cache_dir).toolchain_memo
 
 
 def _trusted(path: str) -> bool:
@@ -62,7 +62,7 @@ def _trusted(path: str) -> bool:
     cache dir's one trust rule (:meth:`cuforge.layout.CacheLayout.trust_problem`)."""
     from cuforge.layout import CacheLayout
 
-    return CacheLayout(os.path.dirname(path)).trust_problem(path) is None
+    return CacheLayout.of(os.path.dirname(path)).trust_problem(path) is None
 
 
 def load() -> dict:

@@ -88,14 +88,14 @@ def trusted_memo_dir() -> str | None:
     dir's trust rule (:meth:`cuforge.layout.CacheLayout.trust_problem`), else None: an
     untrusted memo could name the include dirs a build uses, so it is neither read nor
     written then."""
-    layout = CacheLayout(settings().cache_dir)
+    layout = CacheLayout.of(settings().cache_dir)
     if layout.trust_problem(layout.torch) is not None:
         return None
     return layout.torch
 
 
 def _memo_path() -> str | None:
-    layout = CacheLayout(settings().cache_dir)
+    layout = CacheLayout.of(settings().cache_dir)
     return None if trusted_memo_dir() is None else layout.torch_paths_memo
 
 

@@ -66,7 +66,8 @@ class FileBackend(RemoteBackend):
         """``<dir>/<namespace>/<kind>/<key[:2]>/<key>``; ValueError for a kind or key that
         is not a plain name."""
         for what, value in (("kind", kind), ("key", key)):
-            if not value or not value.isalnum() or not value.isascii():
+            plain = value.replace("-", "") if what == "kind" else value  # "cuda-core"
+            if not plain or not plain.isalnum() or not value.isascii() or value[0] == "-":
                 raise ValueError(f"remote {what} {value!r} is not a plain alphanumeric name")
         return os.path.join(self.root, self.namespace, kind, key[:2], key)
 

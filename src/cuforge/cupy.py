@@ -1,0 +1,201 @@
+"""cuforge under CuPy's kernel cache (``pip install "cuforge[cupy]"``).
+
+``cuforge.cupy.enable(cache=None, include_dirs=())`` makes CuPy keep the kernels it
+compiles (``RawKernel``, ``RawModule``, ``ElementwiseKernel``, ``ReductionKernel``, its own
+kernels) in a :class:`cuforge.Cache`: entries of kind ``"cupy"``, every tier, the one LRU
+cap, checksummed, shared through the remotes, signed when signing is on
+(``cuforge cache ls --kind cupy``).
+
+The hook is CuPy's ``KernelCacheBackend`` (``load(name) -> bytes | None``,
+``save(name, cubin, source)``), set through the private
+``cupy.cuda.compiler._set_kernel_cache_backend`` (CuPy 14). It is private, so
+:func:`enable` is version-gated (:data:`SUPPORTED`) and checks the hook's shape: on another
+CuPy it warns once, changes nothing and returns False -- CuPy's own cache keeps working.
+
+**The key.** CuPy names an entry by a SHA-1 of the source, the options, the arch, the
+NVRTC version and CuPy's own headers; it leaves out the user headers the source
+``#include``-s, so a header edit is served the stale binary. CuPy's backend gets only that
+name on ``load`` (not the source or the options), so cuforge cannot add to the name; it
+does the next best thing: ``save`` records the user headers the source includes (found by
+cuforge's dependency scanner in the working directory and ``include_dirs``; the ``-I``
+options CuPy compiles with are not passed to the backend, so name them in
+``include_dirs``), each by its path under the directory it was found in and its content
+digest, and ``load`` serves the entry only when every one of them still has that content
+here. A header edit misses (CuPy compiles and the entry is replaced), a ``touch`` hits, and
+the same headers in another checkout hit.
+
+A stored entry that does not unpack is deleted and reported as missing: CuPy compiles.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from typing import TYPE_CHECKING
+
+from cuforge import blobcache
+from cuforge._adapters import damaged, read_files, version_tuple, warn_once, write_files
+from cuforge.caching import Cache, resolve
+from cuforge.deps import file_digest, scan_includes
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Any
+
+__all__ = ["KIND", "SUPPORTED", "enable", "disable", "is_enabled", "hook_problem", "backend"]
+
+KIND = "cupy"
+#: CuPy versions whose private hook this module was written against: [low, high)
+SUPPORTED = ((14, 0), (16, 0))
+
+_PAYLOAD = "payload"
+_HEADERS = "headers.json"
+_lock = threading.Lock()
+_previous: list[Any] = []
+
+
+def hook_problem() -> str | None:
+    """Why the installed CuPy cannot take cuforge's cache (None when it can)."""
+    try:
+        import cupy
+        from cupy.cuda import compiler
+    except ImportError as exc:
+        return f"CuPy cannot be imported ({exc})"
+    low, high = SUPPORTED
+    if not (low <= version_tuple(cupy.__version__, 2) < high):
+        return f"CuPy {cupy.__version__} is outside the versions cuforge.cupy supports (>= {low[0]}, < {high[0]})"
+    setter = getattr(compiler, "_set_kernel_cache_backend", None)
+    if not callable(setter) or not hasattr(compiler, "_kernel_cache_backend"):
+        return "cupy.cuda.compiler has no _set_kernel_cache_backend / _kernel_cache_backend"
+    try:
+        from cupy.cuda._compiler_cache import KernelCacheBackend
+    except ImportError:
+        return "cupy.cuda._compiler_cache has no KernelCacheBackend"
+    if getattr(KernelCacheBackend, "__abstractmethods__", None) != frozenset({"load", "save"}):
+        return "CuPy's KernelCacheBackend is not load(name) / save(name, cubin, source)"
+    return None
+
+
+def _roots(include_dirs: Sequence[str]) -> list[str]:
+    return [os.path.abspath(d) for d in (os.getcwd(), *include_dirs)]
+
+
+def _relative(path: str, roots: list[str]) -> tuple[int, str] | None:
+    for i, root in enumerate(roots):
+        rel = os.path.relpath(path, root)
+        if not rel.startswith(".."):
+            return i, rel
+    return None
+
+
+def headers_of(source: str, include_dirs: Sequence[str] = ()) -> list[list[Any]] | None:
+    """``[[root index, path under that root, sha256], ...]`` of the user headers ``source``
+    includes (root 0: the working directory, then ``include_dirs``); None when they cannot
+    be known (the entry is then stored with no header check, as CuPy would)."""
+    roots = _roots(include_dirs)
+    scan = scan_includes(source, source_dir=roots[0], include_dirs=roots[1:])
+    if scan.uncacheable:
+        return None
+    out = []
+    for path in scan.headers:
+        where = _relative(path, roots)
+        digest = file_digest(path)
+        if where is None or digest is None:
+            return None
+        out.append([where[0], where[1], digest])
+    return out
+
+
+def _headers_hold(recorded: Any, include_dirs: Sequence[str]) -> bool:
+    if not isinstance(recorded, list):
+        raise ValueError("the recorded headers are not a list")
+    roots = _roots(include_dirs)
+    for item in recorded:
+        if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], int)):
+            raise ValueError(f"a recorded header is malformed: {item!r}")
+        index, rel, digest = item
+        if not (0 <= index < len(roots)) or file_digest(os.path.join(roots[index], rel)) != digest:
+            return False
+    return True
+
+
+def backend(cache: Cache | None = None, include_dirs: Sequence[str] = ()) -> Any:
+    """A CuPy ``KernelCacheBackend`` over ``cache`` (default: :func:`cuforge.default_cache`
+    at each call); ``include_dirs``: where the sources' user headers are found besides the
+    working directory (the ``-I`` of CuPy's compile options)."""
+    from cupy.cuda._compiler_cache import KernelCacheBackend
+
+    dirs = [os.fspath(d) for d in include_dirs]
+
+    class CuforgeKernelCacheBackend(KernelCacheBackend):
+        @staticmethod
+        def entry_key(name: str) -> str:
+            return blobcache.make_key(KIND, {"cupy_name": name})[0]
+
+        def load(self, name: str) -> bytes | None:
+            c = resolve(cache)
+            ckey = self.entry_key(name)
+            files = read_files(c, ckey, KIND, f"CuPy kernel {name}")
+            if files is None:
+                c.count(f"{KIND}:miss")
+                return None
+            try:
+                payload = files[_PAYLOAD]
+                recorded = json.loads(files[_HEADERS].decode("utf-8"))
+                fresh = recorded is None or _headers_hold(recorded, dirs)
+            except (KeyError, ValueError) as exc:
+                damaged(c, ckey, KIND, f"CuPy kernel {name}", exc)
+                return None
+            if not fresh:
+                c.count(f"{KIND}:header_changed")
+                return None
+            c.count(f"{KIND}:hit")
+            return payload
+
+        def save(self, name: str, cubin: bytes, source: str) -> None:
+            c = resolve(cache)
+            headers = headers_of(source, dirs)
+            files = {_PAYLOAD: bytes(cubin), _HEADERS: json.dumps(headers).encode()}
+            output = "ptx" if name.endswith(".ptx") else "cubin"
+            meta = {"name": name, "backend": KIND, "output": output}
+            write_files(c, self.entry_key(name), KIND, files, meta)
+
+    if cache is not None:
+        resolve(cache)
+    return CuforgeKernelCacheBackend()
+
+
+def enable(cache: Cache | None = None, include_dirs: Sequence[str] = ()) -> bool:
+    """Make CuPy's kernel cache a :class:`cuforge.Cache` (see :func:`backend`). True when
+    done; False (with a warning, once) on a CuPy cuforge does not support -- CuPy's own
+    cache is then left as it was. :func:`disable` undoes it."""
+    why = hook_problem()
+    if why is not None:
+        warn_once(f"cuforge.cupy: {why}; CuPy's own kernel cache is left as it is")
+        return False
+    from cupy.cuda import compiler
+
+    made = backend(cache, include_dirs)
+    with _lock:
+        if not _previous:
+            _previous.append(compiler._kernel_cache_backend)
+        compiler._set_kernel_cache_backend(made)
+    return True
+
+
+def disable() -> None:
+    """Undo :func:`enable`: CuPy's kernel cache is what it was before."""
+    with _lock:
+        if _previous:
+            from cupy.cuda import compiler
+
+            compiler._set_kernel_cache_backend(_previous.pop())
+
+
+def is_enabled() -> bool:
+    if not _previous:
+        return False
+    from cupy.cuda import compiler
+
+    return type(compiler._kernel_cache_backend).__name__ == "CuforgeKernelCacheBackend"

@@ -1,0 +1,145 @@
+"""cuforge under JAX's persistent compilation cache (``pip install "cuforge[jax]"``).
+
+``cuforge.jax.enable(cache=None)`` makes JAX store its compiled executables in a
+:class:`cuforge.Cache` (entries of kind ``"jax"``: every tier, the one LRU cap, checksummed,
+shared through the remotes, signed when signing is on; ``cuforge cache ls --kind jax``).
+
+JAX has one hook for this: ``jax._src.compilation_cache._cache``, a private global holding
+a ``CacheInterface`` (``get(key) -> bytes | None``, ``put(key, bytes)``). It is private, so
+:func:`enable` is version-gated (:data:`SUPPORTED`): on a JAX outside that range, or one
+whose hook does not look as expected, it warns once, changes nothing and returns False --
+JAX's own cache (``jax_compilation_cache_dir``) keeps working.
+
+The key is JAX's own (``jit_<name>-<sha256>``, which covers the computation, the compile
+options, the backend and the versions of jax and jaxlib). cuforge adds nothing to it, so
+nothing machine-specific enters the key: machines with the same JAX and devices share
+entries. JAX's own thresholds still decide what is written
+(``jax_persistent_cache_min_compile_time_secs``, default 1 s;
+``jax_persistent_cache_min_entry_size_bytes``).
+
+A stored entry that does not unpack is deleted and reported as missing (JAX compiles); JAX
+itself turns an executable that fails to deserialize into a warning and a compile.
+``jax.experimental.compilation_cache.reset_cache()`` drops the hook; call :func:`enable`
+again after it.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import threading
+from typing import TYPE_CHECKING
+
+from cuforge import blobcache
+from cuforge._adapters import read_files, version_tuple, warn_once, write_files
+from cuforge.caching import Cache, resolve
+
+if TYPE_CHECKING:
+    from typing import Any
+
+__all__ = ["KIND", "SUPPORTED", "enable", "disable", "is_enabled", "hook_problem"]
+
+KIND = "jax"
+#: JAX versions whose private hook this module was written against: [low, high)
+SUPPORTED = ((0, 4, 36), (0, 11))
+
+_FILE = "executable"
+_lock = threading.Lock()
+#: (the module patched, what its _cache held before) while enabled
+_previous: list[tuple[Any, Any]] = []
+
+
+def hook_problem() -> str | None:
+    """Why the installed JAX cannot take cuforge's cache (None when it can): the version is
+    outside :data:`SUPPORTED`, or the private hook is not what cuforge expects."""
+    try:
+        import jax
+        from jax._src import compilation_cache as cc
+        from jax._src.compilation_cache_interface import CacheInterface
+    except ImportError as exc:
+        return f"JAX's compilation cache cannot be imported ({exc})"
+    low, high = SUPPORTED
+    version = version_tuple(jax.__version__)
+    if not (low <= version < high):
+        shown = ".".join(map(str, low)), ".".join(map(str, high))
+        return f"JAX {jax.__version__} is outside the versions cuforge.jax supports (>= {shown[0]}, < {shown[1]})"
+    if not hasattr(cc, "_cache") or not callable(getattr(cc, "_get_cache", None)):
+        return "jax._src.compilation_cache has no _cache / _get_cache"
+    if getattr(CacheInterface, "__abstractmethods__", None) != frozenset({"get", "put"}):
+        return "jax's CacheInterface is not get(key) / put(key, value)"
+    return None
+
+
+def _adapter_class() -> type:
+    from jax._src.compilation_cache_interface import CacheInterface
+
+    class CuforgeJaxCache(CacheInterface):
+        """A JAX ``CacheInterface`` over a :class:`cuforge.Cache`."""
+
+        def __init__(self, cache: Cache | None) -> None:
+            self._cache = cache
+            self._path = pathlib.Path(str(resolve(cache).directory or "cuforge"))
+
+        @staticmethod
+        def entry_key(key: str) -> str:
+            return blobcache.make_key(KIND, {"jax_key": key})[0]
+
+        def get(self, key: str) -> bytes | None:
+            cache = resolve(self._cache)
+            ckey = self.entry_key(key)
+            files = read_files(cache, ckey, KIND, f"JAX executable {key!r}")
+            data = None if files is None else files.get(_FILE)
+            if data is None:
+                cache.count(f"{KIND}:miss")
+                return None
+            cache.count(f"{KIND}:hit")
+            return data
+
+        def put(self, key: str, value: bytes) -> None:
+            cache = resolve(self._cache)
+            name = key.rsplit("-", 1)[0] if "-" in key else key
+            meta = {"name": name, "backend": KIND, "output": "executable", "jax_key": key}
+            write_files(cache, self.entry_key(key), KIND, {_FILE: bytes(value)}, meta)
+
+        def clear(self) -> None:
+            cache = resolve(self._cache)
+            for k in [i.key for i in cache.iterate() if i.kind == KIND]:
+                cache.delete(k)
+
+    return CuforgeJaxCache
+
+
+def enable(cache: Cache | None = None) -> bool:
+    """Make JAX's persistent compilation cache a :class:`cuforge.Cache` (``cache``;
+    default: :func:`cuforge.default_cache` at each lookup). True when done; False (with a
+    warning, once) when the installed JAX is not one cuforge supports -- JAX's own cache
+    is then left as it was. Idempotent; :func:`disable` undoes it."""
+    if cache is not None:
+        resolve(cache)  # a wrong argument is named now
+    why = hook_problem()
+    if why is not None:
+        warn_once(f"cuforge.jax: {why}; JAX's own compilation cache is left as it is")
+        return False
+    from jax._src import compilation_cache as cc
+
+    adapter = _adapter_class()(cache)
+    with _lock:
+        if not _previous:
+            _previous.append((cc, cc._cache))
+        cc._cache = adapter
+    return True
+
+
+def disable() -> None:
+    """Undo :func:`enable`: JAX's compilation cache is what it was before."""
+    with _lock:
+        while _previous:
+            module, before = _previous.pop()
+            module._cache = before
+
+
+def is_enabled() -> bool:
+    """Whether JAX's compilation cache is cuforge's now."""
+    if not _previous:
+        return False
+    module = _previous[0][0]
+    return type(module._cache).__name__ == "CuforgeJaxCache"

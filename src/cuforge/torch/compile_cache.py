@@ -1,0 +1,206 @@
+"""torch.compile's caches in cuforge: Inductor's remote caches backed by a cuforge.Cache.
+
+Set-up, one line: ``cuforge.torch.compile_cache.enable()`` before the first
+``torch.compile``. See docs/torch_compile.md.
+
+**Mechanism** (chosen from torch's source, torch/_inductor/remote_cache.py): Inductor's
+FX-graph cache, AOTAutograd cache and autotune caches each have a *remote* tier,
+``RemoteFxGraphCache``/``RemoteAOTAutogradCache``/``RemoteAutotuneCache``/
+``RemoteBundledAutotuneCache``, whose byte store is pluggable through the class attribute
+``backend_override_cls``. :func:`enable` plugs a backend that keeps each value as one
+cuforge entry of kind ``inductor`` (every tier: memory, disk, the remotes; checksummed, under
+the LRU cap, signed when signing is on), and turns those remote caches on in Inductor's
+config. Inductor keeps its own local caches in front; a second machine with an empty
+``TORCHINDUCTOR_CACHE_DIR`` gets the FX graph (and the AOTAutograd entry) from cuforge and
+runs no Inductor codegen. Mega-Cache (``torch.compiler.save_cache_artifacts``) was not used:
+it is one blob per process, to be saved and loaded by hand at the right moment, while the
+remote tiers are asked per graph, by Inductor itself, with its own keys.
+
+**Keys**: Inductor's own keys (hashes of the graph, the inputs, the configs and the torch
+version), wrapped as ``make_key("inductor", {"cache": ..., "inductor_key": ...})``. They
+hold no path or user name that torch does not put there itself (tests/torch/
+test_compile_cache.py compiles in another cwd with another Inductor dir and hits).
+
+**Trust**: a value is the JSON document torch would have read from its own remote cache;
+for the FX graph and AOTAutograd caches it holds a base64 pickle that torch unpickles, as it
+would from its own local or remote cache. cuforge unpickles nothing. Bytes that fail the
+entry checksum (or the signature, when required) are a miss: torch recompiles.
+
+Triton kernels compiled by Inductor go through :mod:`cuforge.triton` (enabled too, when
+Triton is installed and supported).
+
+Supported: torch 2.6 to 2.14 (tested on 2.14.1). On another version :func:`enable` warns once
+and leaves torch's caches as they are.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from cuforge.blobcache import make_key
+from cuforge.caching import Cache, default_cache
+from cuforge.store.base import Entry
+
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Any
+
+__all__ = ["enable", "disable", "supported", "SUPPORTED"]
+
+#: ``(low, high)``: the torch versions this module patches (low <= version < high)
+SUPPORTED = ((2, 6), (2, 15))
+#: Inductor's remote-cache classes whose byte store cuforge becomes
+_CLASSES = (
+    "RemoteFxGraphCache",
+    "RemoteAOTAutogradCache",
+    "RemoteAutotuneCache",
+    "RemoteBundledAutotuneCache",
+)
+#: config module -> the flags that turn those remote caches on
+_FLAGS = (
+    ("torch._inductor.config", ("fx_graph_remote_cache", "autotune_remote_cache")),
+    ("torch._functorch.config", ("enable_remote_autograd_cache",)),
+)
+
+_log = logging.getLogger("cuforge")
+_state: dict[str, Any] = {"cache": None, "saved": None, "warned": False}
+
+
+def _torch_version() -> tuple[int, int]:
+    import torch
+
+    parts = torch.__version__.split("+", 1)[0].split(".")
+    return int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)
+
+
+def supported() -> bool:
+    """Whether the installed torch is one whose remote-cache hook this module knows."""
+    low, high = SUPPORTED
+    if not low <= _torch_version() < high:
+        return False
+    from torch._inductor import remote_cache
+
+    return all(hasattr(getattr(remote_cache, c, None), "backend_override_cls") for c in _CLASSES)
+
+
+def enable(cache: Cache | None = None, *, triton: bool = True) -> bool:
+    """Keep torch.compile's FX-graph, AOTAutograd and autotune cache values in ``cache``
+    (default: :func:`cuforge.default_cache`, resolved at each lookup); ``triton``: also
+    :func:`cuforge.triton.enable` the same cache. Returns False (after one warning) on an
+    unsupported torch, whose own caches then stay as they are."""
+    if cache is not None and not isinstance(cache, Cache):
+        raise TypeError(f"cache= must be a cuforge.Cache or None, not {type(cache).__name__}")
+    if not supported():
+        if not _state["warned"]:
+            _state["warned"] = True
+            import torch
+
+            _log.warning(
+                "cuforge: torch %s is not a version cuforge.torch.compile_cache supports "
+                "(%s.%s <= version < %s.%s); torch.compile keeps its own caches",
+                torch.__version__,
+                *SUPPORTED[0],
+                *SUPPORTED[1],
+            )
+        return False
+    import importlib
+
+    from torch._inductor import remote_cache
+
+    _state["cache"] = cache
+    if _state["saved"] is None:
+        saved: dict[tuple[str, str], Any] = {}
+        for name in _CLASSES:
+            saved[("class", name)] = getattr(remote_cache, name).backend_override_cls
+        for module, flags in _FLAGS:
+            config = importlib.import_module(module)
+            for flag in flags:
+                saved[(module, flag)] = getattr(config, flag)
+        _state["saved"] = saved
+    for name in _CLASSES:
+        getattr(remote_cache, name).backend_override_cls = _factory(name)
+    for module, flags in _FLAGS:
+        config = importlib.import_module(module)
+        for flag in flags:
+            setattr(config, flag, True)
+    if triton:
+        try:
+            import cuforge.triton as _triton
+        except ImportError:
+            pass  # no Triton: nothing to cache there
+        else:
+            _triton.enable(cache)
+    return True
+
+
+def disable() -> None:
+    """Undo :func:`enable`: torch's remote-cache classes and flags as they were."""
+    saved = _state["saved"]
+    if saved is None:
+        return
+    import importlib
+
+    from torch._inductor import remote_cache
+
+    for (where, name), value in saved.items():
+        if where == "class":
+            getattr(remote_cache, name).backend_override_cls = value
+        else:
+            setattr(importlib.import_module(where), name, value)
+    _state["saved"] = None
+    _state["cache"] = None
+
+
+def _factory(class_name: str):
+    def make() -> Any:
+        return _backend_class()(class_name)
+
+    return make
+
+
+_made: list = []
+
+
+def _backend_class():
+    """The backend class (built on first use: it subclasses torch's, imported lazily)."""
+    if _made:
+        return _made[0]
+    from torch._inductor.remote_cache import RemoteCacheBackend
+
+    class CuforgeBackend(RemoteCacheBackend):
+        """Inductor's bytes by key, as cuforge entries of kind ``inductor``."""
+
+        def __init__(self, class_name: str) -> None:
+            super().__init__()
+            self.class_name = class_name
+
+        def _cache(self) -> Cache:
+            cache = _state["cache"]
+            return cache if cache is not None else default_cache()
+
+        def _key(self, key: str) -> str:
+            return make_key("inductor", {"cache": self.class_name, "inductor_key": key})[0]
+
+        def _get(self, key: str) -> bytes | None:
+            cache = self._cache()
+            entry, tier = cache.get_with_tier(self._key(key), kind="inductor")
+            if entry is None or entry.kind != "inductor":
+                cache.count(f"inductor:{self.class_name}:miss")
+                return None
+            source = "remote" if tier and tier.startswith("remote") else tier or "disk"
+            cache.count(f"inductor:{self.class_name}:{source}")
+            return entry.payload
+
+        def _put(self, key: str, data: bytes) -> None:
+            cache = self._cache()
+            meta = {
+                "name": f"{self.class_name}:{key[:48]}",
+                "backend": "inductor",
+                "cache": self.class_name,
+                "arch": "",
+            }
+            cache.put(Entry(self._key(key), "inductor", bytes(data), meta))
+            cache.count(f"inductor:{self.class_name}:put")
+
+    _made.append(CuforgeBackend)
+    return CuforgeBackend

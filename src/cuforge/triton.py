@@ -1,0 +1,477 @@
+"""cuforge as Triton's cache: one ``triton`` entry per compiled kernel, in every tier.
+
+Set-up, one line: ``cuforge.triton.enable()`` in code, or for every process of a shell
+(Inductor's compile workers included) ``export TRITON_CACHE_MANAGER=cuforge.triton:CacheManager``
+(``cuforge env`` prints it).
+
+What happens (see docs/triton.md):
+
+* Triton's ``compile()`` asks its cache manager for the kernel's *group* (metadata JSON,
+  cubin, PTX, IRs) under Triton's own key (a hash of the Triton build, the kernel's source,
+  the target, the options and the cache-invalidating env knobs). :class:`CacheManager`
+  keeps that group as **one** entry of kind ``triton`` in a :class:`cuforge.Cache`: the
+  payload is the group's files packed by :func:`cuforge.blobcache.pack` (nothing is ever
+  unpickled), checksummed, counted against the LRU cap and shared through the remote tiers
+  (signed when signing is on, refused unsigned when it is required).
+* A lookup asks memory, then disk, then the remotes (the cache's chain): a local hit makes
+  no network round trip; a miss asks each remote once.
+* Triton needs file paths: a hit is materialized into ``<cache dir>/triton/<key>/`` (a temp
+  dir renamed into place: no half-written group is ever handed out) and checked byte for
+  byte against the entry before its paths are returned; a wrong or partial copy is replaced.
+* A miss takes cuforge's single-flight lock of the key (threads and processes sharing the
+  cache dir: one compile, the other ranks wait and then hit), lets Triton compile, and
+  stores the group when Triton calls ``put_group``; the miss is explained by labeled fields
+  (``cuforge cache explain triton:<kernel>``).
+* A corrupt or truncated entry is deleted and the kernel recompiled; never served.
+* Files Triton caches outside a kernel group (its C launcher ``.so``, autotune results)
+  are machine-local: they stay in Triton's own cache dir (``TRITON_CACHE_DIR``), untouched.
+
+Supported: Triton 3.4 to 3.8 (tested on 3.8.0). On another version :func:`enable` warns
+once and leaves Triton's own cache in place; the ``TRITON_CACHE_MANAGER`` route falls back
+to Triton's file cache with the same warning.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import logging
+import os
+import shutil
+import time
+import uuid
+from typing import TYPE_CHECKING
+
+from triton.runtime.cache import CacheManager as _TritonCacheManager
+from triton.runtime.cache import FileCacheManager as _FileCacheManager
+
+import triton
+from cuforge import _fs
+from cuforge.blobcache import make_key, offline_error, pack, unpack
+from cuforge.caching import Cache, default_cache
+from cuforge.store.base import Entry
+
+if TYPE_CHECKING:  # pragma: no cover
+    from typing import Any
+
+__all__ = [
+    "CacheManager",
+    "enable",
+    "disable",
+    "enabled",
+    "supported",
+    "SUPPORTED",
+    "ENV_LINE",
+    "prune_materialized",
+]
+
+#: the Triton versions whose cache-manager protocol this module was written against
+#: (``(low, high)``: low <= version < high)
+SUPPORTED = ((3, 4), (3, 9))
+#: the shell line that makes every process use this cache (``cuforge env`` prints it)
+ENV_LINE = "TRITON_CACHE_MANAGER=cuforge.triton:CacheManager"
+#: the files a launch needs (``binary_only=True`` stores just these)
+_BINARY_EXTS = ("json", "cubin", "hsaco", "spv", "zebin")
+#: materialized groups whose entry is gone are removed once older than this (seconds)
+PRUNE_AFTER = 3600.0
+
+_log = logging.getLogger("cuforge")
+_state: dict[str, Any] = {"cache": None, "binary_only": False, "warned": False}
+#: Triton's cache key (as the manager receives it) -> labeled fields, for explain
+_recent_fields: dict[str, dict[str, str]] = {}
+_original_get_cache_key: list = []
+
+
+def _version() -> tuple[int, ...]:
+    parts = []
+    for piece in triton.__version__.split(".")[:2]:
+        digits = "".join(c for c in piece if c.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
+def supported() -> bool:
+    """Whether the installed Triton is one this module supports (:data:`SUPPORTED`)."""
+    low, high = SUPPORTED
+    knobs = getattr(triton, "knobs", None)
+    return low <= _version() < high and hasattr(getattr(knobs, "cache", None), "manager_class")
+
+
+def _warn_unsupported() -> None:
+    if not _state["warned"]:
+        _state["warned"] = True
+        _log.warning(
+            "cuforge: Triton %s is not a version cuforge.triton supports (%s.%s <= version "
+            "< %s.%s); Triton keeps its own cache",
+            triton.__version__,
+            *SUPPORTED[0],
+            *SUPPORTED[1],
+        )
+
+
+def enable(cache: Cache | None = None, *, binary_only: bool = False) -> bool:
+    """Make Triton cache its kernels in ``cache`` (default: :func:`cuforge.default_cache`,
+    resolved at each compile). ``binary_only``: store only what a launch needs (the
+    metadata JSON and the binary), not the IRs. Returns False (after one warning) on an
+    unsupported Triton, which then keeps its own cache. Sets ``triton.knobs.cache.
+    manager_class`` for this process; worker processes need ``TRITON_CACHE_MANAGER``."""
+    if cache is not None and not isinstance(cache, Cache):
+        raise TypeError(f"cache= must be a cuforge.Cache or None, not {type(cache).__name__}")
+    if not supported():
+        _warn_unsupported()
+        return False
+    _state["cache"] = cache
+    _state["binary_only"] = bool(binary_only)
+    _install_key_recorder()
+    triton.knobs.cache.manager_class = CacheManager
+    return True
+
+
+def disable() -> None:
+    """Give Triton its own cache back (undo :func:`enable`)."""
+    if supported() and triton.knobs.cache.manager_class is CacheManager:
+        triton.knobs.cache.manager_class = None
+    _state["cache"] = None
+    _state["binary_only"] = False
+
+
+def enabled() -> bool:
+    """Whether Triton's cache manager is this module's."""
+    return supported() and triton.knobs.cache.manager_class is CacheManager
+
+
+def _cache() -> Cache:
+    cache = _state["cache"]
+    return cache if cache is not None else default_cache()
+
+
+# ---------------------------------------------------------------------- explain fields
+def _base32(hexdigest: str) -> str:
+    return base64.b32encode(bytes.fromhex(hexdigest)).decode("ascii").rstrip("=")
+
+
+def _install_key_recorder() -> None:
+    """Wrap Triton's ``get_cache_key`` so that a miss can be explained by labeled fields
+    (the key itself is Triton's, unchanged)."""
+    if _original_get_cache_key:
+        return
+    from triton.compiler import compiler as _compiler
+
+    original = getattr(_compiler, "get_cache_key", None)
+    if original is None:
+        return
+    _original_get_cache_key.append(original)
+
+    def get_cache_key(src, backend, backend_options, env_vars):
+        key = original(src, backend, backend_options, env_vars)
+        try:
+            fields = _labeled_fields(src, backend, backend_options, env_vars)
+            digest = hashlib.sha256(key.encode("utf-8")).hexdigest()
+            if len(_recent_fields) > 4096:
+                _recent_fields.clear()
+            _recent_fields[_base32(digest)] = fields
+        except Exception:  # noqa: BLE001 - explain fields are best effort; the key stands
+            pass
+        return key
+
+    get_cache_key.__wrapped__ = original  # type: ignore[attr-defined]
+    _compiler.get_cache_key = get_cache_key
+
+
+def _labeled_fields(src: Any, backend: Any, options: Any, env_vars: Any) -> dict[str, str]:
+    from triton.runtime.cache import triton_key
+
+    target = backend.target
+    fields = {
+        "triton_version": triton.__version__,
+        "triton_build": hashlib.sha256(triton_key().encode("utf-8")).hexdigest()[:16],
+        "target": f"{target.backend}:{target.arch}:{target.warp_size}",
+        "backend": str(backend.hash()),
+        "env": str(sorted(env_vars.items())),
+    }
+    fn = getattr(src, "fn", None)
+    if fn is not None:
+        fields["source"] = str(fn.cache_key)
+        fields["signature"] = str(sorted(src.signature.items()))
+        names = list(getattr(fn, "arg_names", ()))
+        for path, value in sorted(src.constants.items(), key=str):
+            index = path[0] if isinstance(path, tuple) and len(path) == 1 else None
+            label = names[index] if isinstance(index, int) and index < len(names) else path
+            fields[f"constexpr:{label}"] = str(value)
+        fields["attrs"] = str(src.attrs)
+    else:
+        fields["source"] = str(src.hash())
+    for name, value in sorted(vars(options).items()):
+        if name != "extern_libs":  # paths: their contents are in options_hash
+            fields[f"option:{name}"] = str(value)
+    fields["options_hash"] = str(options.hash())
+    return fields
+
+
+# ---------------------------------------------------------------------- the manager
+class CacheManager(_TritonCacheManager):
+    """Triton's ``CacheManager`` protocol over a :class:`cuforge.Cache` (module doc).
+
+    Triton makes one per compile with its key; ``override``/``dump`` managers (Triton's
+    debugging dirs) and files outside a kernel group are Triton's own file cache."""
+
+    def __init__(self, key: str, override: bool = False, dump: bool = False) -> None:
+        self.key = key
+        self._files: _FileCacheManager | None = None
+        self._direct = bool(override or dump)
+        self._override, self._dump = override, dump
+        self._flight: Any = None
+        self._building: dict[str, bytes] | None = None
+        self._dir: str | None = None
+        self._group: dict[str, str] = {}
+        self._started = 0.0
+        self._name = ""
+        if self._direct:
+            return
+        if not supported():
+            _warn_unsupported()
+            self._direct = True
+            return
+        _install_key_recorder()
+        self.cache = _cache()
+        problem = None if self.cache.store is None else self.cache.trust_problem()
+        if self.cache.store is None or problem is not None:
+            if problem is not None:
+                self.cache.warn_once(f"cuforge.triton: {problem}; Triton uses its own cache")
+            self._direct = True
+            return
+        self.ckey, _ = make_key("triton", {"triton_hash": key})
+
+    # Triton's own file cache: debug dirs, launcher .so files, autotune results
+    def _file_cache(self) -> _FileCacheManager:
+        if self._files is None:
+            self._files = _FileCacheManager(self.key, override=self._override, dump=self._dump)
+        return self._files
+
+    def get_file(self, filename: str) -> str | None:
+        path = self._group.get(filename)
+        if path is not None:
+            return path
+        return self._file_cache().get_file(filename)
+
+    def put(self, data: Any, filename: str, binary: bool = True) -> str:
+        if self._building is None:
+            return self._file_cache().put(data, filename, binary)
+        raw = data if isinstance(data, bytes) else str(data).encode("utf-8")
+        _check_filename(filename)
+        path = os.path.join(self._dir, filename)
+        _fs.atomic_write(path, raw)
+        self._building[filename] = raw
+        self._group[filename] = path
+        return path
+
+    def get_group(self, filename: str) -> dict[str, str] | None:
+        if self._direct:
+            return self._file_cache().get_group(filename)
+        self._name = filename[:-5] if filename.endswith(".json") else filename
+        cache = self.cache
+        hit = self._lookup(filename)
+        if hit is not None:
+            return hit
+        if cache.offline:
+            raise offline_error(
+                "triton", self._name, self.ckey, self._fields(), "is not in the cache"
+            )
+        from cuforge.store.single_flight import single_flight
+
+        flight = single_flight(
+            cache.lock_dir, self.ckey, cache.lock_timeout, what=f"triton {self._name}"
+        )
+        flight.__enter__()
+        try:
+            hit = self._lookup(filename)
+        except BaseException:
+            flight.__exit__(None, None, None)
+            raise
+        if hit is not None:
+            flight.__exit__(None, None, None)
+            return hit
+        # a miss: hold the lock while Triton compiles; put_group (or our end) releases it
+        self._flight = flight
+        self._dir = cache.layout.triton_dir(self.ckey)
+        problem = cache.layout.ensure(self._dir)
+        if problem is not None:
+            self._release()
+            raise OSError(f"cuforge.triton: cannot materialize kernels: {problem}")
+        self._building = {}
+        self._started = time.perf_counter()
+        return None
+
+    def put_group(self, filename: str, group: dict[str, str]) -> str | None:
+        if self._building is None:
+            return self._file_cache().put_group(filename, group)
+        try:
+            seconds = time.perf_counter() - self._started
+            files: dict[str, bytes] = {}
+            for name in sorted(group):
+                if _state["binary_only"] and name.rsplit(".", 1)[-1] not in _BINARY_EXTS:
+                    continue
+                data = self._building.get(name)
+                if data is None:  # a file Triton wrote itself: read it back
+                    data = _fs.read_bytes(group[name])
+                files[name] = data
+            if filename not in files:
+                raise ValueError(f"Triton's group has no metadata file {filename!r}")
+            fields = self._fields()
+            meta = {
+                "name": self._name,
+                "backend": "triton",
+                "arch": fields.get("target", ""),
+                "compile_seconds": seconds,
+                "key_fields": fields,
+                "files": {f: len(d) for f, d in files.items()},
+                "triton_version": triton.__version__,
+                "triton_key": self.key,
+            }
+            entry = Entry(self.ckey, "triton", pack(files), meta)
+            self.cache.record_build(f"triton:{self._name}", self.ckey, fields, [entry])
+            self.cache.count("triton:compiled")
+            _maybe_prune(self.cache)
+        finally:
+            self._building = None
+            self._release()
+        return self._dir
+
+    def _fields(self) -> dict[str, str]:
+        fields = dict(_recent_fields.get(self.key) or {})
+        fields["triton_hash"] = self.key
+        return fields
+
+    def _lookup(self, filename: str) -> dict[str, str] | None:
+        cache = self.cache
+        entry, tier = cache.get_with_tier(self.ckey, kind="triton")
+        if entry is None:
+            return None
+        source = "remote" if tier and tier.startswith("remote") else tier or "disk"
+        try:
+            if entry.kind != "triton":
+                raise ValueError(f"the entry is of kind {entry.kind!r}, not 'triton'")
+            files = unpack(entry.payload)
+            if filename not in files:
+                raise ValueError(f"the group has no metadata file {filename!r}")
+            for name in files:
+                _check_filename(name)
+            paths = _materialize(cache, self.ckey, files)
+        except Exception as exc:  # noqa: BLE001 - stored bytes that do not load: recompile
+            cache.count("triton:load_errors")
+            _log.warning(
+                "cuforge: the cached triton entry %r (key %s, from the %s tier) could not be "
+                "loaded (%s: %s); it is deleted and the kernel recompiled",
+                self._name,
+                self.ckey[:12],
+                source,
+                type(exc).__name__,
+                exc,
+            )
+            cache.delete(self.ckey)
+            return None
+        cache.count(f"triton:{source}")
+        cache.verbose(f"cuforge: triton {self._name} {source} hit key {self.ckey[:12]}")
+        self._group = paths
+        return dict(paths)
+
+    def _release(self) -> None:
+        flight, self._flight = self._flight, None
+        if flight is not None:
+            flight.__exit__(None, None, None)
+
+    def __del__(self) -> None:
+        # a compile that raised never reached put_group: let the next rank compile
+        try:
+            self._release()
+        except Exception:  # noqa: BLE001 - never raise from a finalizer
+            pass
+
+
+def _check_filename(name: str) -> None:
+    if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+        raise ValueError(f"{name!r} is not a plain file name")
+
+
+def _same_files(directory: str, files: dict[str, bytes]) -> bool:
+    for name, data in files.items():
+        try:
+            if _fs.read_bytes(os.path.join(directory, name)) != data:
+                return False
+        except OSError:
+            return False
+    return True
+
+
+def _materialize(cache: Cache, ckey: str, files: dict[str, bytes]) -> dict[str, str]:
+    """Paths of ``files`` in ``<cache dir>/triton/<ckey>/``, written there if they are not
+    (a temp dir renamed into place, so a reader never sees part of a group)."""
+    layout = cache.layout
+    final = layout.triton_dir(ckey)
+    paths = {name: os.path.join(final, name) for name in files}
+    if _same_files(final, files):
+        return paths
+    problem = layout.ensure(layout.triton)
+    if problem is not None:
+        raise OSError(problem)
+    tmp = os.path.join(layout.triton, f".tmp-{os.getpid()}-{uuid.uuid4().hex}")
+    os.mkdir(tmp, 0o700)
+    try:
+        for name, data in files.items():
+            _fs.atomic_write(os.path.join(tmp, name), data)
+        try:
+            os.rename(tmp, final)
+            return paths
+        except OSError:
+            pass  # it exists: another rank's copy, or a stale or partial one
+        if _same_files(final, files):
+            return paths
+        trash = os.path.join(layout.triton, f".trash-{os.getpid()}-{uuid.uuid4().hex}")
+        os.rename(final, trash)
+        os.rename(tmp, final)
+        shutil.rmtree(trash, ignore_errors=True)
+        return paths
+    finally:
+        if os.path.isdir(tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def prune_materialized(cache: Cache | None = None, *, older_than: float = PRUNE_AFTER) -> int:
+    """Remove materialized groups under ``<cache dir>/triton/`` whose entry the disk tier no
+    longer holds (evicted under the cap), and leftover temp dirs, once untouched for
+    ``older_than`` seconds. Returns how many were removed."""
+    cache = cache if cache is not None else _cache()
+    layout = cache.layout
+    try:
+        names = os.listdir(layout.triton)
+    except OSError:
+        return 0
+    now = time.time()
+    removed = 0
+    for name in names:
+        path = os.path.join(layout.triton, name)
+        try:
+            if now - os.lstat(path).st_mtime < older_than:
+                continue
+        except OSError:
+            continue
+        if name.startswith((".tmp-", ".trash-")):
+            pass
+        elif len(name) == 64 and os.path.exists(layout.entry_path(name)):
+            continue
+        elif len(name) != 64:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed += 1
+    return removed
+
+
+def _maybe_prune(cache: Cache) -> None:
+    memo = cache.memo("cuforge.triton")
+    if memo.get("pruned"):
+        return
+    memo["pruned"] = True
+    try:
+        prune_materialized(cache)
+    except (OSError, ValueError) as exc:
+        _log.debug("cuforge.triton: pruning materialized groups failed: %s", exc)

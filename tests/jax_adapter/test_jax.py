@@ -1,0 +1,97 @@
+"""cuforge.jax on the real JAX (CPU backend): JAX's own monitoring events count."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from tests.child import child_env, run_python
+
+pytest.importorskip(
+    "jax", reason="jax is not installed: `make test-jax` (or 'cuforge[jax]' 'jax[cpu]')"
+)
+
+#: a child: enable cuforge's cache, run one jitted function, report JAX's cache events
+CHILD = r"""
+import json, logging
+import jax, jax.numpy as jnp
+from jax import monitoring
+events = {}
+def listen(name, **kw):
+    if name.startswith("/jax/compilation_cache/"):
+        events[name.rsplit("/", 1)[1]] = events.get(name.rsplit("/", 1)[1], 0) + 1
+monitoring.register_event_listener(listen)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+import cuforge, cuforge.jax as cj
+enabled = cj.enable()
+f = jax.jit(lambda x: jnp.sin(x) * 2 + x @ x.T)
+out = f(jnp.arange(16.0).reshape(4, 4))
+print(json.dumps({
+    "enabled": enabled, "hits": events.get("cache_hits", 0),
+    "misses": events.get("cache_misses", 0), "out": out.tolist(),
+    "counters": dict(cuforge.default_cache().counters),
+}))
+"""
+
+
+def test_contract_with_the_installed_jax():
+    import jax
+    from jax._src import compilation_cache as cc
+    from jax._src.compilation_cache_interface import CacheInterface
+
+    import cuforge.jax as cj
+
+    assert cj.hook_problem() is None, f"jax {jax.__version__}: {cj.hook_problem()}"
+    assert hasattr(cc, "_cache") and callable(cc._get_cache)
+    assert CacheInterface.__abstractmethods__ == frozenset({"get", "put"})
+    assert list(inspect.signature(CacheInterface.get).parameters) == ["self", "key"]
+    assert list(inspect.signature(CacheInterface.put).parameters) == ["self", "key", "value"]
+
+
+def test_enable_disable_and_an_unknown_version(monkeypatch, caplog, cache):
+    from jax._src import compilation_cache as cc
+
+    import cuforge.jax as cj
+
+    before = cc._cache
+    assert cj.enable(cache) and cj.is_enabled()
+    assert type(cc._cache).__name__ == "CuforgeJaxCache"
+    cj.disable()
+    assert cc._cache is before and not cj.is_enabled()
+    monkeypatch.setattr(cj, "SUPPORTED", ((0, 0, 1), (0, 0, 2)))
+    assert cj.enable(cache) is False and cc._cache is before
+    assert "outside the versions cuforge.jax supports" in caplog.text
+
+
+def test_adapter_round_trip_and_corruption(cache, caplog):
+    import cuforge.jax as cj
+    from cuforge.store.base import Entry
+
+    cj.enable(cache)
+    try:
+        from jax._src import compilation_cache as cc
+
+        adapter = cc._cache
+        adapter.put("jit_f-abc", b"serialized")
+        assert adapter.get("jit_f-abc") == b"serialized"
+        assert {i.kind for i in cache.iterate()} == {"jax"}
+        cache.put(Entry(adapter.entry_key("jit_f-abc"), "jax", b"garbage", {"backend": "jax"}))
+        cache.clear_memos()
+        assert adapter.get("jit_f-abc") is None  # JAX compiles; nothing crashes
+        assert "deleted and compiled again" in caplog.text
+        assert cache.get(adapter.entry_key("jit_f-abc")) is None
+    finally:
+        cj.disable()
+
+
+def test_process_b_restores_the_executable_from_the_remote(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    remote = f"file://{shared}"
+    a = run_python(CHILD, child_env(CUFORGE_CACHE_DIR=str(tmp_path / "a"), CUFORGE_REMOTE=remote))
+    assert a["enabled"] and a["misses"] >= 1 and a["hits"] == 0
+    b = run_python(CHILD, child_env(CUFORGE_CACHE_DIR=str(tmp_path / "b"), CUFORGE_REMOTE=remote))
+    assert b["enabled"] and b["misses"] == 0 and b["hits"] == a["misses"]
+    assert b["out"] == a["out"]
+    assert b["counters"].get("jax:hit") == b["hits"]

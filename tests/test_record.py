@@ -1,0 +1,126 @@
+"""Record -> replay on the CPU machine, end to end in real processes: a workload (a kernel
+from a file, a cuforge.compile string, a cuforge.jit specialization) recorded with
+CUFORGE_RECORD; the lockfile is deterministic; `cuforge build --lock` makes the warm set
+(copied from the cache, or rebuilt from the stanzas with an empty cache); a fresh cache dir
+serving that bundle replays it under fence("error") with 0 compiles and the same binaries;
+`cuforge prefetch` pulls exactly the lock's entries from a file:// remote."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import cuforge
+from cuforge.recording import read_lock
+from tests.child import child_env, finish, spawn
+
+WORKLOAD = r"""
+import json, sys, cuforge
+SCALE = '''
+template <typename T, int BLOCK>
+__global__ void scale(const T* __restrict__ x, T* out, T alpha, int n) {
+    int i = blockIdx.x * BLOCK + threadIdx.x;
+    if (i < n) out[i] = x[i] * alpha;
+}
+'''
+if len(sys.argv) > 1 and sys.argv[1] == "replay":
+    cuforge.load_bundle("warm.cfb")
+    cuforge.fence("error")
+a = cuforge.compile_file("k.cu", defines={"TILE": 4}, arch="sm_90")
+b = cuforge.compile('extern "C" __global__ void z(int* p) { *p = 1; }', name="z.cu", arch="sm_90")
+j = cuforge.jit(SCALE, "scale", arch="sm_90")
+j.specialize(T="float", BLOCK=64)
+c = cuforge.default_cache().counters
+print(json.dumps({"compiles": c["compiles"], "keys": [a.key, b.key],
+                  "binaries": [a.binary.hex()[:64], b.binary.hex()[:64]]}))
+"""
+
+
+def _run(tmp_path, cache_dir, *argv, **env):
+    script = tmp_path / "workload.py"
+    script.write_text(WORKLOAD)
+    environment = child_env(CUFORGE_CACHE_DIR=str(cache_dir), CUFORGE_ARCH="sm_90", **env)
+    code = f"import sys; sys.argv = ['w', *{list(argv)!r}]; exec(open({str(script)!r}).read())"
+    return finish(spawn(code, environment, cwd=str(tmp_path)))
+
+
+def _cli(tmp_path, cache_dir, *args, **env):
+    environment = child_env(CUFORGE_CACHE_DIR=str(cache_dir), CUFORGE_ARCH="sm_90", **env)
+    return subprocess.run(
+        [sys.executable, "-m", "cuforge", *args],
+        env=environment,
+        cwd=str(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_record_build_replay_end_to_end(tmp_path, isolated_cache):
+    (tmp_path / "k.cu").write_text('extern "C" __global__ void k(float* x) { x[0] = TILE; }\n')
+    first = _run(tmp_path, tmp_path / "c1", CUFORGE_RECORD="cuforge.lock")
+    assert first["compiles"] == 3
+    lock = (tmp_path / "cuforge.lock").read_text()
+    records = read_lock(tmp_path / "cuforge.lock")
+    assert sorted(r["system"] for r in records) == ["cuforge.jit", "kernel", "kernel"]
+    assert str(tmp_path) not in lock and "time" not in lock
+    by_name = {r["name"]: r for r in records}
+    assert by_name["k.cu"]["manifest"][0] == "[[kernel]]"  # a file: rebuildable
+    assert "manifest" not in by_name["z.cu"]  # a string: copied from a cache only
+    # the same workload, another cache dir, warm or cold: the same lockfile
+    os.rename(tmp_path / "cuforge.lock", tmp_path / "first.lock")
+    _run(tmp_path, tmp_path / "c2", CUFORGE_RECORD="cuforge.lock")
+    assert (tmp_path / "cuforge.lock").read_text() == lock
+    _run(tmp_path, tmp_path / "c2", CUFORGE_RECORD="cuforge.lock")
+    assert (tmp_path / "cuforge.lock").read_text() == lock
+
+    built = _cli(
+        tmp_path, tmp_path / "c1", "build", "--lock", "cuforge.lock", "--bundle", "warm.cfb"
+    )
+    assert built.returncode == 0, built.stderr + built.stdout
+    replay = _run(tmp_path, tmp_path / "fresh", "replay")
+    assert replay["compiles"] == 0
+    assert replay["binaries"] == first["binaries"] and replay["keys"] == first["keys"]
+
+    # with an empty cache only the file kernel can be rebuilt: the rest is reported missing
+    cold = _cli(
+        tmp_path, tmp_path / "empty", "build", "--lock", "cuforge.lock", "--bundle", "x.cfb"
+    )
+    assert cold.returncode == 1
+    assert "z.cu" in cold.stderr and "scale" in cold.stderr and "k.cu" not in cold.stderr
+    assert not (tmp_path / "x.cfb").exists()
+
+
+def test_prefetch_pulls_exactly_the_lock(tmp_path, isolated_cache):
+    (tmp_path / "k.cu").write_text('extern "C" __global__ void k(float* x) { x[0] = TILE; }\n')
+    remote = tmp_path / "remote"
+    remote.mkdir(mode=0o700)
+    url = f"file://{remote}"
+    _run(tmp_path, tmp_path / "c1", CUFORGE_RECORD="cuforge.lock", CUFORGE_REMOTE=url)
+    pulled = _cli(
+        tmp_path, tmp_path / "c2", "prefetch", "--json", "cuforge.lock", CUFORGE_REMOTE=url
+    )
+    assert pulled.returncode == 0, pulled.stderr
+    report = json.loads(pulled.stdout)
+    assert report["fetched"] == 6 and report["missing"] == []  # 3 kernels + 3 manifests
+    again = _cli(
+        tmp_path, tmp_path / "c2", "prefetch", "--json", "cuforge.lock", CUFORGE_REMOTE=url
+    )
+    assert json.loads(again.stdout)["copied"] == 6
+    # served offline from the local cache alone
+    replay = _run(tmp_path, tmp_path / "c2", CUFORGE_OFFLINE="1")
+    assert replay["compiles"] == 0
+    missing = _cli(tmp_path, tmp_path / "c3", "prefetch", "cuforge.lock")  # no remote
+    assert missing.returncode == 1 and "missing" in missing.stderr
+
+
+def test_record_context_manager_sees_memoized_calls(tmp_path, cache):
+    src = 'extern "C" __global__ void m(int* p) { *p = 2; }'
+    with cuforge.using(cache):
+        cuforge.compile(src, name="m.cu")
+        with cuforge.record(tmp_path / "a.lock") as rec:
+            cuforge.compile(src, name="m.cu")  # a call-memo hit before the recording
+    assert [r["name"] for r in rec.records] == ["m.cu"]
+    assert read_lock(tmp_path / "a.lock")[0]["key"] == rec.records[0]["key"]

@@ -1,0 +1,59 @@
+"""On a GPU: torch.compile of a small CUDA model whose Triton kernels go through cuforge;
+"machine" B (fresh Inductor, Triton and cuforge dirs, the same file:// remote) runs 0
+Triton compiles and gives the same outputs. Run with ``pytest -m gpu tests/triton_cache``."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("triton", reason="Triton is not installed")
+pytest.importorskip("torch", reason="torch is not installed")
+
+from tests.child import ROOT, child_env, run_python  # noqa: E402
+
+MACHINE = f"""
+import json, sys
+sys.path.insert(0, {ROOT!r})
+import torch, triton
+import cuforge
+from cuforge.torch import compile_cache
+from tests.triton_cache.kernels import CompileCounter
+counter = CompileCounter().install()
+assert compile_cache.enable()
+torch.manual_seed(0)
+model = torch.nn.Sequential(
+    torch.nn.LayerNorm(256), torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.Linear(512, 256)
+).cuda().half()
+x = torch.randn(64, 256, device="cuda", dtype=torch.half)
+with torch.no_grad():
+    out = torch.compile(model)(x)
+torch.cuda.synchronize()
+print(json.dumps({{"compiles": counter.compiles, "hits": counter.hits,
+                  "out": out.float().flatten()[:512].tolist(),
+                  "counters": dict(cuforge.default_cache().counters)}}))
+"""
+
+
+def _machine(tmp_path, label: str, remote: str) -> dict:
+    home = tmp_path / label
+    (home / "cwd").mkdir(parents=True)
+    env = child_env(
+        CUFORGE_CACHE_DIR=str(home / "cuforge"),
+        CUFORGE_REMOTE=remote,
+        TORCHINDUCTOR_CACHE_DIR=str(home / "inductor"),
+        TRITON_CACHE_DIR=str(home / "triton"),
+        TRITON_HOME=str(home),
+        # Inductor's compile workers are other processes: they need the manager by name
+        TRITON_CACHE_MANAGER="cuforge.triton:CacheManager",
+    )
+    return run_python(MACHINE, env, timeout=600, cwd=str(home / "cwd"))
+
+
+@pytest.mark.gpu
+def test_torch_compile_on_machine_b_runs_no_triton_compile(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    a = _machine(tmp_path, "a", f"file://{shared}")
+    b = _machine(tmp_path, "b", f"file://{shared}")
+    assert b["compiles"] == 0, (a, b)
+    assert b["out"] == pytest.approx(a["out"], rel=1e-3, abs=1e-3)
