@@ -186,7 +186,7 @@ def test_an_export_failure_serves_the_compiled_function_uncached(cache):
     assert again.source_of_result == "uncached" and n == 1  # nothing was stored
 
 
-def test_subscripted_compile_and_file_dump_options(cache):
+def test_subscripted_compile_and_file_dump_options(cache, tmp_path, monkeypatch):
     a, b = K.fake_args()
     r, n = _compiles(
         lambda: cc.compile[cute.GenerateLineInfo(True)].cached(K.scale, a, b, cache=cache)
@@ -199,6 +199,7 @@ def test_subscripted_compile_and_file_dump_options(cache):
         lambda: cc.compile[cute.GenerateLineInfo(True)].cached(K.scale, a, b, cache=cache)
     )
     assert again.hit and again.key == r.key and n == 0
+    monkeypatch.chdir(tmp_path)  # the DSL writes the kept PTX into the working directory
     dump, _ = _compiles(lambda: cc.compile[cute.KeepPTX].cached(K.scale, a, b, cache=cache))
     assert dump.source_of_result == "uncached" and "KeepPTX" in dump.reason
 
