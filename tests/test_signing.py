@@ -24,13 +24,6 @@ from tests.child import child_env, run_python
 from tests.store.helpers import key_of
 
 
-@pytest.fixture(autouse=True)
-def _fresh_warnings(monkeypatch):
-    from cuforge.store.remote import tier
-
-    monkeypatch.setattr(tier, "_warned", set())
-
-
 def _entry(i: int = 1, meta: dict | None = None) -> Entry:
     return Entry(key_of(i), "kernel", os.urandom(2000), {"name": f"k{i}.cu", **(meta or {})})
 

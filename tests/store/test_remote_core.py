@@ -41,16 +41,6 @@ def _file_tier(tmp_path, **kw) -> RemoteStore:
     return RemoteStore(backend, **kw)
 
 
-@pytest.fixture(autouse=True)
-def _fresh_warnings(monkeypatch):
-    """Warn-once state is per process; each test starts with none given."""
-    from cuforge.store.remote import tier
-
-    monkeypatch.setattr(tier, "_warned", set())
-    monkeypatch.setattr(breaker_mod, "_warned", set())
-    yield
-
-
 def _warnings(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
 

@@ -33,15 +33,6 @@ from .helpers import key_of
 CAP = 64 * 1024
 
 
-@pytest.fixture(autouse=True)
-def _fresh_warnings(monkeypatch):
-    """Warn-once state is per process; each test starts with none given."""
-    from cuforge.store.remote import tier
-
-    monkeypatch.setattr(tier, "_warned", set())
-    monkeypatch.setattr(breaker_mod, "_warned", set())
-
-
 def _entry(i: int, size: int = 3000) -> Entry:
     return Entry(key_of(i), "kernel", os.urandom(size), {"name": f"k{i}.cu"})
 

@@ -45,9 +45,6 @@ SLOW_WINDOW = 5
 #: ... above this fraction of the timeout opens the breaker
 SLOW_FRACTION = 0.5
 
-# the remotes whose breaker has opened in this process (warned once each)
-_warned: set[str] = set()
-
 
 class CircuitBreaker:
     """The breaker of the remote named ``name`` (its redacted URL). Thread-safe.
@@ -64,6 +61,7 @@ class CircuitBreaker:
         self._retry_at = 0.0
         self._backoff = BACKOFF_START
         self._lock = allocate_lock()
+        self._warned = False  # the first opening is warned about, once per breaker
 
     def allow(self) -> bool:
         """Whether a call may go to the remote now (closed, or the one probe after the
@@ -128,8 +126,8 @@ class CircuitBreaker:
             self.opened += 1
             self._backoff = BACKOFF_START
             self._retry_at = monotonic() + self._backoff
-            first = self.name not in _warned
-            _warned.add(self.name)
+            first = not self._warned
+            self._warned = True
         import logging
 
         log = logging.getLogger("cuforge")
@@ -137,7 +135,7 @@ class CircuitBreaker:
             log.warning(
                 "cuforge: remote cache %s is failing (%d failure(s) in a row, last: %s); continuing "
                 "without it (compiles and the local cache still work) and trying it again after a "
-                "back-off. This warning is shown once per process.",
+                "back-off. This warning is shown once per remote tier.",
                 self.name,
                 self.failures,
                 error,

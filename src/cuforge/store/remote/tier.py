@@ -57,18 +57,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["RemoteStore"]
 
-# (remote, category) pairs already warned about in this process
-_warned: set[tuple[str, str]] = set()
-
-
-def _warn_once(remote: str, category: str, message: str, *args) -> None:
-    if (remote, category) in _warned:
-        return
-    _warned.add((remote, category))
-    import logging
-
-    logging.getLogger("cuforge").warning(message, *args)
-
 
 def _check_head(head, total: int, kind: str, key: str, max_bytes: int) -> int:
     """:func:`cuforge.store.remote.envelope.check_head`, imported on first use (building a
@@ -112,6 +100,8 @@ class RemoteStore(Store):
         self.max_bytes: int = getattr(backend, "max_bytes", DEFAULT_MAX_BYTES)
         #: no more trust checks once one warned (one warning per process is the point)
         self._trust_warned = False
+        #: categories already warned about by this tier (once per tier, not per process)
+        self._warned: set[str] = set()
         if getattr(backend, "head_check", False) is None:
             # the backend checks a value's envelope header before transferring the rest
             backend.head_check = _check_head
@@ -124,6 +114,14 @@ class RemoteStore(Store):
         self.unavailable: str | None = None
 
     # ------------------------------------------------------------------ helpers
+    def _warn_once(self, remote: str, category: str, message: str, *args) -> None:
+        if category in self._warned:
+            return
+        self._warned.add(category)
+        import logging
+
+        logging.getLogger("cuforge").warning(message, *args)
+
     def _record(self, event: str, kind: str = "", name=None, nbytes: int = 0, seconds=0.0):
         root = self.telemetry_root
         if root is not None:
@@ -144,7 +142,7 @@ class RemoteStore(Store):
         self._record("error")
         if isinstance(exc, RemoteUnavailable):
             self.unavailable = str(exc)
-            _warn_once(
+            self._warn_once(
                 self.url,
                 "unavailable",
                 "cuforge: not using remote cache %s in this process: %s. Compiles and the "
@@ -227,7 +225,7 @@ class RemoteStore(Store):
         if problem is None:
             return
         self._trust_warned = True
-        _warn_once(
+        self._warn_once(
             self.url,
             "untrusted",
             "cuforge: remote cache %s: %s, and CUFORGE_REMOTE_KEY is not set, so anyone who "
@@ -243,7 +241,7 @@ class RemoteStore(Store):
             self.breaker.success(seconds)  # the remote works; the value is not ours to use
             self.rejected += 1
             self._record("rejected")
-            _warn_once(
+            self._warn_once(
                 self.url,
                 "rejected",
                 "cuforge: refused an entry of remote cache %s (%s %s...): %s. It counts as a "
@@ -261,7 +259,7 @@ class RemoteStore(Store):
             self._record("error")
             # a remote that answers garbage is as useless as one that is down
             self.breaker.failure(self.last_error)
-            _warn_once(
+            self._warn_once(
                 self.url,
                 "garbage",
                 "cuforge: remote cache %s returned a damaged value for %s %s...: %s. It "
