@@ -88,5 +88,5 @@ bench: $(VENV)/.installed-test
 	$(PY) bench/compile_cache.py --runs 7
 
 clean:
-	rm -rf $(VENV) $(VENV12) $(S3SITE) build dist src/*.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VENV12) $(S3SITE) $(JAXSITE) build dist src/*.egg-info .pytest_cache .ruff_cache
 	rm -f src/cuforge/runtime/*.so

@@ -321,11 +321,13 @@ class Cache:
         stores = [r for r in self.remote_specs if not isinstance(r, str)]
         opened: list = []
         if urls:
-            import copy
-
+            from cuforge.config import Settings
             from cuforge.store.remote import open_remotes
 
-            cfg = copy.copy(self._settings or settings())
+            base = self._settings or settings()
+            cfg = Settings.__new__(Settings)  # a copy without importing copy (~0.8 ms)
+            for name in Settings.__slots__:
+                setattr(cfg, name, getattr(base, name))
             cfg.remote = tuple(urls)
             cfg.remote_readonly = self.read_only or cfg.remote_readonly
             opened = list(open_remotes(cfg, telemetry_root=telemetry_root))
