@@ -306,7 +306,11 @@ class Cache:
                     "dir can make this process run their code, so cuforge reads nothing from "
                     "it and caches in memory only until it is fixed."
                 )
-        tiers.extend(self._open_remotes(disk_root))
+        pending = None
+        if self.remote_specs:
+            # opened on first use: a local hit imports no remote module and opens nothing
+            pending = _PendingRemotes(lambda: self._open_remotes(disk_root))
+            tiers.append(pending)
         if not tiers:
             self._store = None
         elif len(tiers) == 1 and self.memory:
@@ -315,6 +319,8 @@ class Cache:
             from cuforge.store.tiered import TieredStore
 
             self._store = TieredStore(tiers)
+            if pending is not None:
+                pending.owner = self._store.tiers
 
     def _open_remotes(self, telemetry_root: str | None) -> list:
         urls = [r for r in self.remote_specs if isinstance(r, str)]
@@ -518,6 +524,72 @@ class Cache:
         """Print ``line`` on stderr when ``CUFORGE_VERBOSE`` is on."""
         if settings().verbose:
             print(line, file=sys.stderr)
+
+
+class _PendingRemotes:
+    """The remote tiers of a cache before their first use. On the first call of any
+    method it opens them (:func:`cuforge.store.remote.open_remotes`: the client modules,
+    the URL checks) and puts them in its place in the chain's tier list, so the chain
+    goes on with the real tiers; until then a local hit pays nothing for a configured
+    remote (no import, no connection)."""
+
+    tier = "remote"
+    telemetry = False  # the chain records remote events (as for a RemoteStore)
+
+    def __init__(self, open_all: Callable[[], list]) -> None:
+        self._open_all = open_all
+        self._opened: list | None = None
+        #: the chain's tier list this placeholder stands in (set by the cache)
+        self.owner: list | None = None
+
+    def _real(self) -> list:
+        if self._opened is None:
+            self._opened = list(self._open_all())
+            owner = self.owner
+            if owner is not None:
+                for i, tier in enumerate(owner):
+                    if tier is self:
+                        owner[i : i + 1] = self._opened
+                        break
+            if self._opened:
+                self.tier = self._opened[0].tier
+        return self._opened
+
+    def get(self, key: str, *, kind: str | None = None):
+        real = self._real()
+        return real[0].get(key, kind=kind) if real else None
+
+    def get_with_tier(self, key: str, *, kind: str | None = None):
+        real = self._real()
+        return real[0].get_with_tier(key, kind=kind) if real else (None, None)
+
+    def put(self, entry, *, durable: bool = True) -> bool:
+        real = self._real()
+        return real[0].put(entry, durable=durable) if real else False
+
+    def delete(self, key: str) -> bool:
+        real = self._real()
+        return real[0].delete(key) if real else False
+
+    def contains(self, key: str, *, kind: str | None = None) -> bool:
+        real = self._real()
+        return bool(real) and real[0].contains(key, kind=kind)
+
+    def iterate(self):
+        real = self._real()
+        return real[0].iterate() if real else iter(())
+
+    def stats(self):
+        from cuforge.store.base import StoreStats
+
+        real = self._real()
+        return real[0].stats() if real else StoreStats(tier="remote")
+
+    def __getattr__(self, name: str):
+        real = self._real()
+        if not real:
+            raise AttributeError(name)
+        return getattr(real[0], name)
 
 
 def _check_size(name: str, value: object) -> None:
