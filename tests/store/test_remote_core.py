@@ -415,12 +415,14 @@ _LAZY_CHILD = """
         print(json.dumps({{"ok": ok}}))
     else:
         entry, tier = store.get_with_tier(key, kind="kernel")
+        tier_module = "cuforge.store.remote.tier" in sys.modules  # a local hit opens nothing
         store.stats()  # stats of every tier: must not connect either
-        heavy = ("redis", "http.client", "urllib.parse", "hmac", "cuforge.store.remote.tier")
+        heavy = ("redis", "http.client", "urllib.parse", "hmac")
         print(json.dumps({{
             "tier": tier,
             "payload_ok": entry is not None and entry.payload == b"payload" * 100,
             "imported": [m for m in heavy if m in sys.modules],
+            "tier_module": tier_module,
         }}))
 """
 
@@ -455,7 +457,7 @@ def test_local_hit_with_redis_remote_imports_and_connects_nothing(tmp_path, redi
     remote = child_env(CUFORGE_CACHE_DIR=str(tmp_path / "a"), CUFORGE_REMOTE=redis_server.url)
     before = raw.info("stats")["total_connections_received"]
     out = _lazy_child(key, "get", remote)
-    assert out == {"tier": "disk", "payload_ok": True, "imported": []}
+    assert out == {"tier": "disk", "payload_ok": True, "imported": [], "tier_module": False}
     assert raw.info("stats")["total_connections_received"] == before  # never connected
 
     # the remote still serves a miss: written through by one cache dir, read by another
