@@ -94,13 +94,22 @@ def read_bytes(path: str, max_bytes: int | None = None, *, follow: bool = False)
 
             raise OSError(errno.EFBIG, f"{path} is {size} bytes, over the {max_bytes}-byte cap")
         chunks = []
-        remaining = size if max_bytes is None else max_bytes + 1
+        total = 0
+        # the file's size and one byte more (to see its end, or that it grew); never more
+        # than one byte past the cap (a buffer of the cap's size costs a large malloc)
+        limit = None if max_bytes is None else max_bytes + 1
         while True:
-            chunk = os.read(fd, max(remaining, 1 << 16))
+            want = max(size + 1 - total, 1 << 16)
+            if limit is not None:
+                want = min(want, limit - total)
+            if want <= 0:
+                break
+            chunk = os.read(fd, want)
             if not chunk:
                 break
             chunks.append(chunk)
-        data = b"".join(chunks)
+            total += len(chunk)
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         if max_bytes is not None and len(data) > max_bytes:
             import errno
 

@@ -55,6 +55,8 @@ from cuforge.paths import keyed_path, real_path
 from cuforge.store.base import Entry
 from cuforge.toolchain import resolve_archs, toolkit_include_dirs, toolkit_root
 
+_override_get = _cache_override.get  # bound once: the hot path reads it on every call
+
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: see docs/architecture.md, the warm path
 if TYPE_CHECKING:
     from typing import Any
@@ -331,7 +333,7 @@ def compile_cached(
     # the default caches share one memo table (its keys hold CUFORGE_CACHE_DIR), so a hit
     # needs no cache object: the counters to bump travel with the answer
     if cache is None:
-        cache = _cache_override.get()
+        cache = _override_get()
         table = DEFAULT_CALL_MEMO if cache is None else cache.call_memo
     elif isinstance(cache, Cache):
         table = cache.call_memo
