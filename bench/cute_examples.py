@@ -68,7 +68,9 @@ EXAMPLES: dict[str, list[str]] = {
         "--iterations",
         "1",
     ],
-    "cta_norm.py": ["--M", "256", "--N", "1024", "--warmup_iterations", "0", "--iterations", "1"],
+    # RMSNorm (a row reduction; Hopper & Blackwell): imports its sibling
+    # blackwell/kernel/reduce/reduce.py through the path it puts on sys.path itself
+    "blackwell/kernel/rmsnorm/rmsnorm.py": ["--M", "256", "--N", "4096"],
     "flash_attention_v2.py": [
         "--batch_size",
         "1",
@@ -184,7 +186,7 @@ def main() -> int:
         warm = run_one(name, args, cache_dir, opts.timeout)
         rows.append({"example": name, "args": args, "cold": cold, "warm": warm})
         print(
-            f"{name:28s} cold {'ok' if cold['ok'] else 'FAIL':4s} "
+            f"{os.path.basename(name):28s} cold {'ok' if cold['ok'] else 'FAIL':4s} "
             f"warm {'ok' if warm['ok'] else 'FAIL':4s} "
             f"warm compiles: cute.compile={warm.get('cute_compile')} "
             f"pipeline={warm.get('pipeline')} (cold {cold.get('cute_compile')}/"
