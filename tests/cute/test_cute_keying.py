@@ -345,3 +345,19 @@ def test_verify_trace_catches_a_stale_class_instance_entry(cache, monkeypatch, c
     assert checked.source_of_result == "compiled"
     assert checked.trace_hash != built.trace_hash
     assert "verify='trace'" in caplog.text
+
+
+def test_a_tvm_ffi_function_is_exported_and_loaded_as_one(cache):
+    # quack (and other libraries) compile with options="--enable-tvm-ffi"
+    pytest.importorskip("tvm_ffi", reason="apache-tvm-ffi is not installed")
+    a, b = K.fake_args()
+    r, n = _compiles(
+        lambda: cc.compile_cached(K.scale, a, b, options="--enable-tvm-ffi", cache=cache)
+    )
+    assert r.source_of_result == "compiled" and n == 1, r.reason
+    cc.clear_memo(cache)
+    hit, n = _compiles(
+        lambda: cc.compile_cached(K.scale, a, b, options="--enable-tvm-ffi", cache=cache)
+    )
+    assert hit.hit and n == 0
+    assert type(hit.value).__module__.startswith("tvm_ffi")

@@ -459,6 +459,11 @@ def _handle_defaults(func: Any) -> str:
     return ",".join(parts)
 
 
+def _is_tvm_ffi(compiled: Any) -> bool:
+    """Whether ``compiled`` is a TVM-FFI function (compiled with ``--enable-tvm-ffi``)."""
+    return any(c.__name__ == "TVMFFIJitCompiledFunctionBase" for c in type(compiled).__mro__)
+
+
 class _HandleDefault:
     """Stands in for a constant driver-handle default while the DSL pickles the signature
     into an export: it pickles as ``cls(value)``, so loading the export (in any process,
@@ -492,6 +497,13 @@ def _export(compiled: Any, directory: str, symbol: str) -> bytes | None:
     if changed:
         args.signature = sig.replace(parameters=params)
     try:
+        if _is_tvm_ffi(compiled):
+            # a TVM-FFI function (options "--enable-tvm-ffi", as quack compiles): its own
+            # export_to_c(object_file_path, function_name), loaded with enable_tvm_ffi=True
+            compiled.export_to_c(
+                object_file_path=os.path.join(directory, symbol + ".o"), function_name=symbol
+            )
+            return None
         if getattr(compiled, "c_header_arguments", False) is None:
             # no runtime arguments (the DSL's HardwareInfo probe kernel): the DSL's C header
             # generator fails on it, but the object file, all a hit loads, is made as usual
@@ -689,6 +701,8 @@ def _build(
         "trace_hash": found[-1][0],
         "dsl_module_hash": found[-1][1],
     }
+    if _is_tvm_ffi(compiled):
+        record["tvm_ffi"] = True
     files = {_OBJECT: obj}
     if header is not None:
         files[_HEADER] = header
@@ -785,8 +799,9 @@ def _parse_record(files: dict, symbol: str) -> dict:
     return record
 
 
-def _load_object(obj: bytes, symbol: str) -> Any:
-    """Write ``obj`` to a fresh private directory and load it (the DSL reads it at once)."""
+def _load_object(obj: bytes, symbol: str, tvm_ffi: bool = False) -> Any:
+    """Write ``obj`` to a fresh private directory and load it (the DSL reads it at once;
+    ``tvm_ffi``: as a TVM-FFI module, for a function compiled with ``--enable-tvm-ffi``)."""
 
     from cutlass.cute.runtime import load_module
 
@@ -801,6 +816,8 @@ def _load_object(obj: bytes, symbol: str) -> Any:
         finally:
             os.close(fd)
         counters["load"] += 1
+        if tvm_ffi:
+            return load_module(path, enable_tvm_ffi=True)[symbol]
         return load_module(path)[symbol]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -870,7 +887,7 @@ def _compile_cached(
                         "missed a change (please report it); the entry is rebuilt"
                     )
                 checked.append(True)
-            value = _load_object(files[_OBJECT], symbol)
+            value = _load_object(files[_OBJECT], symbol, tvm_ffi=record.get("tvm_ffi") is True)
             if info.get("kept"):
                 _restore_artifacts(value, files, record, info)
             return value, record
