@@ -76,7 +76,7 @@ def main() -> int:
         _run_kernel(opts.run)
         return 0
     sys.path.insert(0, HERE)
-    from cute_examples import run_one  # the same child and counters as the examples
+    from cute_examples import report, run_one  # the same child and counters as the examples
 
     if opts.site:
         os.environ["PYTHONPATH"] = os.pathsep.join(
@@ -91,18 +91,7 @@ def main() -> int:
         cold = run_one(me, ["--run", name], cache_dir, opts.timeout)
         warm = run_one(me, ["--run", name], cache_dir, opts.timeout)
         rows.append({"kernel": name, "cold": cold, "warm": warm})
-        print(
-            f"quack {version} {name:14s} cold {'ok' if cold['ok'] else 'FAIL':4s} "
-            f"warm {'ok' if warm['ok'] else 'FAIL':4s} "
-            f"warm compiles: cute.compile={warm.get('cute_compile')} "
-            f"pipeline={warm.get('pipeline')} loads={warm.get('loads')} "
-            f"(cold {cold.get('cute_compile')}/{cold.get('pipeline')}) "
-            f"wall {cold['wall_s']:.1f}s/{warm['wall_s']:.1f}s",
-            flush=True,
-        )
-        for label, r in (("cold", cold), ("warm", warm)):
-            if not r["ok"] or "runs uncached" in r.get("stderr_tail", ""):
-                print(f"  {label}: {r.get('error')}\n{r.get('stderr_tail', '')[-1500:]}")
+        report(f"quack {version} {name}", cold, warm)
     if opts.json:
         with open(opts.json, "w") as f:
             json.dump(
