@@ -1,6 +1,6 @@
 """CuTe DSL: ``cute.compile`` against a cuforge.cute hit, for an elementwise kernel and a GEMM.
 
-    python bench/cute_cache.py                    # 5 runs per figure
+    python bench/cute_cache.py                    # 3 runs per figure (~2-3 min)
     python bench/cute_cache.py --runs 9 --json bench/out/cute_cache.json
 
 Run from the repository root (the kernels are ``tests/cute/kernels.py`` -- ``b = a * 2`` --
@@ -22,6 +22,13 @@ median of ``--runs`` runs, each in a fresh cache directory or process as stated:
   version digest, the installed-distributions map: ~0.3 s once); it is reported apart.
 
 Each ratio divides the ``cute.compile`` figure by the hit figure of the same run.
+
+The children run with bytecode cached as a real install has it (``PYTHONDONTWRITEBYTECODE``
+and ``PYTHONPYCACHEPREFIX`` are dropped from their environment). ``process_breakdown`` says
+where the rest of a fresh process goes: interpreter start, ``import cuforge.cute``,
+``import cutlass`` / ``cutlass.cute``, the DSL's runtime (``CuTeDSL._get_dsl()``), with a
+GPU the CUDA context, and ``import torch`` (which the kernel processes timed above do not
+import, but CUTLASS's examples do).
 """
 
 from __future__ import annotations
@@ -64,8 +71,42 @@ print(json.dumps({"call": t2 - t1, "imports": t1 - t0, "source": source}))
 """
 
 
+BREAKDOWN = r"""
+import json, os, sys, time
+t = time.perf_counter()
+phases = {}
+def mark(name):
+    global t
+    now = time.perf_counter()
+    phases[name] = now - t
+    t = now
+import cuforge.cute  # noqa: F401
+mark("import cuforge.cute")
+import cutlass  # noqa: F401
+mark("import cutlass")
+import cutlass.cute  # noqa: F401
+mark("import cutlass.cute")
+from cutlass.cutlass_dsl import CuTeDSL
+CuTeDSL._get_dsl()
+mark("the DSL's runtime (CuTeDSL._get_dsl(): MLIR context, libraries)")
+if sys.argv[1] == "1":
+    import cuda.bindings.driver as driver
+    driver.cuInit(0)
+    err, dev = driver.cuDeviceGet(0)
+    err, ctx = driver.cuDevicePrimaryCtxRetain(dev)
+    driver.cuCtxSetCurrent(ctx)
+    mark("CUDA context (cuInit + primary context)")
+import torch  # noqa: F401
+mark("import torch (not in the kernel processes above; the CUTLASS examples import it)")
+print(json.dumps(phases))
+"""
+
+
 def _env(cache_dir: str) -> dict[str, str]:
     env = dict(os.environ)
+    # bytecode cached as in a real install: the children write and read __pycache__
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env.pop("PYTHONPYCACHEPREFIX", None)
     env["PYTHONPATH"] = os.pathsep.join(
         [os.path.join(ROOT, "src"), ROOT, env.get("PYTHONPATH", "")]
     )
@@ -89,6 +130,36 @@ def _child(kernel: str, mode: str, cache_dir: str) -> dict:
         raise SystemExit(f"child failed ({kernel} {mode}):\n{done.stderr}")
     out = json.loads(done.stdout.strip().splitlines()[-1])
     out["process"] = wall
+    return out
+
+
+def breakdown(runs: int, gpu: bool) -> dict[str, float]:
+    """Where a fresh process's time goes before any compile: the interpreter alone, then
+    each import, the DSL's runtime and the CUDA context, in that order, one process per
+    run (medians; the imports are incremental)."""
+    cache_dir = tempfile.mkdtemp(prefix="cuforge-bench-cute-")
+    try:
+        starts, phases = [], []
+        for _ in range(runs):
+            t = time.perf_counter()
+            subprocess.run([sys.executable, "-c", "pass"], env=_env(cache_dir), check=True)
+            starts.append(time.perf_counter() - t)
+            done = subprocess.run(
+                [sys.executable, "-c", BREAKDOWN, "1" if gpu else "0"],
+                env=_env(cache_dir),
+                capture_output=True,
+                text=True,
+                check=False,
+                cwd=ROOT,
+            )
+            if done.returncode != 0:
+                raise SystemExit(f"breakdown child failed:\n{done.stderr}")
+            phases.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    finally:
+        shutil.rmtree(cache_dir, ignore_errors=True)
+    out = {"interpreter start (python -c pass)": _median(starts)}
+    for name in phases[0]:
+        out[name] = _median([p[name] for p in phases])
     return out
 
 
@@ -173,7 +244,7 @@ def bench_kernel(kernel: str, runs: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="cute_cache.py", description=__doc__.split("\n")[0])
-    parser.add_argument("--runs", type=int, default=5, help="runs per figure (median)")
+    parser.add_argument("--runs", type=int, default=3, help="runs per figure (median)")
     parser.add_argument(
         "--kernels", default="elementwise,gemm", help="comma-separated: elementwise,gemm"
     )
@@ -197,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpus": os.cpu_count(),
         "kernels": {},
     }
+    results["process_breakdown"] = breakdown(args.runs, GPU_VISIBLE)
     for kernel in args.kernels.split(","):
         results["kernels"][kernel] = bench_kernel(kernel.strip(), args.runs)
     cmd = "python bench/cute_cache.py " + " ".join(sys.argv[1:] if argv is None else argv)
@@ -235,6 +307,13 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
             print(f"| {kernel} | {figure} | {shown} | {ratio} |")
+    print()
+    print("Where a fresh process goes before any compile (median, incremental):")
+    print()
+    print("| phase | time |")
+    print("|---|---:|")
+    for phase, seconds in results["process_breakdown"].items():
+        print(f"| {phase} | {seconds * 1e3:.0f} ms |")
     if args.json:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:

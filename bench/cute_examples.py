@@ -68,7 +68,9 @@ EXAMPLES: dict[str, list[str]] = {
         "--iterations",
         "1",
     ],
-    "cta_norm.py": ["--M", "256", "--N", "1024", "--warmup_iterations", "0", "--iterations", "1"],
+    # RMSNorm (a row reduction; Hopper & Blackwell): imports its sibling
+    # blackwell/kernel/reduce/reduce.py through the path it puts on sys.path itself
+    "blackwell/kernel/rmsnorm/rmsnorm.py": ["--M", "256", "--N", "4096"],
     "flash_attention_v2.py": [
         "--batch_size",
         "1",
@@ -168,6 +170,23 @@ def run_one(name: str, args: list[str], cache_dir: str, timeout: float) -> dict:
     return result
 
 
+def report(label: str, cold: dict, warm: dict) -> None:
+    """Print one row (cold ok, warm ok, warm compiles, walls) and the output of a failed or
+    uncached run."""
+    print(
+        f"{label:28s} cold {'ok' if cold['ok'] else 'FAIL':4s} "
+        f"warm {'ok' if warm['ok'] else 'FAIL':4s} "
+        f"warm compiles: cute.compile={warm.get('cute_compile')} "
+        f"pipeline={warm.get('pipeline')} loads={warm.get('loads')} "
+        f"(cold {cold.get('cute_compile')}/{cold.get('pipeline')}) "
+        f"wall {cold['wall_s']:.1f}s/{warm['wall_s']:.1f}s",
+        flush=True,
+    )
+    for when, r in (("cold", cold), ("warm", warm)):
+        if not r["ok"] or "runs uncached" in r.get("stderr_tail", ""):
+            print(f"  {when}: {r.get('error')}\n{r.get('stderr_tail', '')[-1500:]}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", help="write the results here")
@@ -183,17 +202,7 @@ def main() -> int:
         cold = run_one(name, args, cache_dir, opts.timeout)
         warm = run_one(name, args, cache_dir, opts.timeout)
         rows.append({"example": name, "args": args, "cold": cold, "warm": warm})
-        print(
-            f"{name:28s} cold {'ok' if cold['ok'] else 'FAIL':4s} "
-            f"warm {'ok' if warm['ok'] else 'FAIL':4s} "
-            f"warm compiles: cute.compile={warm.get('cute_compile')} "
-            f"pipeline={warm.get('pipeline')} (cold {cold.get('cute_compile')}/"
-            f"{cold.get('pipeline')}) wall {cold['wall_s']:.1f}s/{warm['wall_s']:.1f}s",
-            flush=True,
-        )
-        for label, r in (("cold", cold), ("warm", warm)):
-            if not r["ok"]:
-                print(f"  {label}: {r.get('error')}\n{r.get('stderr_tail', '')[-1500:]}")
+        report(os.path.basename(name), cold, warm)
     if opts.json:
         with open(opts.json, "w") as f:
             json.dump({"cache_dir": cache_dir, "python": sys.version, "rows": rows}, f, indent=1)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
+import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 
@@ -78,6 +79,28 @@ class SlottedKernel(ScaleKernel):
     def __init__(self, extra: int = 0, **kw) -> None:
         super().__init__(**kw)
         self.extra = extra
+
+
+class StreamKernel(ScaleKernel):
+    """``sgemm.py``'s entry point: a stream parameter whose default is a driver handle
+    (``cuda.CUstream(cuda.CUstream_flags.CU_STREAM_DEFAULT)``, which pickle refuses), and
+    driver handles in the state, as the DSL's own ``HardwareInfo`` holds them."""
+
+    def __init__(self, context: int = 0x1000, **kw) -> None:
+        super().__init__(**kw)
+        self.device = cuda.CUdevice(0)
+        self.context = cuda.CUcontext(context)
+
+    @cute.jit
+    def __call__(
+        self,
+        a: cute.Tensor,
+        b: cute.Tensor,
+        stream: cuda.CUstream = cuda.CUstream(cuda.CUstream_flags.CU_STREAM_DEFAULT),  # noqa: B008
+    ):
+        self.kernel(a, b).launch(
+            grid=(a.shape[0] // self.tile[0], 1, 1), block=(self.tile[0], 1, 1), stream=stream
+        )
 
 
 @cute.jit

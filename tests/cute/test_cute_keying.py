@@ -109,6 +109,24 @@ def test_state_with_no_stable_value_runs_uncached_naming_the_path():
         _key(C.run_with, cfg, a, b)
 
 
+def test_driver_handles_are_keyed_by_type_and_constant_defaults_by_value():
+    import cuda.bindings.driver as cuda
+
+    a, b = K.fake_args()
+    # a CUcontext / CUdevice in the state (the DSL's HardwareInfo): keyed by type alone
+    base = _key(C.StreamKernel(context=0x1000), a, b)
+    assert _key(C.StreamKernel(context=0x2000), a, b) == base
+    assert _key(C.StreamKernel(context=0x1000, scale=3.0), a, b) != base  # the rest counts
+    assert base["handle_defaults"] == "stream=CUstream(0)"
+
+    @cute.jit
+    def addressed(a: cute.Tensor, stream: cuda.CUstream = cuda.CUstream(0x7F00)):  # noqa: B008
+        pass
+
+    with pytest.raises(cute_cache.UnkeyableArgument, match="default of parameter 'stream'"):
+        _key(addressed, a)
+
+
 def test_option_objects_are_keyed_by_value_in_both_forms():
     a, b = K.fake_args()
     plain = _key(K.scale, a, b)["options"]
@@ -186,6 +204,62 @@ def test_an_export_failure_serves_the_compiled_function_uncached(cache):
     assert again.source_of_result == "uncached" and n == 1  # nothing was stored
 
 
+def test_a_stream_default_is_exported_and_comes_back_on_a_hit(cache):
+    # sgemm.py: cute.compile[cute.GenerateLineInfo](SGemm(), a, b, c, stream=stream) on a
+    # class whose __call__ has stream=cuda.CUstream(...) as a default
+    import cuda.bindings.driver as cuda
+
+    a, b = K.fake_args()
+    compile_ = cc.compile[cute.GenerateLineInfo]
+    r, n = _compiles(
+        lambda: compile_.cached(C.StreamKernel(), a, b, stream=cuda.CUstream(0), cache=cache)
+    )
+    assert r.source_of_result == "compiled" and n == 1, r.reason
+    # the compiled function keeps its own default
+    assert type(r.value.execution_args.signature.parameters["stream"].default) is cuda.CUstream
+    cc.clear_memo(cache)
+    hit, n = _compiles(lambda: compile_.cached(C.StreamKernel(context=7), a, b, cache=cache))
+    assert hit.hit and n == 0 and hit.key == r.key
+    default = hit.value.execution_args.signature.parameters["stream"].default
+    assert type(default) is cuda.CUstream and int(default) == 0
+
+
+def test_keep_cubin_in_a_dump_dir_hits_and_writes_the_cubin(cache, tmp_path):
+    # the DSL's own HardwareInfo: cute.compile(self._host_function,
+    # options=f"--dump-dir={temp_dir} --keep-cubin"), then compiled.artifacts.CUBIN
+    import cuda.bindings.driver as cuda
+    from cutlass.utils.hardware_info import HardwareInfo
+
+    def probe(context):  # HardwareInfo's state without asking a GPU for it
+        hw = object.__new__(HardwareInfo)
+        hw.device_id, hw.driver_version = 0, 12080
+        hw.device, hw.context = cuda.CUdevice(0), cuda.CUcontext(context)
+        return hw
+
+    first, second = tmp_path / "one", tmp_path / "two"
+    first.mkdir()
+    second.mkdir()
+    r, n = _compiles(
+        lambda: cc.compile_cached(
+            probe(1)._host_function, options=f"--dump-dir={first} --keep-cubin", cache=cache
+        )
+    )
+    assert r.source_of_result == "compiled" and n == 1, r.reason
+    cubin = r.value.artifacts.CUBIN
+    assert isinstance(cubin, bytes) and cubin
+    (name,) = os.listdir(first)
+    cc.clear_memo(cache)
+    hit, n = _compiles(
+        lambda: cc.compile_cached(
+            probe(2)._host_function, options=f"--dump-dir={second} --keep-cubin", cache=cache
+        )
+    )
+    assert hit.hit and n == 0 and hit.key == r.key
+    assert hit.value.artifacts.CUBIN == cubin and (second / name).read_bytes() == cubin
+    with pytest.raises(cute_cache.UnkeyableArgument, match="--keep-sass"):
+        _key(probe(1)._host_function, options=f"--dump-dir={first} --keep-sass")
+
+
 def test_subscripted_compile_and_file_dump_options(cache, tmp_path, monkeypatch):
     a, b = K.fake_args()
     r, n = _compiles(
@@ -236,6 +310,14 @@ a, b = K.fake_args()
 cute.compile(C.ScaleKernel(stages=2), a, b)
 cute.compile(C.ScaleKernel().run, a, b)
 cute.compile[cute.OptLevel(2)](K.scale, a, b)
+cute.compile[cute.GenerateLineInfo](C.StreamKernel(context=id(a)), a, b)  # as sgemm.py
+import cuda.bindings.driver as cuda, tempfile
+from cutlass.utils.hardware_info import HardwareInfo
+hw = object.__new__(HardwareInfo)  # its state, without a GPU
+hw.device_id, hw.driver_version = 0, 12080
+hw.device, hw.context = cuda.CUdevice(0), cuda.CUcontext(id(hw))
+with tempfile.TemporaryDirectory() as d:
+    assert cute.compile(hw._host_function, options=f"--dump-dir={d} --keep-cubin").artifacts.CUBIN
 print(json.dumps(counters))
 """
     env = dict(os.environ)
@@ -243,7 +325,7 @@ print(json.dumps(counters))
     env["CUFORGE_CACHE_DIR"] = str(cache.layout.root)
     cold = run_python(code, env, cwd=ROOT)
     warm = run_python(code, env, cwd=ROOT)
-    assert cold["compile"] == 3 and warm["compile"] == 0 and warm["load"] == 3, (cold, warm)
+    assert cold["compile"] == 5 and warm["compile"] == 0 and warm["load"] == 5, (cold, warm)
 
 
 def test_verify_trace_catches_a_stale_class_instance_entry(cache, monkeypatch, caplog):
@@ -263,3 +345,19 @@ def test_verify_trace_catches_a_stale_class_instance_entry(cache, monkeypatch, c
     assert checked.source_of_result == "compiled"
     assert checked.trace_hash != built.trace_hash
     assert "verify='trace'" in caplog.text
+
+
+def test_a_tvm_ffi_function_is_exported_and_loaded_as_one(cache):
+    # quack (and other libraries) compile with options="--enable-tvm-ffi"
+    pytest.importorskip("tvm_ffi", reason="apache-tvm-ffi is not installed")
+    a, b = K.fake_args()
+    r, n = _compiles(
+        lambda: cc.compile_cached(K.scale, a, b, options="--enable-tvm-ffi", cache=cache)
+    )
+    assert r.source_of_result == "compiled" and n == 1, r.reason
+    cc.clear_memo(cache)
+    hit, n = _compiles(
+        lambda: cc.compile_cached(K.scale, a, b, options="--enable-tvm-ffi", cache=cache)
+    )
+    assert hit.hit and n == 0
+    assert type(hit.value).__module__.startswith("tvm_ffi")

@@ -86,6 +86,7 @@ FORMAT = "1"
 _OBJECT = "object.o"
 _HEADER = "header.h"
 _RECORD = "record.json"
+_ARTIFACT = "artifact."
 
 #: this process's counts: "compile" (real cute.compile calls), "load" (load_module calls),
 #: "trace" (verify traces), "memo" (in-process memo hits)
@@ -269,6 +270,60 @@ def _option_text(option: Any, where: str) -> str:
     return f"{name}:{state[:32]}"
 
 
+#: artifacts a cache hit hands back (``compiled.artifacts.<NAME>`` and the file the DSL
+#: writes into the dump dir): the ``options=`` string's ``--keep-cubin`` / ``--keep-ptx``
+_KEPT = (("KeepCUBIN", "CUBIN", "cubin"), ("KeepPTX", "PTX", "ptx"))
+
+
+def _string_options_text(options: str) -> str:
+    """An ``options=`` string as key text: split as the DSL splits it, with the
+    ``--dump-dir`` value left out (it says where files go, not what is compiled: a hit
+    writes the kept artifacts into the caller's dump dir)."""
+    from cutlass.base_dsl.compiler import _split_options
+
+    tokens = _split_options(options)
+    out = []
+    skip = False
+    for token in tokens:
+        if skip:
+            skip = False
+            continue
+        if token == "--dump-dir":
+            skip = True
+            token = "--dump-dir=<dir>"
+        elif token.startswith("--dump-dir="):
+            token = "--dump-dir=<dir>"
+        out.append(token)
+    import shlex
+
+    return shlex.join(out)
+
+
+def _kept_artifacts(options: Any) -> tuple[tuple[str, str], ...]:
+    """``((artifact attribute, extension), ...)`` the ``options=`` string asks the DSL to
+    keep (``--keep-cubin``, ``--keep-ptx``); raises UnkeyableArgument for another file
+    dump (``--keep-sass``: a hit would not write it)."""
+    if not isinstance(options, str) or "keep" not in options:
+        return ()
+    from cutlass.base_dsl import compiler
+
+    parsed = compiler._parse_compile_options_from_str(options)
+    if parsed.options[compiler.KeepSASS].value:
+        raise UnkeyableArgument("options", f"--keep-sass: {_FILE_DUMP_HINT}")
+    return tuple(
+        (attr, ext) for cls, attr, ext in _KEPT if parsed.options[getattr(compiler, cls)].value
+    )
+
+
+def _dump_dir(options: Any, dsl: Any) -> str:
+    """Where the DSL writes kept artifacts for these options (``--dump-dir``, else its
+    ``CUTE_DSL_DUMP_DIR`` setting)."""
+    from cutlass.base_dsl import compiler
+
+    value = compiler._parse_compile_options_from_str(options).options[compiler.DumpDir].value
+    return value or str(dsl.envar.dump_dir)
+
+
 def _options_field(options: Any, extra: dict, bracket: Any = None) -> str:
     """The ``options=`` value and the ``compile[...]`` options as key text; raises the spec
     module's UnkeyableArgument."""
@@ -276,7 +331,7 @@ def _options_field(options: Any, extra: dict, bracket: Any = None) -> str:
     if options is None or options == "":
         text = ""
     elif isinstance(options, str):
-        text = " ".join(options.split())
+        text = _string_options_text(options)
     else:  # option objects passed as options= (the DSL 4.8 ignores them; key them anyway)
         text = "objects=" + _option_text(options, "options")
     if bracket is not None:
@@ -326,32 +381,141 @@ def _split_kwargs(kwargs: dict) -> tuple[dict, Any, dict, Any]:
 
 
 def _teach_fingerprint() -> None:
-    """Register the DSL's stream types with the fingerprint (once per process).
+    """Register the DSL's runtime handle types with the fingerprint (once per process).
 
-    A stream is a runtime handle (a default argument such as the examples'
-    ``stream=cuda.CUstream(...)``): its value never changes the generated code, and it is an
-    address, so it is keyed by its type alone."""
+    A stream, a context or a device (``cuda.bindings.driver.CUstream`` / ``CUcontext`` /
+    ``CUdevice``, the DSL's fake stream) is a runtime handle: a default argument such as the
+    examples' ``stream=cuda.CUstream(...)``, or the state of the DSL's own ``HardwareInfo``.
+    Its value never changes the generated code (the arch is keyed on its own), and it is an
+    address or an ordinal of this process, so it is keyed by its type alone."""
     global _taught
     if _taught:
         return
 
     from cutlass.runtime import _FakeStream
 
-    stream_types = [_FakeStream]
+    handle_types: list[type] = [_FakeStream]
     driver = sys.modules.get("cuda.bindings.driver")
-    if driver is not None and isinstance(getattr(driver, "CUstream", None), type):
-        stream_types.append(driver.CUstream)
-    for cls in stream_types:
-        fingerprint.register(cls, _stream_type)
+    if driver is not None:
+        for name in _DRIVER_HANDLES:
+            cls = getattr(driver, name, None)
+            if isinstance(cls, type):
+                handle_types.append(cls)
+    for cls in handle_types:
+        fingerprint.register(cls, _handle_type)
     _taught = True
 
 
 _taught = False
+#: the ``cuda.bindings.driver`` handle types keyed by type alone (see _teach_fingerprint)
+_DRIVER_HANDLES = ("CUstream", "CUcontext", "CUdevice")
 
 
-def _stream_type(stream: Any) -> str:
-    cls = type(stream)
-    return f"stream:{cls.__module__}.{cls.__qualname__}"
+def _handle_type(handle: Any) -> str:
+    cls = type(handle)
+    kind = "stream" if "Stream" in cls.__qualname__ else "handle"
+    return f"{kind}:{cls.__module__}.{cls.__qualname__}"
+
+
+def _is_driver_handle(value: Any) -> bool:
+    cls = type(value)
+    return cls.__module__ == "cuda.bindings.driver" and cls.__qualname__ in _DRIVER_HANDLES
+
+
+#: handle values that mean the same in every process: the null stream / context / device 0,
+#: ``CU_STREAM_LEGACY`` (1) and ``CU_STREAM_PER_THREAD`` (2)
+_CONSTANT_HANDLES = (0, 1, 2)
+
+
+def _handle_defaults(func: Any) -> str:
+    """The driver-handle defaults of ``func``'s parameters (``stream=cuda.CUstream(0)``) as
+    key text ("" when there are none).
+
+    The DSL stores the function's signature, defaults included, in an export: a hit calls
+    with the stored default when the stream is left out, so the default's value is keyed
+    (handles elsewhere are keyed by type). A default that is an address of this process
+    cannot be stored: the call is uncached, naming the parameter."""
+    code = func.__dict__.get("_original_code", func.__code__)
+    if not isinstance(code, types.CodeType):
+        code = func.__code__
+    named: list[tuple[str, Any]] = []
+    positional = func.__defaults__ or ()
+    if positional:
+        names = code.co_varnames[: code.co_argcount]
+        named.extend(zip(names[len(names) - len(positional) :], positional, strict=True))
+    named.extend((func.__kwdefaults__ or {}).items())
+    parts = []
+    for name, value in named:
+        if not _is_driver_handle(value):
+            continue
+        number = int(value)
+        if number not in _CONSTANT_HANDLES:
+            raise UnkeyableArgument(
+                f"the default of parameter {name!r}",
+                f"a {type(value).__name__} with the process-specific value {number:#x}; "
+                "cuforge stores defaults of 0, CU_STREAM_LEGACY (1) and CU_STREAM_PER_THREAD (2)",
+            )
+        parts.append(f"{name}={type(value).__qualname__}({number})")
+    return ",".join(parts)
+
+
+def _is_tvm_ffi(compiled: Any) -> bool:
+    """Whether ``compiled`` is a TVM-FFI function (compiled with ``--enable-tvm-ffi``)."""
+    return any(c.__name__ == "TVMFFIJitCompiledFunctionBase" for c in type(compiled).__mro__)
+
+
+class _HandleDefault:
+    """Stands in for a constant driver-handle default while the DSL pickles the signature
+    into an export: it pickles as ``cls(value)``, so loading the export (in any process,
+    without cuforge) rebuilds the very handle."""
+
+    __slots__ = ("cls", "value")
+
+    def __init__(self, cls: type, value: int) -> None:
+        self.cls = cls
+        self.value = value
+
+    def __reduce__(self) -> tuple:
+        return (self.cls, (self.value,))
+
+
+def _export(compiled: Any, directory: str, symbol: str) -> bytes | None:
+    """``compiled.export_to_c(directory, symbol, symbol)`` (returns the header; None when
+    only the object could be made) with every constant driver-handle
+    default of the exported signature (a Cython object pickle refuses: "no default
+    __reduce__ due to non-trivial __cinit__") standing in as a :class:`_HandleDefault`;
+    the compiled function's own signature is put back afterwards."""
+    args = getattr(compiled, "execution_args", None)
+    sig = getattr(args, "signature", None)
+    params = list(sig.parameters.values()) if sig is not None else []
+    changed = False
+    for i, param in enumerate(params):
+        value = param.default
+        if _is_driver_handle(value) and int(value) in _CONSTANT_HANDLES:
+            params[i] = param.replace(default=_HandleDefault(type(value), int(value)))
+            changed = True
+    if changed:
+        args.signature = sig.replace(parameters=params)
+    try:
+        if _is_tvm_ffi(compiled):
+            # a TVM-FFI function (options "--enable-tvm-ffi", as quack compiles): its own
+            # export_to_c(object_file_path, function_name), loaded with enable_tvm_ffi=True
+            compiled.export_to_c(
+                object_file_path=os.path.join(directory, symbol + ".o"), function_name=symbol
+            )
+            return None
+        if getattr(compiled, "c_header_arguments", False) is None:
+            # no runtime arguments (the DSL's HardwareInfo probe kernel): the DSL's C header
+            # generator fails on it, but the object file, all a hit loads, is made as usual
+            obj = compiled.dump_to_object(symbol)
+            with open(os.path.join(directory, symbol + ".o"), "wb") as f:
+                f.write(obj)
+            return None
+        compiled.export_to_c(directory, symbol, symbol)
+        return _read_regular(os.path.join(directory, symbol + ".h"))
+    finally:
+        if changed:
+            args.signature = sig
 
 
 def _key_fields(
@@ -382,12 +546,17 @@ def _key_fields(
     if hooks is not None:
         fields["trace_finalize_hooks"] = fingerprint.fingerprint(hooks, what="trace_finalize_hooks")
     fields["args"] = describe_args(inner, full_args, fkwargs, hook=hook)
+    defaults = _handle_defaults(inner)
+    if defaults:
+        fields["handle_defaults"] = defaults
     info = {
         "options": options,
         "extra": extra,
         "hooks": hooks,
         "fkwargs": fkwargs,
         "bracket": bracket,
+        "kept": _kept_artifacts(options),
+        "dsl": dsl,
     }
     return fields, info
 
@@ -516,9 +685,8 @@ def _build(
     tmp = tempfile.mkdtemp(prefix="cuforge-cute-")
     try:
         try:
-            compiled.export_to_c(tmp, symbol, symbol)
+            header = _export(compiled, tmp, symbol)
             obj = _read_regular(os.path.join(tmp, symbol + ".o"))
-            header = _read_regular(os.path.join(tmp, symbol + ".h"))
         except Exception as exc:  # noqa: BLE001 - any failure: serve the compiled function
             _not_exportable(
                 state,
@@ -533,8 +701,55 @@ def _build(
         "trace_hash": found[-1][0],
         "dsl_module_hash": found[-1][1],
     }
+    if _is_tvm_ffi(compiled):
+        record["tvm_ffi"] = True
+    files = {_OBJECT: obj}
+    if header is not None:
+        files[_HEADER] = header
+    kept = info.get("kept") or ()
+    if kept:
+        record["artifacts"] = _store_artifacts(compiled, kept, info, files, state)
     state["record"] = record
-    return {_OBJECT: obj, _HEADER: header, _RECORD: json.dumps(record, sort_keys=True).encode()}
+    files[_RECORD] = json.dumps(record, sort_keys=True).encode()
+    return files
+
+
+def _store_artifacts(compiled: Any, kept: tuple, info: dict, files: dict, state: dict) -> dict:
+    """Put the kept artifacts (``--keep-cubin`` / ``--keep-ptx``) into the entry's
+    ``files``; returns ``{extension: the file name the DSL wrote}``."""
+    artifacts = getattr(compiled, "artifacts", None)
+    names = {}
+    directory = _dump_dir(info["options"], info["dsl"])
+    for attr, ext in kept:
+        data = getattr(artifacts, attr, None)
+        if isinstance(data, str):
+            data = data.encode("utf-8")
+        name = f"{compiled.function_name}.{info['dsl'].envar.arch}.{ext}"
+        if not isinstance(data, bytes) or not os.path.isfile(os.path.join(directory, name)):
+            _not_exportable(state, f"the kept {attr} was not found where the DSL writes it")
+        files[_ARTIFACT + ext] = data
+        names[ext] = name
+    return names
+
+
+def _restore_artifacts(value: Any, files: Any, record: dict, info: dict) -> None:
+    """A hit on a call that keeps artifacts: write them into this call's dump dir, as the
+    DSL would, and hand them back as ``value.artifacts`` (bytes for CUBIN, text for PTX)."""
+    from cutlass.base_dsl.jit_executor import JitFunctionArtifacts
+
+    names = record.get("artifacts") or {}
+    directory = _dump_dir(info["options"], info["dsl"])
+    os.makedirs(directory, exist_ok=True)
+    got: dict[str, Any] = {"PTX": None, "CUBIN": None, "SASS": None, "MLIR": None}
+    for attr, ext in info["kept"]:
+        data = files[_ARTIFACT + ext]
+        name = names[ext]
+        if os.path.basename(name) != name:
+            raise ValueError(f"the entry's {ext} file name {name!r} is not a plain name")
+        with open(os.path.join(directory, name), "wb") as f:
+            f.write(data)
+        got[attr] = data if attr == "CUBIN" else data.decode("utf-8")
+    value.artifacts = JitFunctionArtifacts(**got)
 
 
 def _plain_message(exc: BaseException) -> str:
@@ -584,8 +799,9 @@ def _parse_record(files: dict, symbol: str) -> dict:
     return record
 
 
-def _load_object(obj: bytes, symbol: str) -> Any:
-    """Write ``obj`` to a fresh private directory and load it (the DSL reads it at once)."""
+def _load_object(obj: bytes, symbol: str, tvm_ffi: bool = False) -> Any:
+    """Write ``obj`` to a fresh private directory and load it (the DSL reads it at once;
+    ``tvm_ffi``: as a TVM-FFI module, for a function compiled with ``--enable-tvm-ffi``)."""
 
     from cutlass.cute.runtime import load_module
 
@@ -600,6 +816,8 @@ def _load_object(obj: bytes, symbol: str) -> Any:
         finally:
             os.close(fd)
         counters["load"] += 1
+        if tvm_ffi:
+            return load_module(path, enable_tvm_ffi=True)[symbol]
         return load_module(path)[symbol]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -644,7 +862,7 @@ def _compile_cached(
             }
         key, _recorded = blobcache.make_key(KIND, fields)
         symbol = _symbol_for(key)
-        if reason is None and verify is None:
+        if reason is None and verify is None and not info.get("kept"):
             memo = loaded.get(key)
             if memo is not None:
                 counters["memo"] += 1
@@ -669,7 +887,10 @@ def _compile_cached(
                         "missed a change (please report it); the entry is rebuilt"
                     )
                 checked.append(True)
-            return _load_object(files[_OBJECT], symbol), record
+            value = _load_object(files[_OBJECT], symbol, tvm_ffi=record.get("tvm_ffi") is True)
+            if info.get("kept"):
+                _restore_artifacts(value, files, record, info)
+            return value, record
 
         try:
             res = blobcache.get_or_build(
@@ -687,7 +908,7 @@ def _compile_cached(
             cache.warn_once(f"cuforge.cute: {name} runs uncached: {why}")
             return CuteResult(state["compiled"], "uncached", key, fields, reason=why)
         value, record = res.value
-        if res.source_of_result != "uncached" and cache.enabled:
+        if res.source_of_result != "uncached" and cache.enabled and not info.get("kept"):
             loaded[key] = (value, record)
         return CuteResult(
             value,

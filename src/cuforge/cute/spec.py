@@ -138,6 +138,18 @@ def _instance(value: Any, where: str, hook: Any, constexpr: bool = False) -> str
         raise UnkeyableArgument(where, f"{what}: {exc}") from exc
 
 
+#: the stream types an argument may be, keyed by type alone (the DSL's fake stream, the
+#: CUDA driver's handle, torch's streams)
+_STREAM_TYPES = frozenset(
+    {
+        "cutlass.runtime._FakeStream",
+        "cuda.bindings.driver.CUstream",
+        "torch.cuda.streams.Stream",
+        "torch.cuda.streams.ExternalStream",
+    }
+)
+
+
 def describe_value(
     value: Any, annotation: Any, where: str, syms: _SymNames, hook: Any = None
 ) -> str:
@@ -180,8 +192,9 @@ def describe_value(
         )
         return f"{cls.__name__}({inner})"
     qual = f"{cls.__module__}.{cls.__qualname__}"
-    if "Stream" in cls.__qualname__ or qual.endswith("CUstream"):
-        # a stream is a runtime handle: its type is the whole spec
+    if qual in _STREAM_TYPES:
+        # a stream is a runtime handle: its type is the whole spec (only these exact types:
+        # a user's kernel class named ``...Stream...`` is keyed by its state)
         return f"stream:{qual}"
     adapted = _adapted_tensor(value)
     if adapted is not None:  # a raw array: keyed as the tensor the DSL makes of it
