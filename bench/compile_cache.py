@@ -123,6 +123,7 @@ def bench_cold(arch: str, runs: int) -> list[dict]:
                 include_dirs=(SAMPLES_DIR,),
                 source_dir=None,
                 headers=None,
+                base_dir=os.getcwd(),
             ).compiler_options
             from cuforge.toolchain import nvcc_path
 
