@@ -30,10 +30,12 @@ compiler._compile_using_nvrtc_no_warning = spy
 import cuforge, cuforge.cupy as cc
 enabled = cc.enable()
 x = cupy.arange(8, dtype=cupy.float32)
+import os
+# the header's dir as CuPy users pass it: an -I option (cuforge reads it from the options)
 raw = cupy.RawKernel(r'''
 #include "scale.h"
 extern "C" __global__ void scale(float* a) { a[threadIdx.x] *= SCALE; }
-''', "scale")
+''', "scale", options=("-I", os.getcwd()))
 a = x.copy(); raw((1,), (8,), (a,))
 mod = cupy.RawModule(code=r'''
 template<typename T> __global__ void twice(T* a) { a[threadIdx.x] += a[threadIdx.x]; }
