@@ -139,6 +139,10 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--only", choices=("block", "vecadd"))
     args = parser.parse_args()
+    # cuforge's bytecode, as an installed package has it (pip compiles it at install time)
+    import compileall
+
+    compileall.compile_dir(os.path.join(SRC, "cuforge"), quiet=1)
     out = {}
     with tempfile.TemporaryDirectory(prefix="cuforge-triton-bench-") as root:
         if args.only in (None, "vecadd"):
