@@ -91,8 +91,17 @@ def run(code: str, dirs: dict[str, str], use_cuforge: bool, remote: str | None) 
     if use_cuforge:  # Inductor's compile workers are other processes
         env["TRITON_CACHE_MANAGER"] = "cuforge.triton:CacheManager"
     program = f"USE_CUFORGE = {use_cuforge!r}\n" + textwrap.dedent(code)
+    # a file, not ``python -c``: ``@triton.jit`` reads its function's source from a file
+    script = os.path.join(os.path.dirname(dirs["cuforge"]), "bench_child.py")
+    with open(script, "w") as f:
+        f.write(program)
     done = subprocess.run(
-        [sys.executable, "-c", program], env=env, capture_output=True, text=True, check=False
+        [sys.executable, script],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=os.path.dirname(script),
     )
     if done.returncode != 0:
         raise SystemExit(f"a benchmark process failed:\n{done.stdout}\n{done.stderr}")
@@ -130,6 +139,10 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--only", choices=("block", "vecadd"))
     args = parser.parse_args()
+    # cuforge's bytecode, as an installed package has it (pip compiles it at install time)
+    import compileall
+
+    compileall.compile_dir(os.path.join(SRC, "cuforge"), quiet=1)
     out = {}
     with tempfile.TemporaryDirectory(prefix="cuforge-triton-bench-") as root:
         if args.only in (None, "vecadd"):

@@ -17,10 +17,10 @@ NVRTC version and CuPy's own headers; it leaves out the user headers the source
 ``#include``-s, so a header edit is served the stale binary. CuPy's backend gets only that
 name on ``load`` (not the source or the options), so cuforge cannot add to the name; it
 does the next best thing: ``save`` records the user headers the source includes (found by
-cuforge's dependency scanner in the working directory and ``include_dirs``; the ``-I``
-options CuPy compiles with are not passed to the backend, so name them in
-``include_dirs``), each by its path under the directory it was found in and its content
-digest, and ``load`` serves the entry only when every one of them still has that content
+cuforge's dependency scanner in the ``-I`` / ``--include-path`` directories of the
+compile's options -- :func:`enable` wraps CuPy's ``_compile_with_cache_cuda`` to read them,
+since CuPy does not pass them to the backend -- then ``include_dirs``, then the working
+directory), each by its path under the directory it was found in and its content digest, and ``load`` serves the entry only when every one of them still has that content
 here. A header edit misses (CuPy compiles and the entry is replaced), a ``touch`` hits, and
 the same headers in another checkout hit.
 
@@ -29,6 +29,7 @@ A stored entry that does not unpack is deleted and reported as missing: CuPy com
 
 from __future__ import annotations
 
+import contextvars
 import json
 import os
 import threading
@@ -53,6 +54,11 @@ _PAYLOAD = "payload"
 _HEADERS = "headers.json"
 _lock = threading.Lock()
 _previous: list[Any] = []
+_wrapped: list[Any] = []
+#: the include directories of the CuPy compile in progress (read from its options)
+_option_dirs: contextvars.ContextVar[tuple[tuple[str, ...], tuple[str, ...]]] = (
+    contextvars.ContextVar("cuforge_cupy_option_dirs", default=((), ()))
+)
 
 
 def hook_problem() -> str | None:
@@ -77,8 +83,57 @@ def hook_problem() -> str | None:
     return None
 
 
+def include_dirs_of(options: Sequence[str]) -> list[str]:
+    """The directories of the ``-I<dir>``, ``-I <dir>``, ``--include-path=<dir>`` and
+    ``--include-path <dir>`` items of CuPy compile ``options``, in order."""
+    dirs: list[str] = []
+    items = [o for o in options if isinstance(o, str)]
+    i = 0
+    while i < len(items):
+        item = items[i]
+        if item in ("-I", "--include-path") and i + 1 < len(items):
+            dirs.append(items[i + 1])
+            i += 2
+            continue
+        if item.startswith("--include-path="):
+            dirs.append(item[len("--include-path=") :])
+        elif item.startswith("-I") and len(item) > 2:
+            dirs.append(item[2:])
+        i += 1
+    return dirs
+
+
+def _own_roots() -> list[str]:
+    """CuPy's and the CUDA toolkit's include roots: their headers are in CuPy's own key."""
+    roots = []
+    try:
+        import cupy
+
+        roots.append(os.path.dirname(os.path.abspath(cupy.__file__)))
+    except ImportError:
+        pass
+    for var in ("CUDA_PATH", "CUDA_HOME"):
+        if os.environ.get(var):
+            roots.append(os.path.abspath(os.environ[var]))
+    return roots
+
+
+def _split_option_dirs(options: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(user include dirs, system include dirs) of ``options``, as absolute paths."""
+    own = _own_roots()
+    user, system = [], []
+    for d in include_dirs_of(options):
+        path = os.path.abspath(d)
+        inside = any(path == r or path.startswith(r + os.sep) for r in own)
+        (system if inside else user).append(path)
+    return tuple(user), tuple(system)
+
+
 def _roots(include_dirs: Sequence[str]) -> list[str]:
-    return [os.path.abspath(d) for d in (os.getcwd(), *include_dirs)]
+    """Where user headers are looked for, in order: the compile's ``-I`` dirs, then
+    ``include_dirs``, then the working directory."""
+    user, _ = _option_dirs.get()
+    return [*user, *(os.path.abspath(d) for d in include_dirs), os.getcwd()]
 
 
 def _relative(path: str, roots: list[str]) -> tuple[int, str] | None:
@@ -91,10 +146,13 @@ def _relative(path: str, roots: list[str]) -> tuple[int, str] | None:
 
 def headers_of(source: str, include_dirs: Sequence[str] = ()) -> list[list[Any]] | None:
     """``[[root index, path under that root, sha256], ...]`` of the user headers ``source``
-    includes (root 0: the working directory, then ``include_dirs``); None when they cannot
+    includes (the roots: the compile's ``-I`` dirs, ``include_dirs``, the working
+    directory); None when they cannot
     be known (the entry is then stored with no header check, as CuPy would)."""
     roots = _roots(include_dirs)
-    scan = scan_includes(source, source_dir=roots[0], include_dirs=roots[1:])
+    scan = scan_includes(
+        source, source_dir=None, include_dirs=roots, system_dirs=_option_dirs.get()[1]
+    )
     if scan.uncacheable:
         return None
     out = []
@@ -181,7 +239,29 @@ def enable(cache: Cache | None = None, include_dirs: Sequence[str] = ()) -> bool
         if not _previous:
             _previous.append(compiler._kernel_cache_backend)
         compiler._set_kernel_cache_backend(made)
+        _wrap_compile(compiler)
     return True
+
+
+def _wrap_compile(compiler: Any) -> None:
+    """Wrap ``compiler._compile_with_cache_cuda`` (the caller of the backend's ``load`` and
+    ``save``) so that the backend sees the ``-I`` dirs of the compile's options. Where the
+    function is missing or already wrapped, nothing changes (``include_dirs`` still work)."""
+    original = getattr(compiler, "_compile_with_cache_cuda", None)
+    if not callable(original) or getattr(original, "__cuforge_wrapped__", False):
+        return
+
+    def _compile_with_cache_cuda(source, options=(), *args, **kwargs):
+        token = _option_dirs.set(_split_option_dirs(options or ()))
+        try:
+            return original(source, options, *args, **kwargs)
+        finally:
+            _option_dirs.reset(token)
+
+    _compile_with_cache_cuda.__cuforge_wrapped__ = True  # type: ignore[attr-defined]
+    _compile_with_cache_cuda.__wrapped__ = original  # type: ignore[attr-defined]
+    _wrapped.append((compiler, original))
+    compiler._compile_with_cache_cuda = _compile_with_cache_cuda
 
 
 def disable() -> None:
@@ -191,6 +271,9 @@ def disable() -> None:
             from cupy.cuda import compiler
 
             compiler._set_kernel_cache_backend(_previous.pop())
+        while _wrapped:
+            module, original = _wrapped.pop()
+            module._compile_with_cache_cuda = original
 
 
 def is_enabled() -> bool:

@@ -40,7 +40,7 @@ __all__ = ["KIND", "SUPPORTED", "enable", "disable", "is_enabled", "hook_problem
 
 KIND = "jax"
 #: JAX versions whose private hook this module was written against: [low, high)
-SUPPORTED = ((0, 4, 36), (0, 11))
+SUPPORTED = ((0, 4, 36), (0, 12))
 
 _FILE = "executable"
 _lock = threading.Lock()

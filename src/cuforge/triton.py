@@ -26,7 +26,7 @@ What happens (see docs/triton.md):
 * Files Triton caches outside a kernel group (its C launcher ``.so``, autotune results)
   are machine-local: they stay in Triton's own cache dir (``TRITON_CACHE_DIR``), untouched.
 
-Supported: Triton 3.4 to 3.8 (tested on 3.8.0). On another version :func:`enable` warns
+Supported: Triton 3.4 to 3.8 (tested on 3.6.0 on an H100 and on 3.8.0 on the CPU). On another version :func:`enable` warns
 once and leaves Triton's own cache in place; the ``TRITON_CACHE_MANAGER`` route falls back
 to Triton's file cache with the same warning.
 """

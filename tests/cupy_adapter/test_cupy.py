@@ -30,10 +30,12 @@ compiler._compile_using_nvrtc_no_warning = spy
 import cuforge, cuforge.cupy as cc
 enabled = cc.enable()
 x = cupy.arange(8, dtype=cupy.float32)
+import os
+# the header's dir as CuPy users pass it: an -I option (cuforge reads it from the options)
 raw = cupy.RawKernel(r'''
 #include "scale.h"
 extern "C" __global__ void scale(float* a) { a[threadIdx.x] *= SCALE; }
-''', "scale")
+''', "scale", options=("-I", os.getcwd()))
 a = x.copy(); raw((1,), (8,), (a,))
 mod = cupy.RawModule(code=r'''
 template<typename T> __global__ void twice(T* a) { a[threadIdx.x] += a[threadIdx.x]; }
@@ -95,3 +97,12 @@ def test_process_b_compiles_nothing(tmp_path):
     (work / "scale.h").write_text("#define SCALE 5.0f\n")  # a header edit misses
     c = run("c")
     assert c["compiles"] == 1 and c["a"][1] == 5.0 and c["counters"].get("cupy:header_changed") == 1
+
+
+def test_include_dirs_are_read_from_cupy_compile_options():
+    """The adapter keys headers found through the compile's own -I options (no CuPy needed)."""
+    from cuforge.cupy import include_dirs_of
+
+    options = ("-std=c++17", "-I", "a", "-Ib", "--include-path=c", "--include-path", "d", "-DX")
+    assert include_dirs_of(options) == ["a", "b", "c", "d"]
+    assert include_dirs_of(("-I",)) == []

@@ -1,6 +1,10 @@
 """On a GPU: torch.compile of a small CUDA model whose Triton kernels go through cuforge;
 "machine" B (fresh Inductor, Triton and cuforge dirs, the same file:// remote) runs 0
-Triton compiles and gives the same outputs. Run with ``pytest -m gpu tests/triton_cache``."""
+Triton compiles and gives the same outputs. Run with ``pytest -m gpu tests/triton_cache``.
+
+Inductor compiles Triton kernels in the parent until its worker pool is ready, then in the
+workers: Triton's listener in the parent sees the first kind, and the ``triton`` entries in
+the shared remote count both (a compile anywhere puts a new one)."""
 
 from __future__ import annotations
 
@@ -49,11 +53,18 @@ def _machine(tmp_path, label: str, remote: str) -> dict:
     return run_python(MACHINE, env, timeout=600, cwd=str(home / "cwd"))
 
 
+def _remote_triton_entries(shared) -> int:
+    return sum(1 for p in shared.rglob("*") if p.is_file() and "triton" in p.parts)
+
+
 @pytest.mark.gpu
 def test_torch_compile_on_machine_b_runs_no_triton_compile(tmp_path):
     shared = tmp_path / "shared"
     shared.mkdir()
     a = _machine(tmp_path, "a", f"file://{shared}")
+    stored = _remote_triton_entries(shared)
+    assert stored >= 1, a
     b = _machine(tmp_path, "b", f"file://{shared}")
     assert b["compiles"] == 0, (a, b)
+    assert _remote_triton_entries(shared) == stored, "B compiled a kernel A had not stored"
     assert b["out"] == pytest.approx(a["out"], rel=1e-3, abs=1e-3)

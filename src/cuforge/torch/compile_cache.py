@@ -29,7 +29,12 @@ entry checksum (or the signature, when required) are a miss: torch recompiles.
 Triton kernels compiled by Inductor go through :mod:`cuforge.triton` (enabled too, when
 Triton is installed and supported).
 
-Supported: torch 2.6 to 2.14 (tested on 2.14.1). On another version :func:`enable` warns once
+**ptxas**: :func:`enable` makes Inductor's choice of ptxas (torch's own, through
+``TRITON_PTXAS_PATH``) at once rather than at Inductor's first async compile, so that every
+Triton kernel of the process is keyed with the same ptxas version (see :func:`_pin_ptxas`).
+
+Supported: torch 2.6 to 2.14 (tested on 2.11.0 with CUDA and Triton 3.6.0 on an H100, and on
+2.14.1 on the CPU). On another version :func:`enable` warns once
 and leaves torch's caches as they are.
 """
 
@@ -123,6 +128,7 @@ def enable(cache: Cache | None = None, *, triton: bool = True) -> bool:
         config = importlib.import_module(module)
         for flag in flags:
             setattr(config, flag, True)
+    _pin_ptxas()
     if triton:
         try:
             import cuforge.triton as _triton
@@ -131,6 +137,28 @@ def enable(cache: Cache | None = None, *, triton: bool = True) -> bool:
         else:
             _triton.enable(cache)
     return True
+
+
+def _pin_ptxas() -> None:
+    """Make now the ptxas choice Inductor makes lazily, so that every Triton compile of the
+    process (and of its compile workers) uses the same ptxas.
+
+    Inductor points Triton at torch's own ``ptxas`` (``TRITON_PTXAS_PATH``, set by
+    ``torch._inductor.runtime.compile_tasks._set_triton_ptxas_path``) only when it starts
+    compiling through its async path; kernels Inductor compiles before that (during codegen
+    and benchmarking) use Triton's bundled ptxas. Triton's key holds the ptxas version, so
+    "machine" A stored kernels under keys that B -- loading the FX graph from the cache,
+    which sets torch's ptxas first -- never asks for (seen on torch 2.11 + Triton 3.6: 2
+    of 3 kernels recompiled). torch's own function makes the choice; where it is missing
+    (another torch) nothing changes. A ``TRITON_PTXAS_PATH`` already set is kept."""
+    try:
+        from torch._inductor.runtime.compile_tasks import _set_triton_ptxas_path
+    except ImportError:
+        return
+    try:
+        _set_triton_ptxas_path()
+    except Exception as exc:  # noqa: BLE001 - torch's private helper; its failure is no error
+        _log.debug("cuforge: torch's _set_triton_ptxas_path failed: %s", exc)
 
 
 def disable() -> None:
