@@ -49,10 +49,11 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=2000)
     args = parser.parse_args()
 
-    import cuforge
     import torch
-    from cuforge.torch import custom_op
     from torch import Tensor
+
+    import cuforge
+    from cuforge.torch import custom_op
 
     n = 4096
     k = cuforge.compile(SOURCE, name="custom_op_bench.cu").kernel("muladd")

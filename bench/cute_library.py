@@ -35,9 +35,8 @@ KERNELS = ("rmsnorm", "softmax", "cross_entropy")
 def _run_kernel(name: str) -> None:
     """Runs in the child (as ``__main__`` through runpy, after cuforge.cute.enable())."""
     import quack
-    import torch.nn.functional as F
-
     import torch
+    import torch.nn.functional as F
 
     torch.manual_seed(0)
     m, n = 256, 4096

@@ -64,8 +64,9 @@ def main() -> int:
     ap.add_argument("--json", help="also write the results here")
     opts = ap.parse_args()
 
-    import cuforge
     import torch
+
+    import cuforge
 
     if not torch.cuda.is_available():
         print("bench/jit_overhead.py needs a CUDA GPU", file=sys.stderr)

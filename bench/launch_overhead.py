@@ -145,6 +145,7 @@ def breakdown(k, y, x, a, n) -> None:
     import timeit
 
     import torch
+
     from cuforge.runtime.kernel import _get_ident
 
     def ns(stmt, number=200000) -> float:
@@ -208,9 +209,9 @@ def main() -> int:
     opts = ap.parse_args()
 
     import numpy as np
+    import torch
 
     import cuforge
-    import torch
     from cuforge.runtime import driver as drv_mod
     from cuforge.runtime import kernel as kernel_mod
 

@@ -42,10 +42,10 @@ import time
 import uuid
 from typing import TYPE_CHECKING
 
+import triton
 from triton.runtime.cache import CacheManager as _TritonCacheManager
 from triton.runtime.cache import FileCacheManager as _FileCacheManager
 
-import triton
 from cuforge import _fs
 from cuforge.blobcache import make_key, offline_error, pack, unpack
 from cuforge.caching import Cache, default_cache
