@@ -33,9 +33,18 @@ import sys
 import time
 from typing import Any
 
+from cuforge.aot.bundle import export_bundle, import_bundle
 from cuforge.cli import output
 from cuforge.cli.common import cache_root
+from cuforge.config import parse_size, settings
+from cuforge.explain import recent_misses
+from cuforge.layout import CacheLayout
+from cuforge.store import telemetry
 from cuforge.store.base import ENTRY_KINDS
+from cuforge.store.bundle import FORMAT_VERSION
+from cuforge.store.disk import DiskStore, entry_filter
+from cuforge.store.remote import sync
+from cuforge.store.remote.base import redact
 
 __all__ = ["add_parser"]
 
@@ -46,9 +55,6 @@ _KINDS = ENTRY_KINDS
 def _store(args: argparse.Namespace | None = None):
     """The disk store of the cache dir the command operates on (``--cache-dir``, else
     CUFORGE_CACHE_DIR)."""
-    from cuforge.config import settings
-    from cuforge.layout import CacheLayout
-    from cuforge.store.disk import DiskStore
 
     st = settings()
     root = cache_root(args) if args is not None else st.cache_dir
@@ -80,7 +86,6 @@ def _add_filters(p: argparse.ArgumentParser, *, hide_manifests: bool) -> None:
 
 
 def _matcher(args: argparse.Namespace):
-    from cuforge.store.disk import entry_filter
 
     return entry_filter(
         name=args.name,
@@ -106,7 +111,6 @@ def _arch_text(value: Any) -> str:
 
 
 def run_stats(args: argparse.Namespace) -> int:
-    from cuforge.store import telemetry
 
     store = _store(args)
     stats = store.stats()
@@ -236,8 +240,6 @@ def _tier_order(tier: str) -> tuple[int, str]:
 def _configured_remotes() -> list[dict[str, Any]]:
     """The remote tiers CUFORGE_REMOTE names (redacted), read-only and signing flags. Reads
     settings only: ``cache stats`` never contacts a remote."""
-    from cuforge.config import settings
-    from cuforge.store.remote.base import redact
 
     st = settings()
     signed = bool(st.remote_key or st.remote_key_file)
@@ -421,7 +423,6 @@ def _file_size(path: str) -> int | None:
 
 
 def run_explain(args: argparse.Namespace) -> int:
-    from cuforge.explain import recent_misses
 
     root = cache_root(args)
     names = [n for n in (args.source, args.name) if n]
@@ -492,7 +493,6 @@ def run_clear(args: argparse.Namespace) -> int:
 
 
 def run_prune(args: argparse.Namespace) -> int:
-    from cuforge.config import parse_size
 
     store = _store(args)
     max_bytes = (
@@ -594,8 +594,6 @@ _NOT_BUNDLE_SUFFIXES = (".tar.gz", ".tgz", ".tar.zst", ".tzst", ".zst", ".gz", "
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from cuforge.aot.bundle import export_bundle
-    from cuforge.store.bundle import FORMAT_VERSION
 
     if args.file.lower().endswith(_NOT_BUNDLE_SUFFIXES):
         raise ValueError(
@@ -627,8 +625,6 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def run_import(args: argparse.Namespace) -> int:
-    from cuforge.aot.bundle import import_bundle
-    from cuforge.config import parse_size
 
     cap = (
         output.usage_value("--max-member-bytes", parse_size, args.max_member_bytes)
@@ -705,7 +701,6 @@ def _print_sync(results: list[Any], verb: str) -> None:
 
 
 def run_push(args: argparse.Namespace) -> int:
-    from cuforge.store.remote import sync
 
     remotes = sync.open_targets(args.remote)
     readonly = sync.remote_settings(args.remote).remote_readonly
@@ -729,7 +724,6 @@ def run_push(args: argparse.Namespace) -> int:
 
 
 def run_pull(args: argparse.Namespace) -> int:
-    from cuforge.store.remote import sync
 
     remotes = sync.open_targets(args.remote)
     store = _store(args)

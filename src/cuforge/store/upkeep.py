@@ -24,11 +24,14 @@ entry is gone.
 
 from __future__ import annotations
 
+import logging
 import os
+import stat
 from time import monotonic, time
 
 from cuforge import _fs
 from cuforge.layout import is_entry_key
+from cuforge.store import telemetry
 from cuforge.store.entry_codec import CorruptEntry, decode_entry, read_info, remove_path
 from cuforge.store.journal import index_tuple, locked_file
 
@@ -145,7 +148,6 @@ def tree_bytes(path: str, skip: tuple[str, ...] = ()) -> int:
         st = os.lstat(path)
     except OSError:
         return 0
-    import stat
 
     if not stat.S_ISDIR(st.st_mode):
         return st.st_size
@@ -309,8 +311,6 @@ def evict(
                 store.journal_append([f"D\t{k}" for k in gone])
             store.evictions += removed
             if removed and store.telemetry:
-                from cuforge.store import telemetry
-
                 telemetry.record(
                     store.root, "evict", tier="disk", kind="", name=None, count=removed
                 )
@@ -404,7 +404,6 @@ def clean_temp(store: DiskStore, max_age: float = STALE_TMP_SECONDS) -> int:
 def clean_locks(store: DiskStore) -> int:
     """Remove compile lock files (``layout.locks``) that no process holds, and anything
     but a regular file there. Returns how many were removed."""
-    import stat
 
     count = 0
     try:
@@ -453,7 +452,6 @@ def verify(
     too. Checks the journal's line checksums. ``repair``: remove damaged entries, stale
     temp files and non-regular files in the index dir, and rebuild the index.
     ``progress``: called with the number of entries checked so far, after each one."""
-    import stat
 
     report = VerifyReport()
     report.journal = store.journal.check()
@@ -497,8 +495,6 @@ def verify(
         if report.index_drift or report.repaired or report.journal is not None:
             report.journal_rebuilt = store.rebuild_index() is not None
         if report.corrupt:
-            import logging
-
             logging.getLogger("cuforge").warning(
                 "cuforge: verify removed %d damaged cache entries from %s",
                 report.repaired,

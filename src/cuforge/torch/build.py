@@ -32,20 +32,30 @@ key, so another checkout or build dir hits the same entries.
 
 from __future__ import annotations
 
+import atexit
+import logging
 import os
+import shutil
+import stat
 import sys
+import tempfile
 import time
 from collections.abc import MutableMapping
 
 from cuforge import direct_mode
-from cuforge._fs import atomic_write, locked, read_bytes, write_if_changed
+from cuforge._fs import atomic_write, locked, read_bytes, temp_path, unlink, write_if_changed
 from cuforge.caching import Cache, default_cache, resolve
 from cuforge.config import settings
-from cuforge.deps import file_digest
-from cuforge.key import KeyBuilder
+from cuforge.deps import file_digest, parse_depfile
+from cuforge.errors import OfflineMissError
+from cuforge.key import KeyBuilder, bytes_digest
 from cuforge.layout import is_entry_key as _is_key
+from cuforge.store.base import Entry
 from cuforge.store.upkeep import TORCH_BUILD_LOCK
+from cuforge.toolchain import compiler_identity, resolve_archs
 from cuforge.torch import flags as _flags
+from cuforge.torch import ninja_build
+from cuforge.torch.jobs import job_count
 
 __all__ = [
     "BuildSpec",
@@ -249,7 +259,6 @@ class BuildResult:
 def _archs(spec: BuildSpec) -> tuple[str, ...]:
     if not spec.with_cuda or _flags.has_arch_flag(spec.extra_cuda_cflags):
         return ()
-    from cuforge.toolchain import resolve_archs
 
     if spec.arch is None:
         archs = _torch_visible_archs()
@@ -281,7 +290,6 @@ def _object_name(source: str, cuda: bool, taken: set[str]) -> str:
 
 
 def _base_fields(kb: KeyBuilder, p: Plan) -> KeyBuilder:
-    from cuforge.toolchain import compiler_identity
 
     env = p.env
     kb.text("torch", f"{env.torch_version} git={env.torch_git} cuda={env.torch_cuda}")
@@ -332,7 +340,6 @@ def plan(spec: BuildSpec) -> Plan:
     p.env = env = _flags.build_env()
     p.archs = _archs(spec)
     p.launcher = _flags.launcher(spec.launcher)
-    from cuforge.torch.jobs import job_count
 
     p.jobs, p.jobs_why = job_count()
     threads = min(len(p.archs), p.jobs) if len(p.archs) > 1 else 1
@@ -439,10 +446,6 @@ _private: list[str] = []  # this process's private temp dir, made on first use
 def _private_dir() -> str:
     """A directory only this process writes (mode 0700, removed at exit)."""
     if not _private:
-        import atexit
-        import shutil
-        import tempfile
-
         path = tempfile.mkdtemp(prefix="cuforge-torch-")
         atexit.register(shutil.rmtree, path, True)
         _private.append(path)
@@ -497,7 +500,6 @@ def module_dir(key: str, cache: Cache | None = None) -> str:
 def _safe_module_bytes(path: str) -> bytes | None:
     """The bytes of ``path`` when it is a regular file (not a symlink) owned by this user
     and not writable by group or others; else None."""
-    import stat
 
     try:
         st = os.lstat(path)
@@ -520,7 +522,6 @@ def _write_module(path: str, payload: bytes) -> str:
         return path
     except OSError as exc:
         fallback = os.path.join(_private_dir(), "modules", *path.split(os.sep)[-2:])
-        import logging
 
         logging.getLogger("cuforge").warning(
             "cuforge.torch: cannot write %s (%s); loading the module from %s",
@@ -537,7 +538,6 @@ def _materialized(p: Plan, link_key: str, store, digest: str = "") -> str | None
     ``digest`` (the digest of the module entry's payload, recorded in the load manifest),
     else its bytes must be the entry's; otherwise it is written again from the entry.
     None when the store has no such entry."""
-    from cuforge.key import bytes_digest
 
     path = os.path.join(module_dir(link_key, p.spec.cache), p.target)
     if digest:
@@ -619,7 +619,6 @@ def _offline_miss(p: Plan):
     """The error of strict mode (``CUFORGE_OFFLINE=1``) for an extension that is neither
     in the cache nor in a loaded bundle: it names the extension, its archs and sources,
     and the ``[[extension]]`` manifest entry that would build it."""
-    from cuforge.errors import OfflineMissError
 
     spec = p.spec
     archs = " ".join(map(str, getattr(p, "archs", None) or []))
@@ -656,7 +655,6 @@ def _publish(p: Plan, path: str) -> None:
     module file, or a copy (same mtime) where linking fails. Kept as it is when it is
     already that file or a copy of it (same size and mtime). A failure is logged, not
     raised: the module itself was built and is loaded from ``path``."""
-    import stat
 
     spec = p.spec
     bdir = spec.build_directory
@@ -677,7 +675,6 @@ def _publish(p: Plan, path: str) -> None:
             ):
                 return
         os.makedirs(bdir, exist_ok=True)
-        from cuforge._fs import temp_path, unlink
 
         tmp = temp_path(dest)
         try:
@@ -692,8 +689,6 @@ def _publish(p: Plan, path: str) -> None:
             unlink(tmp)
             raise
     except OSError as exc:
-        import logging
-
         logging.getLogger("cuforge").warning(
             "cuforge.torch: could not place %s in build_directory %s (%s); the module "
             "was built and is loaded from %s",
@@ -779,7 +774,6 @@ def _text_uses_name(path: str, digest: str) -> bool:
         if file_digest(path) == digest:
             return _name_use[digest]
         return True
-    from cuforge.key import bytes_digest
 
     try:
         data = read_bytes(path)
@@ -853,7 +847,6 @@ def _build_in_dir(p: Plan, store) -> BuildResult:
             spec.cache.count("torch:module_hits")
             _remember_load(p, store, link_key, _module_digest(path))
             return BuildResult(path, link_key, "objects", reused=reused)
-    from cuforge.torch import ninja_build
 
     for tu in todo:
         tu.split = tu.cuda and _split_wanted(spec, p, tu)
@@ -868,8 +861,6 @@ def _build_in_dir(p: Plan, store) -> BuildResult:
     payload = read_bytes(os.path.join(bdir, p.target))
     path = _write_module(os.path.join(module_dir(link_key, p.spec.cache), p.target), payload)
     if store is not None:
-        from cuforge.store.base import Entry
-
         store.put(
             Entry(
                 link_key,
@@ -878,7 +869,6 @@ def _build_in_dir(p: Plan, store) -> BuildResult:
                 {"name": spec.name, "compile_seconds": seconds, "arch": ",".join(p.archs)},
             )
         )
-    from cuforge.key import bytes_digest
 
     _remember_load(p, store, link_key, bytes_digest(payload))
     return BuildResult(
@@ -887,7 +877,6 @@ def _build_in_dir(p: Plan, store) -> BuildResult:
 
 
 def _user_headers(p: Plan, tu: TU, depfile: str) -> dict[str, str]:
-    from cuforge.deps import parse_depfile
 
     try:
         with open(depfile, encoding="utf-8", errors="surrogateescape") as f:
@@ -913,7 +902,6 @@ def _record_object(p: Plan, tu: TU, store, seconds: float) -> None:
     tu.okey = kb.hexdigest()
     if store is None:
         return
-    from cuforge.store.base import Entry
 
     payload = read_bytes(obj_path)
     store.put(
@@ -939,7 +927,6 @@ def _record_object(p: Plan, tu: TU, store, seconds: float) -> None:
 
 def _module_digest(path: str) -> str:
     """SHA-256 of the module file just checked against (or written from) its entry."""
-    from cuforge.key import bytes_digest
 
     return bytes_digest(read_bytes(path))
 
