@@ -323,3 +323,208 @@ def test_kernel_key_is_stable(tmp_path):
         name: got for name, kw in runs.items() if (got := _run_child(tmp_path, name, **kw)) != base
     }
     assert not differ, f"keys changed under {sorted(differ)}: {differ} vs {base}"
+
+
+# ---------------------------------------------------------------- Python fingerprint rules
+
+#: the module a fingerprinted function reads an attribute of (``cfg.TILE``); created by
+#: :func:`_cfg_module` (a real module, so the rule for module attributes applies)
+_CFG_SOURCE = "TILE = 128\n"
+
+
+def _cfg_module(tile: int) -> Any:
+    """A fresh module object loaded from one source file (so its source fingerprint is the
+    same every time), its ``TILE`` then set to ``tile`` as code does at run time."""
+    import importlib.util
+    import tempfile
+
+    global _cfg_path
+    if _cfg_path is None:
+        _cfg_path = os.path.join(tempfile.mkdtemp(prefix="cuforge-cert-"), "cuforge_cert_cfg.py")
+        with open(_cfg_path, "w") as f:
+            f.write(_CFG_SOURCE)
+    spec = importlib.util.spec_from_file_location("cuforge_cert_cfg", _cfg_path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.TILE = tile
+    return module
+
+
+_cfg_path: str | None = None
+
+
+def _fn(source: str, **glb: Any) -> Any:
+    """The function ``f`` that ``source`` defines, in a globals dict holding ``glb``."""
+    namespace: dict[str, Any] = {"__name__": "cert_local", **glb}
+    exec(source, namespace)  # noqa: S102 - test code, fixed text
+    return namespace["f"]
+
+
+def _closure(value: Any) -> Any:
+    def outer():
+        def f(x):
+            return x * value
+
+        return f
+
+    return outer()
+
+
+def _with_attr(tile: int) -> Any:
+    f = _fn("def f(x):\n    return x\n")
+    f.tile = tile
+    return f
+
+
+def _klass(tile: int) -> type:
+    return type("Tiling", (), {"tile": tile, "__module__": "cert_local"})
+
+
+@dataclass
+class Rule:
+    #: what of a function this row proves: an attribute ``fn.__X__`` that the hasher's
+    #: function rule reads, or the label of a rule it applies to what those hold
+    covers: str
+    what: str
+    #: (base, mutated) objects; their fingerprints must differ
+    make: Callable[[], tuple[Any, Any]]
+
+
+FINGERPRINT_RULES: list[Rule] = [
+    Rule("__qualname__", "another function name", lambda: (
+        _fn("def f(x):\n    return x\n"), _fn("def g(x):\n    return x\nf = g\n"))),
+    Rule("__code__", "a constant", lambda: (
+        _fn("def f(x):\n    return x + 1\n"), _fn("def f(x):\n    return x + 2\n"))),
+    Rule("__code__", "an operator", lambda: (
+        _fn("def f(x):\n    return x + 1\n"), _fn("def f(x):\n    return x - 1\n"))),
+    Rule("__code__", "a nested function's constant", lambda: (
+        _fn("def f(x):\n    def g():\n        return 1\n    return g\n"),
+        _fn("def f(x):\n    def g():\n        return 2\n    return g\n"))),
+    Rule("__globals__", "a global's value", lambda: (
+        _fn("def f(x):\n    return x + G\n", G=1), _fn("def f(x):\n    return x + G\n", G=2))),
+    Rule("__globals__", "a global function's body", lambda: (
+        _fn("def f(x):\n    return h(x)\n", h=_fn("def f(x):\n    return x\n")),
+        _fn("def f(x):\n    return h(x)\n", h=_fn("def f(x):\n    return -x\n")))),
+    Rule("class attribute", "a global class's attribute", lambda: (
+        _fn("def f(x):\n    return x * C.tile\n", C=_klass(1)),
+        _fn("def f(x):\n    return x * C.tile\n", C=_klass(2)))),
+    Rule("module attribute", "a module attribute the code reads (cfg.TILE)", lambda: (
+        _fn("def f(x):\n    return x * cfg.TILE\n", cfg=_cfg_module(128)),
+        _fn("def f(x):\n    return x * cfg.TILE\n", cfg=_cfg_module(256)))),
+    Rule("builtin", "a builtin the code calls", lambda: (
+        _fn("def f(x):\n    return abs(x)\n", __builtins__={"abs": abs}),
+        _fn("def f(x):\n    return abs(x)\n", __builtins__={"abs": min}))),
+    Rule("__closure__", "a closure cell's value", lambda: (_closure(1), _closure(2))),
+    Rule("__defaults__", "a default", lambda: (
+        _fn("def f(x, s=1):\n    return x * s\n"), _fn("def f(x, s=2):\n    return x * s\n"))),
+    Rule("__kwdefaults__", "a keyword-only default", lambda: (
+        _fn("def f(x, *, s=1):\n    return x * s\n"), _fn("def f(x, *, s=2):\n    return x * s\n"))),
+    Rule("__dict__", "a function attribute", lambda: (_with_attr(1), _with_attr(2))),
+    Rule("__annotations__", "an annotation", lambda: (
+        _fn("def f(x: int):\n    return x\n"), _fn("def f(x: float):\n    return x\n"))),
+]  # fmt: skip
+
+#: rules applied to what a function reads, that the source scan below cannot see: the
+#: row's ``covers`` -> the hasher method that implements it
+_INDIRECT_RULES = {
+    "class attribute": "_class",
+    "module attribute": "_module_values",
+    "builtin": "_function",
+}
+
+
+@pytest.mark.parametrize(
+    "row", FINGERPRINT_RULES, ids=[f"{r.covers}:{r.what}" for r in FINGERPRINT_RULES]
+)
+def test_fingerprint_rule_is_sufficient(row):
+    from cuforge.fingerprint import fingerprint
+
+    base, mutated = row.make()
+    assert fingerprint(base, what="f") == fingerprint(row.make()[0], what="f"), "not stable"
+    assert fingerprint(base, what="f") != fingerprint(mutated, what="f"), (
+        f"{row.what} did not change the fingerprint"
+    )
+
+
+def test_every_function_attribute_the_fingerprint_reads_has_a_rule():
+    """Reading another ``fn.__X__`` in the function rule without a row here fails."""
+    import inspect
+    import re
+
+    from cuforge import fingerprint as fp
+
+    read = set(re.findall(r"\bfn\.(__\w+__)", inspect.getsource(fp._Hasher._function)))
+    covered = {r.covers for r in FINGERPRINT_RULES}
+    assert read <= covered, f"function attributes keyed with no mutation row: {read - covered}"
+    for covers, method in _INDIRECT_RULES.items():
+        assert covers in covered and hasattr(fp._Hasher, method), covers
+
+
+_FP_MODULE = """
+import cuforge_cert_cfg as cfg
+
+G = 3
+
+
+class Tiling:
+    tile = 4
+
+
+def helper(x):
+    return x + G
+
+
+def make(scale):
+    def inner(x, s=2, *, t=5):
+        return helper(x) * scale * s * t * Tiling.tile * cfg.TILE
+    inner.unroll = 2
+    return inner
+
+
+def plain(x: int) -> int:
+    return abs(x) + cfg.TILE
+"""
+
+_FP_CHILD = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import cuforge_cert_mod as m
+from cuforge.fingerprint import fingerprint, module_fingerprint
+print(json.dumps({
+    "make": fingerprint(m.make(3), what="make"),
+    "plain": fingerprint(m.plain, what="plain"),
+    "class": fingerprint(m.Tiling, what="Tiling"),
+    "module": module_fingerprint(m).split(" ", 1)[1],
+}))
+"""
+
+
+def _fp_child(tmp_path, where: str, *, cwd=None, seed="0") -> dict:
+    root = tmp_path / where
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "cuforge_cert_mod.py").write_text(_FP_MODULE)
+    (root / "cuforge_cert_cfg.py").write_text(_CFG_SOURCE)
+    script = tmp_path / "fp_child.py"
+    script.write_text(_FP_CHILD)
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("CUFORGE_")}
+    environ.update(PYTHONPATH=SRC, PYTHONHASHSEED=seed, PYTHONDONTWRITEBYTECODE="1")
+    done = subprocess.run(
+        [sys.executable, str(script), str(root)],
+        cwd=str(cwd or root), env=environ, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, f"{where}: {done.stderr[-2000:]}"
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_fingerprints_are_stable(tmp_path):
+    """A local module's functions, class and the module itself fingerprint the same under
+    another hash seed, another cwd, and a copy of the module at another path (local modules
+    are keyed by their source, never its path)."""
+    base = _fp_child(tmp_path, "a")
+    runs = {
+        "PYTHONHASHSEED": dict(where="a", seed="4242"),
+        "cwd": dict(where="a", cwd=tmp_path),
+        "a copy at another path": dict(where="elsewhere/deeper/b"),
+    }
+    differ = {name: got for name, kw in runs.items() if (got := _fp_child(tmp_path, **kw)) != base}
+    assert not differ, f"fingerprints changed under {sorted(differ)}: {differ} vs {base}"
