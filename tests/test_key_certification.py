@@ -528,3 +528,233 @@ def test_fingerprints_are_stable(tmp_path):
     }
     differ = {name: got for name, kw in runs.items() if (got := _fp_child(tmp_path, **kw)) != base}
     assert not differ, f"fingerprints changed under {sorted(differ)}: {differ} vs {base}"
+
+
+# ---------------------------------------------------------------- blob kinds: cute
+
+
+@dataclass
+class BlobMutation:
+    """One input of a blob kind's key: ``fields(monkeypatch)`` returns the labeled key
+    fields of (base, mutated); the field ``covers`` must differ. ``env``: the mutation is
+    an environment variable the integration reads once per process: the mutated fields
+    come from a fresh process with it set (``fields`` then gives the base alone)."""
+
+    covers: str
+    what: str
+    fields: Callable[[Any], tuple[dict, dict | None]]
+    env: dict[str, str] | None = None
+    #: why no real mutation is possible here (the row checks the recorded value), or None
+    not_here: str | None = None
+
+
+def _cute_or_skip() -> Any:
+    from tests.conftest import GPU_VISIBLE
+
+    if not GPU_VISIBLE:
+        # the DSL reads its settings once, at its first import (as tests/cute does)
+        os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    pytest.importorskip("cutlass.cute", reason="the CuTe DSL is not installed")
+    from cuforge.cute import cache as cute_cache
+
+    return cute_cache
+
+
+def _cute_key(*args: Any, **kw: Any) -> dict:
+    from cuforge.cute import cache as cute_cache
+
+    return cute_cache.key_fields(*args, **kw)
+
+
+def _cute_base() -> dict:
+    from tests.cute import kernels as K
+
+    return _cute_key(K.scale, *K.fake_args())
+
+
+def _cute_pair(mutate: Callable[[Any, Any], dict]) -> Callable[[Any], tuple[dict, dict]]:
+    """(base, ``mutate(K, monkeypatch)``) where K is tests.cute.kernels."""
+
+    def pair(monkeypatch):
+        from tests.cute import kernels as K
+
+        base = _cute_base()
+        return base, mutate(K, monkeypatch)
+
+    return pair
+
+
+def _cute_dtype(K, mp):
+    import cutlass
+    from cutlass.cute.runtime import make_fake_compact_tensor
+
+    n = K.fake_args()[0].shape[0]
+    return _cute_key(K.scale, *(make_fake_compact_tensor(cutlass.Float16, (n,)) for _ in "ab"))
+
+
+def _cute_global(K, mp):
+    mp.setattr(K, "SCALE", K.SCALE + 1.0)  # a global the kernel body reads
+    return _cute_base()
+
+
+def _cute_dsl_version(K, mp):
+    from cuforge.cute import version
+
+    real = version.dsl_distributions()
+    mp.setattr(version, "dsl_distributions", lambda: [d.replace("==", "==999.") for d in real])
+    version.reset()
+    try:
+        return _cute_base()
+    finally:
+        mp.undo()
+        version.reset()
+
+
+def _cute_format(K, mp):
+    from cuforge.cute import cache as cute_cache
+
+    mp.setattr(cute_cache, "FORMAT", f"{cute_cache.FORMAT}-next")
+    return _cute_base()
+
+
+def _cute_hooks(monkeypatch):
+    from tests.cute import kernels as K
+
+    def h1(module):
+        return module
+
+    def h2(module):
+        return None
+
+    a, b = K.fake_args()
+    return (
+        _cute_key(K.scale, a, b, trace_finalize_hooks=[h1]),
+        _cute_key(K.scale, a, b, trace_finalize_hooks=[h2]),
+    )
+
+
+def _cute_streams(monkeypatch):
+    import cuda.bindings.driver as cuda
+    import cutlass.cute as cute
+
+    from tests.cute import kernels as K
+
+    @cute.jit
+    def s1(a: cute.Tensor, stream: cuda.CUstream = cuda.CUstream(1)):  # noqa: B008
+        pass
+
+    @cute.jit
+    def s2(a: cute.Tensor, stream: cuda.CUstream = cuda.CUstream(2)):  # noqa: B008
+        pass
+
+    a, _ = K.fake_args()
+    return _cute_key(s1, a), _cute_key(s2, a)
+
+
+def _cute_constexpr(monkeypatch):
+    from tests.cute import kernels as K
+
+    a, b = K.fake_args()
+    return _cute_key(K.scale_times, a, b, 2), _cute_key(K.scale_times, a, b, 3)
+
+
+def _cute_callable(monkeypatch):
+    from tests.cute import classes as C
+    from tests.cute import kernels as K
+
+    a, b = K.fake_args()
+    return _cute_key(C.ScaleKernel().run, a, b), _cute_key(C.ScaleKernel(), a, b)
+
+
+CUTE_MUTATIONS: list[BlobMutation] = [
+    BlobMutation("format", "the entry format", _cute_pair(_cute_format)),
+    BlobMutation("python", "the Python version", lambda mp: (_cute_base(), None),
+                 not_here="one Python per venv: the field records major.minor"),
+    BlobMutation("function", "another @cute.jit function", _cute_pair(
+        lambda K, mp: _cute_key(K.scale_times, *K.fake_args()))),
+    BlobMutation("dsl", "the DSL version", _cute_pair(_cute_dsl_version)),
+    BlobMutation("arch", "CUTE_DSL_ARCH sm_90a -> sm_100a", lambda mp: (_cute_base(), None),
+                 env={"CUTE_DSL_ARCH": "sm_100a"}),
+    BlobMutation("dsl_settings", "CUTE_DSL_LINEINFO=1", lambda mp: (_cute_base(), None),
+                 env={"CUTE_DSL_LINEINFO": "1"}),
+    BlobMutation("options", "--opt-level 2", _cute_pair(
+        lambda K, mp: _cute_key(K.scale, *K.fake_args(), options="--opt-level 2"))),
+    BlobMutation("callable", "bound method -> instance.__call__", _cute_callable),
+    BlobMutation("fingerprint", "a global the kernel reads", _cute_pair(_cute_global)),
+    BlobMutation("trace_finalize_hooks", "another trace hook", _cute_hooks),
+    BlobMutation("args", "the tensors' dtype", _cute_pair(_cute_dtype)),
+    BlobMutation("args", "a static extent", _cute_pair(
+        lambda K, mp: _cute_key(K.scale, *K.fake_args(256)))),
+    BlobMutation("args", "a Constexpr argument", _cute_constexpr),
+    BlobMutation("handle_defaults", "a stream default CUstream(1) -> CUstream(2)", _cute_streams),
+]  # fmt: skip
+
+_CUTE_CHILD = """
+import json
+from tests.cute import kernels as K
+from cuforge.cute import cache
+print(json.dumps(cache.key_fields(K.scale, *K.fake_args())))
+"""
+
+
+def _cute_child(env: dict[str, str]) -> dict:
+    from tests.child import run_python
+    from tests.conftest import ROOT
+
+    environ = dict(os.environ)
+    environ["PYTHONPATH"] = os.pathsep.join([SRC, ROOT])
+    environ.setdefault("CUTE_DSL_ARCH", os.environ.get("CUTE_DSL_ARCH", "sm_90a"))
+    environ.update(env)
+    return run_python(_CUTE_CHILD, environ, cwd=ROOT, stderr_key="stderr")
+
+
+def _check_blob_row(row: BlobMutation, monkeypatch, child: Callable[[dict], dict]) -> None:
+    base, mutated = row.fields(monkeypatch)
+    assert row.covers in base or (mutated and row.covers in mutated), (
+        f"{row.covers!r} is not a key field: {sorted(base)}"
+    )
+    if row.not_here is not None:
+        assert base[row.covers], row.not_here
+        return
+    if row.env is not None:
+        mutated = child(row.env)
+        mutated.pop("stderr", None)
+    assert base != mutated, f"{row.what} did not change the key"
+    assert base.get(row.covers) != mutated.get(row.covers), (
+        f"{row.what} changed the key but not the field {row.covers!r} it should"
+    )
+
+
+@pytest.mark.parametrize(
+    "row", CUTE_MUTATIONS, ids=[f"{m.covers}:{m.what}" for m in CUTE_MUTATIONS]
+)
+def test_cute_key_is_sufficient(row, monkeypatch):
+    _cute_or_skip()
+    _check_blob_row(row, monkeypatch, _cute_child)
+
+
+def _labels_in_source(fn: Callable) -> set[str]:
+    """The field labels ``fn``'s source writes: ``fields["x"] = ...`` and the literal
+    ``fields = {"x": ...}``."""
+    import inspect
+    import re
+
+    src = inspect.getsource(fn)
+    labels = set(re.findall(r'fields\["(\w+)"\]', src))
+    literal = re.search(r"fields = \{(.*?)\n    \}", src, re.S)
+    if literal:
+        labels |= set(re.findall(r'^\s*"(\w+)":', literal.group(1), re.M))
+    return labels
+
+
+def test_every_cute_key_field_has_a_mutation(monkeypatch):
+    """A field the cute key emits (in the source, or in any row's keys) with no row fails."""
+    cute_cache = _cute_or_skip()
+    covered = {m.covers for m in CUTE_MUTATIONS}
+    emitted = _labels_in_source(cute_cache._key_fields)
+    assert {"arch", "dsl", "options", "args"} <= emitted, emitted  # the scan still works
+    for row in CUTE_MUTATIONS:
+        base, mutated = row.fields(monkeypatch)
+        monkeypatch.undo()
+        emitted |= set(base) | set(mutated or ())
+    assert emitted <= covered, f"cute key fields with no mutation row: {emitted - covered}"
