@@ -546,6 +546,8 @@ class BlobMutation:
     env: dict[str, str] | None = None
     #: why no real mutation is possible here (the row checks the recorded value), or None
     not_here: str | None = None
+    #: for kinds keyed in a child process (cccl): the expression the child evaluates
+    code: str = ""
 
 
 def _cute_or_skip() -> Any:
@@ -758,3 +760,131 @@ def test_every_cute_key_field_has_a_mutation(monkeypatch):
         monkeypatch.undo()
         emitted |= set(base) | set(mutated or ())
     assert emitted <= covered, f"cute key fields with no mutation row: {emitted - covered}"
+
+
+# ---------------------------------------------------------------- blob kinds: cccl
+
+#: the child's prelude: ``base()`` -> the kwargs of the base call of make_reduce_into,
+#: ``fields(**kw)`` -> its labeled key fields (cuda.compute imported, no device: the
+#: compute capability is explicit)
+_CCCL_PRELUDE = """
+import inspect, json, sys
+import numpy as np
+import cuda.compute as cc
+from cuforge.cccl import _key
+from cuforge.cccl._wrap import _original
+
+ALGO = "make_reduce_into"
+SIG = inspect.signature(_original(ALGO))
+
+def base(**over):
+    kw = dict(d_in=cc.ProxyArray(np.int32), d_out=cc.ProxyArray(np.int32), op=cc.OpKind.PLUS,
+              h_init=np.zeros(1, np.int32), compute_capability=90)
+    kw.update(over)
+    return kw
+
+def fields(algo=ALGO, **over):
+    return _key.key_fields(algo, SIG, (), base(**over))
+
+def versions(dist, value):
+    real = _key._installed_versions()
+    _key._versions_fields = None
+    _key._installed_versions = lambda: {**real, _key._normalize(dist): value}
+    try:
+        return fields()
+    finally:
+        _key._installed_versions = lambda: real
+        _key._versions_fields = None
+
+G = 1
+def add(a, b):
+    return a + b
+def sub(a, b):
+    return a - b
+def add_g(a, b):
+    return a + b + G
+"""
+
+
+def _cccl_row(covers: str, what: str, code: str) -> BlobMutation:
+    """A row whose mutated fields are ``code`` (an expression of the child's prelude)."""
+    return BlobMutation(covers, what, lambda mp: ({}, None), code=code)
+
+
+def _cccl_distributions() -> tuple[str, ...]:
+    from cuforge.cccl._key import CODEGEN_DISTRIBUTIONS
+
+    return CODEGEN_DISTRIBUTIONS
+
+
+CCCL_MUTATIONS: list[BlobMutation] = [
+    _cccl_row("algorithm", "another algorithm", 'fields(algo="make_reduce_into_v2")'),
+    _cccl_row("python", "the Python version", "None"),
+    _cccl_row("compute_capability", "9.0 -> 8.0", "fields(compute_capability=80)"),
+    _cccl_row("compute_capability", "9.0 -> 9.0 and 10.0", "fields(compute_capability=[90, 100])"),
+    _cccl_row("arg:d_in", "the input dtype", "fields(d_in=cc.ProxyArray(np.int64))"),
+    _cccl_row("arg:d_out", "the output dtype", "fields(d_out=cc.ProxyArray(np.int64))"),
+    _cccl_row("arg:op", "another well-known op", "fields(op=cc.OpKind.MAXIMUM)"),
+    _cccl_row("arg:op", "a Python op's body", "[fields(op=add), fields(op=sub)]"),
+    _cccl_row("arg:op", "a global a Python op reads", "[fields(op=add_g), (globals().update(G=2), fields(op=add_g))[1]]"),
+    _cccl_row("arg:h_init", "the initial value's dtype", "fields(h_init=np.zeros(1, np.int64))"),
+    *[
+        _cccl_row(f"version:{dist}", f"{dist} upgraded", f"versions({dist!r}, '999.0')")
+        for dist in ("cuda-cccl", "numba-cuda-mlir", "numba-cuda", "numba", "llvmlite",
+                     "cuda-bindings", "cuda-core", "cuda-pathfinder", "nvidia-cuda-nvrtc",
+                     "nvidia-cuda-nvrtc-cu12", "nvidia-nvjitlink", "nvidia-nvjitlink-cu12",
+                     "nvidia-nvvm", "nvidia-cuda-nvcc-cu12", "nvidia-cuda-cccl",
+                     "nvidia-cuda-cccl-cu12", "nvidia-cuda-crt", "numpy", "ml-dtypes")
+    ],
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def cccl_fields(tmp_path_factory) -> dict[str, Any]:
+    """Every row's (base, mutated) fields, computed in one child process that imports
+    cuda.compute (a stub libcuda where no driver is installed)."""
+    import importlib.util
+
+    from tests.child import child_env, run_python
+    from tests.libcuda_stub import child_env_or_skip
+
+    if importlib.util.find_spec("cuda") is None or importlib.util.find_spec("cuda.compute") is None:
+        pytest.skip("cuda-cccl (cuda.compute) is not installed")
+    env = child_env(**child_env_or_skip(tmp_path_factory))
+    rows = {f"{i}": row.code for i, row in enumerate(CCCL_MUTATIONS)}
+    code = _CCCL_PRELUDE + (
+        f"rows = {rows!r}\nout = {{'base': fields()}}\n"
+        "for i, expr in rows.items():\n"
+        "    got = eval(expr)\n"
+        "    out[i] = got if isinstance(got, list) or got is None else [out['base'], got]\n"
+        "print(json.dumps(out))\n"
+    )
+    return run_python(code, env, cwd=str(tmp_path_factory.mktemp("cccl-cwd")))
+
+
+@pytest.mark.parametrize(
+    "i", range(len(CCCL_MUTATIONS)), ids=[f"{m.covers}:{m.what}" for m in CCCL_MUTATIONS]
+)
+def test_cccl_key_is_sufficient(i, cccl_fields):
+    row = CCCL_MUTATIONS[i]
+    if cccl_fields[str(i)] is None:  # no mutation possible here: the field records a value
+        assert cccl_fields["base"][row.covers] == "{}.{}".format(*sys.version_info[:2])
+        return
+    base, mutated = cccl_fields[str(i)]
+    assert row.covers in base, f"{row.covers!r} is not a key field: {sorted(base)}"
+    assert base != mutated, f"{row.what} did not change the key"
+    assert base[row.covers] != mutated.get(row.covers), (
+        f"{row.what} changed the key but not the field {row.covers!r} it should"
+    )
+
+
+def test_every_cccl_key_field_has_a_mutation(cccl_fields):
+    """A field the cccl key emits (for reduce_into: each argument, each codegen
+    distribution) with no row fails."""
+    from cuforge.cccl import _key
+
+    covered = {m.covers for m in CCCL_MUTATIONS}
+    emitted = set(cccl_fields["base"]) | _labels_in_source(_key.key_fields)
+    emitted |= {"version:" + d for d in _cccl_distributions()}
+    assert "algorithm" in emitted, emitted  # the source scan still works
+    assert emitted <= covered, f"cccl key fields with no mutation row: {emitted - covered}"
