@@ -888,3 +888,86 @@ def test_every_cccl_key_field_has_a_mutation(cccl_fields):
     emitted |= {"version:" + d for d in _cccl_distributions()}
     assert "algorithm" in emitted, emitted  # the source scan still works
     assert emitted <= covered, f"cccl key fields with no mutation row: {emitted - covered}"
+
+
+# ---------------------------------------------------------------- adapters: cuda.core
+
+#: the base program of the cuda.core adapter: headers through the name's dir, the include
+#: path (both spellings) and a pre-include
+_CC_SOURCE = '#include "here.h"\n#include "v.h"\n#include <w.h>\n__global__ void k() {}\n'
+_CC_FILES = {
+    "src/here.h": "#define HERE 1\n",
+    "inc/v.h": "#define V 1\n",
+    "inc/w.h": "#define W 1\n",
+    "inc/p.h": "#define P 1\n",
+}
+
+
+def _options(**over: Any) -> Any:
+    """The ProgramOptions fields the header digest reads (a real ProgramOptions needs a
+    driver to construct: the digest only reads these attributes)."""
+    import types
+
+    from cuforge.cuda_core import _PCH_OPTIONS
+
+    values = {"name": "src/k.cu", "include_path": ["inc"], "pre_include": ["p.h"]}
+    values.update({opt: None for opt in _PCH_OPTIONS})
+    values.update(over)
+    return types.SimpleNamespace(**values)
+
+
+#: (covers: the option whose headers the row reaches, what, files changed, options changed)
+CUDA_CORE_MUTATIONS: list[tuple[str, str, dict[str, str], dict[str, Any]]] = [
+    ("name", "a header beside the source (\"here.h\")", {"src/here.h": "#define HERE 2\n"}, {}),
+    ("include_path", 'a header via "v.h" and -I', {"inc/v.h": "#define V 2\n"}, {}),
+    ("include_path", "a header via <w.h> and -I", {"inc/w.h": "#define W 2\n"}, {}),
+    ("include_path", "another include dir shadowing v.h", {"inc0/v.h": "#define V 3\n"},
+     {"include_path": ["inc0", "inc"]}),
+    ("pre_include", "a pre-included header's byte", {"inc/p.h": "#define P 2\n"}, {}),
+]  # fmt: skip
+
+
+def _cc_digest(root, files: dict[str, str], options: Any) -> bytes | None:
+    from cuforge.cuda_core import header_digest
+
+    _materialize(Call(files={**_CC_FILES, **files}), str(root))
+    digest, reason = header_digest(_CC_SOURCE, options, cwd=str(root))
+    assert digest is not None, reason
+    return digest
+
+
+def _cuda_core_or_skip() -> None:
+    try:
+        import cuforge.cuda_core  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - any import failure: the adapter is unusable here
+        pytest.skip(f"cuda.core is not importable ({type(exc).__name__}: {exc})")
+
+
+@pytest.mark.parametrize(
+    "row", CUDA_CORE_MUTATIONS, ids=[f"{r[0]}:{r[1]}" for r in CUDA_CORE_MUTATIONS]
+)
+def test_cuda_core_header_digest_is_sufficient(row, tmp_path):
+    _cuda_core_or_skip()
+    _, what, files, over = row
+    base = _cc_digest(tmp_path / "a", {}, _options())
+    assert base == _cc_digest(tmp_path / "b", {}, _options()), "another checkout path"
+    assert base != _cc_digest(tmp_path / "c", files, _options(**over)), what
+
+
+def test_cuda_core_header_digest_covers_every_option_it_reads(tmp_path):
+    """An option the digest reads with no row fails; a precompiled-header option is
+    refused (the compile runs uncached), never keyed silently."""
+    import inspect
+    import re
+
+    _cuda_core_or_skip()
+    from cuforge.cuda_core import _PCH_OPTIONS, header_digest
+
+    src = inspect.getsource(header_digest)
+    read = set(re.findall(r"options\.(\w+)", src))
+    read |= set(re.findall(r'getattr\(options, "(\w+)"', src))
+    assert read <= {r[0] for r in CUDA_CORE_MUTATIONS}, read
+    _materialize(Call(files=_CC_FILES), str(tmp_path))
+    for opt in _PCH_OPTIONS:
+        digest, reason = header_digest(_CC_SOURCE, _options(**{opt: "x"}), cwd=str(tmp_path))
+        assert digest is None and opt in reason, (opt, reason)
