@@ -971,3 +971,47 @@ def test_cuda_core_header_digest_covers_every_option_it_reads(tmp_path):
     for opt in _PCH_OPTIONS:
         digest, reason = header_digest(_CC_SOURCE, _options(**{opt: "x"}), cwd=str(tmp_path))
         assert digest is None and opt in reason, (opt, reason)
+
+
+# ---------------------------------------------------------------- explain --remote
+
+_FIELDS = {"dsl": "4.8.1", "arch": "sm_90a", "options": "--opt-level 3", "args": "f32[n]"}
+
+
+def _blob(cache: Any, fields: dict[str, str], name: str = "gemm") -> None:
+    from cuforge import blobcache
+
+    blobcache.get_or_build(
+        "cute", name, fields, lambda: {"o": b"object"}, lambda files: files["o"], cache=cache
+    )
+
+
+def test_explain_remote_names_the_field_that_differs(tmp_path):
+    """A local miss is compared with the nearest entry of the same name in a file://
+    remote: the entry whose fields differ least, and the field that differs."""
+    from tests.cli.conftest import Cli
+
+    url = "file://" + str(tmp_path / "shared")
+    (tmp_path / "shared").mkdir()
+    writer = cuforge.Cache(str(tmp_path / "ci"), remotes=[url], memory=False)
+    _blob(writer, _FIELDS)  # the nearest entry: only the arch differs
+    _blob(writer, {**_FIELDS, "arch": "sm_80", "dsl": "4.7.0"})  # two fields differ
+    _blob(writer, {**_FIELDS, "arch": "sm_100a"}, name="other")  # another name
+    local = str(tmp_path / "dev")
+    _blob(cuforge.Cache(local, memory=False), {**_FIELDS, "arch": "sm_90"})  # a miss
+
+    doc = Cli(local).json("cache", "explain", "--remote", url)
+    (miss,) = doc["misses"]
+    (near,) = miss["nearest"]
+    assert near["problem"] is None and near["kind"] == "cute", near
+    assert near["differs"] == ["arch sm_90a -> sm_90"], near
+    text = Cli(local)("cache", "explain", "--remote", url).stdout
+    assert "arch sm_90a -> sm_90" in text, text
+
+    # a remote that holds nothing of that name, and one that cannot be listed, say so
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (near,) = Cli(local).json("cache", "explain", "--remote", "file://" + str(empty))["misses"][0][
+        "nearest"
+    ]
+    assert "no entry named 'gemm'" in near["problem"], near
