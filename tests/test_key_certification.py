@@ -335,12 +335,15 @@ _CFG_SOURCE = "TILE = 128\n"
 def _cfg_module(tile: int) -> Any:
     """A fresh module object loaded from one source file (so its source fingerprint is the
     same every time), its ``TILE`` then set to ``tile`` as code does at run time."""
+    import atexit
     import importlib.util
     import tempfile
 
     global _cfg_path
     if _cfg_path is None:
-        _cfg_path = os.path.join(tempfile.mkdtemp(prefix="cuforge-cert-"), "cuforge_cert_cfg.py")
+        directory = tempfile.mkdtemp(prefix="cuforge-cert-")
+        atexit.register(shutil.rmtree, directory, True)
+        _cfg_path = os.path.join(directory, "cuforge_cert_cfg.py")
         with open(_cfg_path, "w") as f:
             f.write(_CFG_SOURCE)
     spec = importlib.util.spec_from_file_location("cuforge_cert_cfg", _cfg_path)
