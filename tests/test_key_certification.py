@@ -323,3 +323,698 @@ def test_kernel_key_is_stable(tmp_path):
         name: got for name, kw in runs.items() if (got := _run_child(tmp_path, name, **kw)) != base
     }
     assert not differ, f"keys changed under {sorted(differ)}: {differ} vs {base}"
+
+
+# ---------------------------------------------------------------- Python fingerprint rules
+
+#: the module a fingerprinted function reads an attribute of (``cfg.TILE``); created by
+#: :func:`_cfg_module` (a real module, so the rule for module attributes applies)
+_CFG_SOURCE = "TILE = 128\n"
+
+
+def _cfg_module(tile: int) -> Any:
+    """A fresh module object loaded from one source file (so its source fingerprint is the
+    same every time), its ``TILE`` then set to ``tile`` as code does at run time."""
+    import atexit
+    import importlib.util
+    import tempfile
+
+    global _cfg_path
+    if _cfg_path is None:
+        directory = tempfile.mkdtemp(prefix="cuforge-cert-")
+        atexit.register(shutil.rmtree, directory, True)
+        _cfg_path = os.path.join(directory, "cuforge_cert_cfg.py")
+        with open(_cfg_path, "w") as f:
+            f.write(_CFG_SOURCE)
+    spec = importlib.util.spec_from_file_location("cuforge_cert_cfg", _cfg_path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.TILE = tile
+    return module
+
+
+_cfg_path: str | None = None
+
+
+def _fn(source: str, **glb: Any) -> Any:
+    """The function ``f`` that ``source`` defines, in a globals dict holding ``glb``."""
+    namespace: dict[str, Any] = {"__name__": "cert_local", **glb}
+    exec(source, namespace)  # noqa: S102 - test code, fixed text
+    return namespace["f"]
+
+
+def _closure(value: Any) -> Any:
+    def outer():
+        def f(x):
+            return x * value
+
+        return f
+
+    return outer()
+
+
+def _with_attr(tile: int) -> Any:
+    f = _fn("def f(x):\n    return x\n")
+    f.tile = tile
+    return f
+
+
+def _klass(tile: int) -> type:
+    return type("Tiling", (), {"tile": tile, "__module__": "cert_local"})
+
+
+@dataclass
+class Rule:
+    #: what of a function this row proves: an attribute ``fn.__X__`` that the hasher's
+    #: function rule reads, or the label of a rule it applies to what those hold
+    covers: str
+    what: str
+    #: (base, mutated) objects; their fingerprints must differ
+    make: Callable[[], tuple[Any, Any]]
+
+
+FINGERPRINT_RULES: list[Rule] = [
+    Rule("__qualname__", "another function name", lambda: (
+        _fn("def f(x):\n    return x\n"), _fn("def g(x):\n    return x\nf = g\n"))),
+    Rule("__code__", "a constant", lambda: (
+        _fn("def f(x):\n    return x + 1\n"), _fn("def f(x):\n    return x + 2\n"))),
+    Rule("__code__", "an operator", lambda: (
+        _fn("def f(x):\n    return x + 1\n"), _fn("def f(x):\n    return x - 1\n"))),
+    Rule("__code__", "a nested function's constant", lambda: (
+        _fn("def f(x):\n    def g():\n        return 1\n    return g\n"),
+        _fn("def f(x):\n    def g():\n        return 2\n    return g\n"))),
+    Rule("__globals__", "a global's value", lambda: (
+        _fn("def f(x):\n    return x + G\n", G=1), _fn("def f(x):\n    return x + G\n", G=2))),
+    Rule("__globals__", "a global function's body", lambda: (
+        _fn("def f(x):\n    return h(x)\n", h=_fn("def f(x):\n    return x\n")),
+        _fn("def f(x):\n    return h(x)\n", h=_fn("def f(x):\n    return -x\n")))),
+    Rule("class attribute", "a global class's attribute", lambda: (
+        _fn("def f(x):\n    return x * C.tile\n", C=_klass(1)),
+        _fn("def f(x):\n    return x * C.tile\n", C=_klass(2)))),
+    Rule("module attribute", "a module attribute the code reads (cfg.TILE)", lambda: (
+        _fn("def f(x):\n    return x * cfg.TILE\n", cfg=_cfg_module(128)),
+        _fn("def f(x):\n    return x * cfg.TILE\n", cfg=_cfg_module(256)))),
+    Rule("builtin", "a builtin the code calls", lambda: (
+        _fn("def f(x):\n    return abs(x)\n", __builtins__={"abs": abs}),
+        _fn("def f(x):\n    return abs(x)\n", __builtins__={"abs": min}))),
+    Rule("__closure__", "a closure cell's value", lambda: (_closure(1), _closure(2))),
+    Rule("__defaults__", "a default", lambda: (
+        _fn("def f(x, s=1):\n    return x * s\n"), _fn("def f(x, s=2):\n    return x * s\n"))),
+    Rule("__kwdefaults__", "a keyword-only default", lambda: (
+        _fn("def f(x, *, s=1):\n    return x * s\n"), _fn("def f(x, *, s=2):\n    return x * s\n"))),
+    Rule("__dict__", "a function attribute", lambda: (_with_attr(1), _with_attr(2))),
+    Rule("__annotations__", "an annotation", lambda: (
+        _fn("def f(x: int):\n    return x\n"), _fn("def f(x: float):\n    return x\n"))),
+]  # fmt: skip
+
+#: rules applied to what a function reads, that the source scan below cannot see: the
+#: row's ``covers`` -> the hasher method that implements it
+_INDIRECT_RULES = {
+    "class attribute": "_class",
+    "module attribute": "_module_values",
+    "builtin": "_function",
+}
+
+
+@pytest.mark.parametrize(
+    "row", FINGERPRINT_RULES, ids=[f"{r.covers}:{r.what}" for r in FINGERPRINT_RULES]
+)
+def test_fingerprint_rule_is_sufficient(row):
+    from cuforge.fingerprint import fingerprint
+
+    base, mutated = row.make()
+    assert fingerprint(base, what="f") == fingerprint(row.make()[0], what="f"), "not stable"
+    assert fingerprint(base, what="f") != fingerprint(mutated, what="f"), (
+        f"{row.what} did not change the fingerprint"
+    )
+
+
+def test_every_function_attribute_the_fingerprint_reads_has_a_rule():
+    """Reading another ``fn.__X__`` in the function rule without a row here fails."""
+    import inspect
+    import re
+
+    from cuforge import fingerprint as fp
+
+    read = set(re.findall(r"\bfn\.(__\w+__)", inspect.getsource(fp._Hasher._function)))
+    covered = {r.covers for r in FINGERPRINT_RULES}
+    assert read <= covered, f"function attributes keyed with no mutation row: {read - covered}"
+    for covers, method in _INDIRECT_RULES.items():
+        assert covers in covered and hasattr(fp._Hasher, method), covers
+
+
+_FP_MODULE = """
+import cuforge_cert_cfg as cfg
+
+G = 3
+
+
+class Tiling:
+    tile = 4
+
+
+def helper(x):
+    return x + G
+
+
+def make(scale):
+    def inner(x, s=2, *, t=5):
+        return helper(x) * scale * s * t * Tiling.tile * cfg.TILE
+    inner.unroll = 2
+    return inner
+
+
+def plain(x: int) -> int:
+    return abs(x) + cfg.TILE
+"""
+
+_FP_CHILD = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import cuforge_cert_mod as m
+from cuforge.fingerprint import fingerprint, module_fingerprint
+print(json.dumps({
+    "make": fingerprint(m.make(3), what="make"),
+    "plain": fingerprint(m.plain, what="plain"),
+    "class": fingerprint(m.Tiling, what="Tiling"),
+    "module": module_fingerprint(m).split(" ", 1)[1],
+}))
+"""
+
+
+def _fp_child(tmp_path, where: str, *, cwd=None, seed="0") -> dict:
+    root = tmp_path / where
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "cuforge_cert_mod.py").write_text(_FP_MODULE)
+    (root / "cuforge_cert_cfg.py").write_text(_CFG_SOURCE)
+    script = tmp_path / "fp_child.py"
+    script.write_text(_FP_CHILD)
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("CUFORGE_")}
+    environ.update(PYTHONPATH=SRC, PYTHONHASHSEED=seed, PYTHONDONTWRITEBYTECODE="1")
+    done = subprocess.run(
+        [sys.executable, str(script), str(root)],
+        cwd=str(cwd or root), env=environ, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, f"{where}: {done.stderr[-2000:]}"
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_fingerprints_are_stable(tmp_path):
+    """A local module's functions, class and the module itself fingerprint the same under
+    another hash seed, another cwd, and a copy of the module at another path (local modules
+    are keyed by their source, never its path)."""
+    base = _fp_child(tmp_path, "a")
+    runs = {
+        "PYTHONHASHSEED": dict(where="a", seed="4242"),
+        "cwd": dict(where="a", cwd=tmp_path),
+        "a copy at another path": dict(where="elsewhere/deeper/b"),
+    }
+    differ = {name: got for name, kw in runs.items() if (got := _fp_child(tmp_path, **kw)) != base}
+    assert not differ, f"fingerprints changed under {sorted(differ)}: {differ} vs {base}"
+
+
+# ---------------------------------------------------------------- blob kinds: cute
+
+
+@dataclass
+class BlobMutation:
+    """One input of a blob kind's key: ``fields(monkeypatch)`` returns the labeled key
+    fields of (base, mutated); the field ``covers`` must differ. ``env``: the mutation is
+    an environment variable the integration reads once per process: the mutated fields
+    come from a fresh process with it set (``fields`` then gives the base alone)."""
+
+    covers: str
+    what: str
+    fields: Callable[[Any], tuple[dict, dict | None]]
+    env: dict[str, str] | None = None
+    #: why no real mutation is possible here (the row checks the recorded value), or None
+    not_here: str | None = None
+    #: for kinds keyed in a child process (cccl): the expression the child evaluates
+    code: str = ""
+
+
+def _cute_or_skip() -> Any:
+    from tests.conftest import GPU_VISIBLE
+
+    if not GPU_VISIBLE:
+        # the DSL reads its settings once, at its first import (as tests/cute does)
+        os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+    pytest.importorskip("cutlass.cute", reason="the CuTe DSL is not installed")
+    from cuforge.cute import cache as cute_cache
+
+    return cute_cache
+
+
+def _cute_key(*args: Any, **kw: Any) -> dict:
+    from cuforge.cute import cache as cute_cache
+
+    return cute_cache.key_fields(*args, **kw)
+
+
+def _cute_base() -> dict:
+    from tests.cute import kernels as K
+
+    return _cute_key(K.scale, *K.fake_args())
+
+
+def _cute_pair(mutate: Callable[[Any, Any], dict]) -> Callable[[Any], tuple[dict, dict]]:
+    """(base, ``mutate(K, monkeypatch)``) where K is tests.cute.kernels."""
+
+    def pair(monkeypatch):
+        from tests.cute import kernels as K
+
+        base = _cute_base()
+        return base, mutate(K, monkeypatch)
+
+    return pair
+
+
+def _cute_dtype(K, mp):
+    import cutlass
+    from cutlass.cute.runtime import make_fake_compact_tensor
+
+    n = K.fake_args()[0].shape[0]
+    return _cute_key(K.scale, *(make_fake_compact_tensor(cutlass.Float16, (n,)) for _ in "ab"))
+
+
+def _cute_global(K, mp):
+    mp.setattr(K, "SCALE", K.SCALE + 1.0)  # a global the kernel body reads
+    return _cute_base()
+
+
+def _cute_dsl_version(K, mp):
+    from cuforge.cute import version
+
+    real = version.dsl_distributions()
+    mp.setattr(version, "dsl_distributions", lambda: [d.replace("==", "==999.") for d in real])
+    version.reset()
+    try:
+        return _cute_base()
+    finally:
+        mp.undo()
+        version.reset()
+
+
+def _cute_format(K, mp):
+    from cuforge.cute import cache as cute_cache
+
+    mp.setattr(cute_cache, "FORMAT", f"{cute_cache.FORMAT}-next")
+    return _cute_base()
+
+
+def _cute_hooks(monkeypatch):
+    from tests.cute import kernels as K
+
+    def h1(module):
+        return module
+
+    def h2(module):
+        return None
+
+    a, b = K.fake_args()
+    return (
+        _cute_key(K.scale, a, b, trace_finalize_hooks=[h1]),
+        _cute_key(K.scale, a, b, trace_finalize_hooks=[h2]),
+    )
+
+
+def _cute_streams(monkeypatch):
+    import cuda.bindings.driver as cuda
+    import cutlass.cute as cute
+
+    from tests.cute import kernels as K
+
+    @cute.jit
+    def s1(a: cute.Tensor, stream: cuda.CUstream = cuda.CUstream(1)):  # noqa: B008
+        pass
+
+    @cute.jit
+    def s2(a: cute.Tensor, stream: cuda.CUstream = cuda.CUstream(2)):  # noqa: B008
+        pass
+
+    a, _ = K.fake_args()
+    return _cute_key(s1, a), _cute_key(s2, a)
+
+
+def _cute_constexpr(monkeypatch):
+    from tests.cute import kernels as K
+
+    a, b = K.fake_args()
+    return _cute_key(K.scale_times, a, b, 2), _cute_key(K.scale_times, a, b, 3)
+
+
+def _cute_callable(monkeypatch):
+    from tests.cute import classes as C
+    from tests.cute import kernels as K
+
+    a, b = K.fake_args()
+    return _cute_key(C.ScaleKernel().run, a, b), _cute_key(C.ScaleKernel(), a, b)
+
+
+CUTE_MUTATIONS: list[BlobMutation] = [
+    BlobMutation("format", "the entry format", _cute_pair(_cute_format)),
+    BlobMutation("python", "the Python version", lambda mp: (_cute_base(), None),
+                 not_here="one Python per venv: the field records major.minor"),
+    BlobMutation("function", "another @cute.jit function", _cute_pair(
+        lambda K, mp: _cute_key(K.scale_times, *K.fake_args()))),
+    BlobMutation("dsl", "the DSL version", _cute_pair(_cute_dsl_version)),
+    BlobMutation("arch", "CUTE_DSL_ARCH sm_90a -> sm_100a", lambda mp: (_cute_base(), None),
+                 env={"CUTE_DSL_ARCH": "sm_100a"}),
+    BlobMutation("dsl_settings", "CUTE_DSL_LINEINFO=1", lambda mp: (_cute_base(), None),
+                 env={"CUTE_DSL_LINEINFO": "1"}),
+    BlobMutation("options", "--opt-level 2", _cute_pair(
+        lambda K, mp: _cute_key(K.scale, *K.fake_args(), options="--opt-level 2"))),
+    BlobMutation("callable", "bound method -> instance.__call__", _cute_callable),
+    BlobMutation("fingerprint", "a global the kernel reads", _cute_pair(_cute_global)),
+    BlobMutation("trace_finalize_hooks", "another trace hook", _cute_hooks),
+    BlobMutation("args", "the tensors' dtype", _cute_pair(_cute_dtype)),
+    BlobMutation("args", "a static extent", _cute_pair(
+        lambda K, mp: _cute_key(K.scale, *K.fake_args(256)))),
+    BlobMutation("args", "a Constexpr argument", _cute_constexpr),
+    BlobMutation("handle_defaults", "a stream default CUstream(1) -> CUstream(2)", _cute_streams),
+]  # fmt: skip
+
+_CUTE_CHILD = """
+import json
+from tests.cute import kernels as K
+from cuforge.cute import cache
+print(json.dumps(cache.key_fields(K.scale, *K.fake_args())))
+"""
+
+
+def _cute_child(env: dict[str, str]) -> dict:
+    from tests.child import run_python
+    from tests.conftest import ROOT
+
+    environ = dict(os.environ)
+    environ["PYTHONPATH"] = os.pathsep.join([SRC, ROOT])
+    environ.setdefault("CUTE_DSL_ARCH", os.environ.get("CUTE_DSL_ARCH", "sm_90a"))
+    environ.update(env)
+    return run_python(_CUTE_CHILD, environ, cwd=ROOT, stderr_key="stderr")
+
+
+def _check_blob_row(row: BlobMutation, monkeypatch, child: Callable[[dict], dict]) -> None:
+    base, mutated = row.fields(monkeypatch)
+    assert row.covers in base or (mutated and row.covers in mutated), (
+        f"{row.covers!r} is not a key field: {sorted(base)}"
+    )
+    if row.not_here is not None:
+        assert base[row.covers], row.not_here
+        return
+    if row.env is not None:
+        mutated = child(row.env)
+        mutated.pop("stderr", None)
+    assert base != mutated, f"{row.what} did not change the key"
+    assert base.get(row.covers) != mutated.get(row.covers), (
+        f"{row.what} changed the key but not the field {row.covers!r} it should"
+    )
+
+
+@pytest.mark.parametrize(
+    "row", CUTE_MUTATIONS, ids=[f"{m.covers}:{m.what}" for m in CUTE_MUTATIONS]
+)
+def test_cute_key_is_sufficient(row, monkeypatch):
+    _cute_or_skip()
+    _check_blob_row(row, monkeypatch, _cute_child)
+
+
+def _labels_in_source(fn: Callable) -> set[str]:
+    """The field labels ``fn``'s source writes: ``fields["x"] = ...`` and the literal
+    ``fields = {"x": ...}``."""
+    import inspect
+    import re
+
+    src = inspect.getsource(fn)
+    labels = set(re.findall(r'fields\["(\w+)"\]', src))
+    literal = re.search(r"fields = \{(.*?)\n    \}", src, re.S)
+    if literal:
+        labels |= set(re.findall(r'^\s*"(\w+)":', literal.group(1), re.M))
+    return labels
+
+
+def test_every_cute_key_field_has_a_mutation(monkeypatch):
+    """A field the cute key emits (in the source, or in any row's keys) with no row fails."""
+    cute_cache = _cute_or_skip()
+    covered = {m.covers for m in CUTE_MUTATIONS}
+    emitted = _labels_in_source(cute_cache._key_fields)
+    assert {"arch", "dsl", "options", "args"} <= emitted, emitted  # the scan still works
+    for row in CUTE_MUTATIONS:
+        base, mutated = row.fields(monkeypatch)
+        monkeypatch.undo()
+        emitted |= set(base) | set(mutated or ())
+    assert emitted <= covered, f"cute key fields with no mutation row: {emitted - covered}"
+
+
+# ---------------------------------------------------------------- blob kinds: cccl
+
+#: the child's prelude: ``base()`` -> the kwargs of the base call of make_reduce_into,
+#: ``fields(**kw)`` -> its labeled key fields (cuda.compute imported, no device: the
+#: compute capability is explicit)
+_CCCL_PRELUDE = """
+import inspect, json, sys
+import numpy as np
+import cuda.compute as cc
+from cuforge.cccl import _key
+from cuforge.cccl._wrap import _original
+
+ALGO = "make_reduce_into"
+SIG = inspect.signature(_original(ALGO))
+
+def base(**over):
+    kw = dict(d_in=cc.ProxyArray(np.int32), d_out=cc.ProxyArray(np.int32), op=cc.OpKind.PLUS,
+              h_init=np.zeros(1, np.int32), compute_capability=90)
+    kw.update(over)
+    return kw
+
+def fields(algo=ALGO, **over):
+    return _key.key_fields(algo, SIG, (), base(**over))
+
+def versions(dist, value):
+    real = _key._installed_versions()
+    _key._versions_fields = None
+    _key._installed_versions = lambda: {**real, _key._normalize(dist): value}
+    try:
+        return fields()
+    finally:
+        _key._installed_versions = lambda: real
+        _key._versions_fields = None
+
+G = 1
+def add(a, b):
+    return a + b
+def sub(a, b):
+    return a - b
+def add_g(a, b):
+    return a + b + G
+"""
+
+
+def _cccl_row(covers: str, what: str, code: str) -> BlobMutation:
+    """A row whose mutated fields are ``code`` (an expression of the child's prelude)."""
+    return BlobMutation(covers, what, lambda mp: ({}, None), code=code)
+
+
+def _cccl_distributions() -> tuple[str, ...]:
+    from cuforge.cccl._key import CODEGEN_DISTRIBUTIONS
+
+    return CODEGEN_DISTRIBUTIONS
+
+
+CCCL_MUTATIONS: list[BlobMutation] = [
+    _cccl_row("algorithm", "another algorithm", 'fields(algo="make_reduce_into_v2")'),
+    _cccl_row("python", "the Python version", "None"),
+    _cccl_row("compute_capability", "9.0 -> 8.0", "fields(compute_capability=80)"),
+    _cccl_row("compute_capability", "9.0 -> 9.0 and 10.0", "fields(compute_capability=[90, 100])"),
+    _cccl_row("arg:d_in", "the input dtype", "fields(d_in=cc.ProxyArray(np.int64))"),
+    _cccl_row("arg:d_out", "the output dtype", "fields(d_out=cc.ProxyArray(np.int64))"),
+    _cccl_row("arg:op", "another well-known op", "fields(op=cc.OpKind.MAXIMUM)"),
+    _cccl_row("arg:op", "a Python op's body", "[fields(op=add), fields(op=sub)]"),
+    _cccl_row("arg:op", "a global a Python op reads", "[fields(op=add_g), (globals().update(G=2), fields(op=add_g))[1]]"),
+    _cccl_row("arg:h_init", "the initial value's dtype", "fields(h_init=np.zeros(1, np.int64))"),
+    *[
+        _cccl_row(f"version:{dist}", f"{dist} upgraded", f"versions({dist!r}, '999.0')")
+        for dist in ("cuda-cccl", "numba-cuda-mlir", "numba-cuda", "numba", "llvmlite",
+                     "cuda-bindings", "cuda-core", "cuda-pathfinder", "nvidia-cuda-nvrtc",
+                     "nvidia-cuda-nvrtc-cu12", "nvidia-nvjitlink", "nvidia-nvjitlink-cu12",
+                     "nvidia-nvvm", "nvidia-cuda-nvcc-cu12", "nvidia-cuda-cccl",
+                     "nvidia-cuda-cccl-cu12", "nvidia-cuda-crt", "numpy", "ml-dtypes")
+    ],
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def cccl_fields(tmp_path_factory) -> dict[str, Any]:
+    """Every row's (base, mutated) fields, computed in one child process that imports
+    cuda.compute (a stub libcuda where no driver is installed)."""
+    import importlib.util
+
+    from tests.child import child_env, run_python
+    from tests.libcuda_stub import child_env_or_skip
+
+    if importlib.util.find_spec("cuda") is None or importlib.util.find_spec("cuda.compute") is None:
+        pytest.skip("cuda-cccl (cuda.compute) is not installed")
+    env = child_env(**child_env_or_skip(tmp_path_factory))
+    rows = {f"{i}": row.code for i, row in enumerate(CCCL_MUTATIONS)}
+    code = _CCCL_PRELUDE + (
+        f"rows = {rows!r}\nout = {{'base': fields()}}\n"
+        "for i, expr in rows.items():\n"
+        "    got = eval(expr)\n"
+        "    out[i] = got if isinstance(got, list) or got is None else [out['base'], got]\n"
+        "print(json.dumps(out))\n"
+    )
+    return run_python(code, env, cwd=str(tmp_path_factory.mktemp("cccl-cwd")))
+
+
+@pytest.mark.parametrize(
+    "i", range(len(CCCL_MUTATIONS)), ids=[f"{m.covers}:{m.what}" for m in CCCL_MUTATIONS]
+)
+def test_cccl_key_is_sufficient(i, cccl_fields):
+    row = CCCL_MUTATIONS[i]
+    if cccl_fields[str(i)] is None:  # no mutation possible here: the field records a value
+        assert cccl_fields["base"][row.covers] == "{}.{}".format(*sys.version_info[:2])
+        return
+    base, mutated = cccl_fields[str(i)]
+    assert row.covers in base, f"{row.covers!r} is not a key field: {sorted(base)}"
+    assert base != mutated, f"{row.what} did not change the key"
+    assert base[row.covers] != mutated.get(row.covers), (
+        f"{row.what} changed the key but not the field {row.covers!r} it should"
+    )
+
+
+def test_every_cccl_key_field_has_a_mutation(cccl_fields):
+    """A field the cccl key emits (for reduce_into: each argument, each codegen
+    distribution) with no row fails."""
+    from cuforge.cccl import _key
+
+    covered = {m.covers for m in CCCL_MUTATIONS}
+    emitted = set(cccl_fields["base"]) | _labels_in_source(_key.key_fields)
+    emitted |= {"version:" + d for d in _cccl_distributions()}
+    assert "algorithm" in emitted, emitted  # the source scan still works
+    assert emitted <= covered, f"cccl key fields with no mutation row: {emitted - covered}"
+
+
+# ---------------------------------------------------------------- adapters: cuda.core
+
+#: the base program of the cuda.core adapter: headers through the name's dir, the include
+#: path (both spellings) and a pre-include
+_CC_SOURCE = '#include "here.h"\n#include "v.h"\n#include <w.h>\n__global__ void k() {}\n'
+_CC_FILES = {
+    "src/here.h": "#define HERE 1\n",
+    "inc/v.h": "#define V 1\n",
+    "inc/w.h": "#define W 1\n",
+    "inc/p.h": "#define P 1\n",
+}
+
+
+def _options(**over: Any) -> Any:
+    """The ProgramOptions fields the header digest reads (a real ProgramOptions needs a
+    driver to construct: the digest only reads these attributes)."""
+    import types
+
+    from cuforge.cuda_core import _PCH_OPTIONS
+
+    values = {"name": "src/k.cu", "include_path": ["inc"], "pre_include": ["p.h"]}
+    values.update({opt: None for opt in _PCH_OPTIONS})
+    values.update(over)
+    return types.SimpleNamespace(**values)
+
+
+#: (covers: the option whose headers the row reaches, what, files changed, options changed)
+CUDA_CORE_MUTATIONS: list[tuple[str, str, dict[str, str], dict[str, Any]]] = [
+    ("name", "a header beside the source (\"here.h\")", {"src/here.h": "#define HERE 2\n"}, {}),
+    ("include_path", 'a header via "v.h" and -I', {"inc/v.h": "#define V 2\n"}, {}),
+    ("include_path", "a header via <w.h> and -I", {"inc/w.h": "#define W 2\n"}, {}),
+    ("include_path", "another include dir shadowing v.h", {"inc0/v.h": "#define V 3\n"},
+     {"include_path": ["inc0", "inc"]}),
+    ("pre_include", "a pre-included header's byte", {"inc/p.h": "#define P 2\n"}, {}),
+]  # fmt: skip
+
+
+def _cc_digest(root, files: dict[str, str], options: Any) -> bytes | None:
+    from cuforge.cuda_core import header_digest
+
+    _materialize(Call(files={**_CC_FILES, **files}), str(root))
+    digest, reason = header_digest(_CC_SOURCE, options, cwd=str(root))
+    assert digest is not None, reason
+    return digest
+
+
+def _cuda_core_or_skip() -> None:
+    try:
+        import cuforge.cuda_core  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - any import failure: the adapter is unusable here
+        pytest.skip(f"cuda.core is not importable ({type(exc).__name__}: {exc})")
+
+
+@pytest.mark.parametrize(
+    "row", CUDA_CORE_MUTATIONS, ids=[f"{r[0]}:{r[1]}" for r in CUDA_CORE_MUTATIONS]
+)
+def test_cuda_core_header_digest_is_sufficient(row, tmp_path):
+    _cuda_core_or_skip()
+    _, what, files, over = row
+    base = _cc_digest(tmp_path / "a", {}, _options())
+    assert base == _cc_digest(tmp_path / "b", {}, _options()), "another checkout path"
+    assert base != _cc_digest(tmp_path / "c", files, _options(**over)), what
+
+
+def test_cuda_core_header_digest_covers_every_option_it_reads(tmp_path):
+    """An option the digest reads with no row fails; a precompiled-header option is
+    refused (the compile runs uncached), never keyed silently."""
+    import inspect
+    import re
+
+    _cuda_core_or_skip()
+    from cuforge.cuda_core import _PCH_OPTIONS, header_digest
+
+    src = inspect.getsource(header_digest)
+    read = set(re.findall(r"options\.(\w+)", src))
+    read |= set(re.findall(r'getattr\(options, "(\w+)"', src))
+    assert read <= {r[0] for r in CUDA_CORE_MUTATIONS}, read
+    _materialize(Call(files=_CC_FILES), str(tmp_path))
+    for opt in _PCH_OPTIONS:
+        digest, reason = header_digest(_CC_SOURCE, _options(**{opt: "x"}), cwd=str(tmp_path))
+        assert digest is None and opt in reason, (opt, reason)
+
+
+# ---------------------------------------------------------------- explain --remote
+
+_FIELDS = {"dsl": "4.8.1", "arch": "sm_90a", "options": "--opt-level 3", "args": "f32[n]"}
+
+
+def _blob(cache: Any, fields: dict[str, str], name: str = "gemm") -> None:
+    from cuforge import blobcache
+
+    blobcache.get_or_build(
+        "cute", name, fields, lambda: {"o": b"object"}, lambda files: files["o"], cache=cache
+    )
+
+
+def test_explain_remote_names_the_field_that_differs(tmp_path):
+    """A local miss is compared with the nearest entry of the same name in a file://
+    remote: the entry whose fields differ least, and the field that differs."""
+    from tests.cli.conftest import Cli
+
+    url = "file://" + str(tmp_path / "shared")
+    (tmp_path / "shared").mkdir()
+    writer = cuforge.Cache(str(tmp_path / "ci"), remotes=[url], memory=False)
+    _blob(writer, _FIELDS)  # the nearest entry: only the arch differs
+    _blob(writer, {**_FIELDS, "arch": "sm_80", "dsl": "4.7.0"})  # two fields differ
+    _blob(writer, {**_FIELDS, "arch": "sm_100a"}, name="other")  # another name
+    local = str(tmp_path / "dev")
+    _blob(cuforge.Cache(local, memory=False), {**_FIELDS, "arch": "sm_90"})  # a miss
+
+    doc = Cli(local).json("cache", "explain", "--remote", url)
+    (miss,) = doc["misses"]
+    (near,) = miss["nearest"]
+    assert near["problem"] is None and near["kind"] == "cute", near
+    assert near["differs"] == ["arch sm_90a -> sm_90"], near
+    text = Cli(local)("cache", "explain", "--remote", url).stdout
+    assert "arch sm_90a -> sm_90" in text, text
+
+    # a remote that holds nothing of that name, and one that cannot be listed, say so
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (near,) = Cli(local).json("cache", "explain", "--remote", "file://" + str(empty))["misses"][0][
+        "nearest"
+    ]
+    assert "no entry named 'gemm'" in near["problem"], near

@@ -35,10 +35,19 @@ from cuforge.layout import is_entry_key as _is_digest  # a SHA-256: an entry key
 from cuforge.paths import BASE
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
     from typing import Any
 
 
-__all__ = ["remember", "explain", "log_miss", "recent_misses", "last_miss"]
+__all__ = [
+    "remember",
+    "explain",
+    "log_miss",
+    "recent_misses",
+    "last_miss",
+    "fields_of",
+    "nearest_entry",
+]
 
 HISTORY_PER_NAME = 8
 HISTORY_MAX_BYTES = 256 << 10
@@ -110,6 +119,45 @@ def explain(cache_dir: str | None, name: str, fields: dict[str, Any]) -> list[st
             "an identical key was built before but its entry is gone (evicted, pruned or corrupt)"
         ]
     return [_readable(_relative(r, fields)) for r in _worded(best or [])]
+
+
+def fields_of(cache_dir: str | None, name: str, key: str) -> dict[str, Any] | None:
+    """The labeled fields remembered for ``key`` of ``name`` (the key of a miss), or None
+    when they are no longer in the name's history."""
+    for record in reversed(_read_history(cache_dir, name)):
+        if record.get("key") == key and isinstance(record.get("fields"), dict):
+            return record["fields"]
+    return None
+
+
+def nearest_entry(
+    name: str,
+    fields: dict[str, Any],
+    candidates: Iterable[tuple[str, str, dict[str, Any]]],
+    *,
+    kind: str | None = None,
+) -> dict[str, Any] | None:
+    """The entry among ``candidates`` (``(key, kind, meta)``, from a remote or a bundle)
+    nearest to a local miss of ``name`` built from ``fields``: of the same name (meta
+    ``"name"``) and, when given, ``kind``, with the fewest differing labeled fields (meta
+    ``"key_fields"``). ``{"key", "kind", "differs": [reasons]}`` (the reasons worded as
+    :func:`explain` words them: "arch sm_90 -> sm_90a", "header v.h changed"; an empty
+    list: the same fields), or None when no entry of that name carries its fields."""
+    best: tuple[str, str, list[str]] | None = None
+    for key, entry_kind, meta in candidates:
+        if meta.get("name") != name or (kind is not None and entry_kind != kind):
+            continue
+        recorded = meta.get("key_fields")
+        if not isinstance(recorded, dict):
+            continue
+        reasons = diff_fields(recorded, fields)
+        if best is None or len(reasons) < len(best[2]):
+            best = (key, entry_kind, reasons)
+    if best is None:
+        return None
+    key, entry_kind, reasons = best
+    differs = [_readable(_relative(r, fields)) for r in _worded(reasons)]
+    return {"key": key, "kind": entry_kind, "differs": differs}
 
 
 def _worded(reasons: list[str]) -> list[str]:

@@ -432,6 +432,9 @@ def run_explain(args: argparse.Namespace) -> int:
         misses = [m for m in misses if all(n in str(m.get("name", "")) for n in names)]
         if args.limit and args.limit > 0:
             misses = misses[-args.limit :]
+    sources = _explain_sources(args)
+    if sources is not None:
+        _add_nearest(root, misses, sources)
     if args.json:
         output.emit_json({"command": "cache explain", "cache_dir": root, "misses": misses})
         return 0
@@ -449,7 +452,100 @@ def run_explain(args: argparse.Namespace) -> int:
         )
         for r in reasons:
             print(f"    {r}")
+        for near in m.get("nearest", ()):
+            if near.get("problem"):
+                print(f"    {near['source']}: {near['problem']}")
+            elif not near["differs"]:
+                print(f"    {near['source']}: the same fields as {near['key'][:16]}")
+            else:
+                print(f"    {near['source']}: nearest {near['kind']} {near['key'][:16]} differs:")
+                for r in near["differs"]:
+                    print(f"        {r}")
     return 0
+
+
+#: (label, entries as (key, kind, meta), or why none could be listed)
+_Listed = tuple[str, list[tuple[str, str, dict]], str | None]
+
+
+def _explain_sources(args: argparse.Namespace) -> list[_Listed] | None:
+    """The remotes (``--remote``) and bundles (``--bundle``) to compare misses with, each
+    listed once; None when neither was asked for."""
+    if args.remote is None and not args.bundle:
+        return None
+    from cuforge.store.remote import sync
+
+    listed: list[_Listed] = []
+    if args.remote is not None:
+        try:
+            remotes = sync.open_targets([u for u in args.remote if u] or None)
+        except sync.NoRemoteError as exc:
+            output.error(str(exc))
+            raise SystemExit(2) from None
+        listed.extend(_remote_entries(remote) for remote in remotes)
+    for path in args.bundle or ():
+        listed.append(_bundle_entries(path))
+    return listed
+
+
+def _remote_entries(remote: Any) -> _Listed:
+    """A remote's entries with their meta, through its backend's listing (a shared dir's
+    files), else the push index `cuforge cache push` writes there."""
+    from cuforge.store.remote import sync
+
+    label = sync.describe(remote)
+    lister = getattr(sync._backend_of(remote), "keys", None)
+    try:
+        pairs = lister() if callable(lister) else sync.read_index(remote)
+    except (OSError, ValueError) as exc:
+        return label, [], f"cannot be listed: {exc}"
+    if pairs is None:
+        return (
+            label,
+            [],
+            (
+                "cannot be listed (its backend has no listing, and it holds no push index: "
+                "`cuforge cache push` writes one)"
+            ),
+        )
+    found = []
+    for kind, key in pairs:
+        entry = remote.get(key, kind=kind)
+        if entry is not None and not entry.meta.get("push_index"):
+            found.append((key, kind, entry.meta))
+    return label, found, None
+
+
+def _bundle_entries(path: str) -> _Listed:
+    from cuforge.store.bundle import BundleError, BundleStore
+
+    try:
+        bundle = BundleStore(path)
+    except (OSError, BundleError) as exc:
+        return f"bundle {path}", [], f"cannot be read: {exc}"
+    try:
+        return f"bundle {path}", [(i.key, i.kind, i.meta) for i in bundle.iterate()], None
+    finally:
+        bundle.close()
+
+
+def _add_nearest(root: str, misses: list[dict], sources: list[_Listed]) -> None:
+    """Give each miss ``"nearest"``: per source, the nearest entry of the same name and
+    the fields that differ from the miss's (or why there is none)."""
+    from cuforge.explain import fields_of, nearest_entry
+
+    for m in misses:
+        name, key = str(m.get("name", "")), str(m.get("key", ""))
+        fields = fields_of(root, name, key)
+        rows = []
+        for label, entries, problem in sources:
+            if problem is None and fields is None:
+                problem = "the miss's key fields are no longer in this cache's history"
+            near = None if problem else nearest_entry(name, fields or {}, entries)
+            if problem is None and near is None:
+                problem = f"no entry named {name!r} with its key fields"
+            rows.append({"source": label, "problem": problem, **(near or {})})
+        m["nearest"] = rows
 
 
 # -- clear / prune / verify -----------------------------------------------------------
@@ -812,6 +908,21 @@ def add_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:
         help="show at most the N most recent misses (0: all; default 20)",
     )
     p.add_argument("--name", help="the same as NAME")
+    p.add_argument(
+        "--remote",
+        action="append",
+        nargs="?",
+        const="",
+        metavar="URL",
+        help="also name, for each miss, the fields that differ from the nearest entry of "
+        "the same name in this remote (repeatable; no URL: every URL in CUFORGE_REMOTE)",
+    )
+    p.add_argument(
+        "--bundle",
+        action="append",
+        metavar="FILE",
+        help="the same against the entries of this bundle (.cfb; repeatable)",
+    )
     p.set_defaults(func=run_explain)
 
     p = sub.add_parser(

@@ -71,6 +71,31 @@ class FileBackend(RemoteBackend):
                 raise ValueError(f"remote {what} {value!r} is not a plain alphanumeric name")
         return os.path.join(self.root, self.namespace, kind, key[:2], key)
 
+    def keys(self) -> list[tuple[str, str]]:
+        """Every ``(kind, key)`` stored in this namespace (for ``cuforge cache explain
+        --remote``): the file names of ``<dir>/<namespace>/<kind>/<xx>/``; names that are
+        not an entry's (temporary files, strays) are left out."""
+        from cuforge.layout import is_entry_key
+
+        top = os.path.join(self.root, self.namespace)
+        found = []
+        try:
+            kinds = sorted(os.listdir(top))
+        except OSError:
+            return []
+        for kind in kinds:
+            try:
+                shards = sorted(os.listdir(os.path.join(top, kind)))
+            except OSError:
+                continue
+            for shard in shards:
+                try:
+                    names = sorted(os.listdir(os.path.join(top, kind, shard)))
+                except OSError:
+                    continue
+                found.extend((kind, n) for n in names if n[:2] == shard and is_entry_key(n))
+        return found
+
     def get(self, kind: str, key: str) -> bytes | None:
         from cuforge import _fs
 
