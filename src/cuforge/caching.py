@@ -195,6 +195,8 @@ class Cache:
         self._trust: str | None = None
         self._bundles: list[Store] = []
         self._settings: Settings | None = None  # the remote options (default caches)
+        #: installed bundle wheels are still to be looked for (the default cache's first miss)
+        self._wheels_pending = False
         for bundle in bundles:
             self.add_bundle(bundle)
 
@@ -470,6 +472,8 @@ class Cache:
 
         With the cache disabled there is no lock and nothing to look up: it builds."""
         hit = lookup()
+        if hit is None and self._wheels_pending:
+            hit = self._load_bundle_wheels(lookup)
         if hit is not None:
             if _watch is not None:  # a recording (cuforge.record) is on
                 _watch(self, key, hit, offline_error)
@@ -505,6 +509,16 @@ class Cache:
             if _watch is not None:
                 _watch(self, key, hit, offline_error)
             return hit
+
+    def _load_bundle_wheels(self, lookup: Callable[[], R | None]) -> R | None:
+        """The default cache's first miss: serve the installed bundle wheels
+        (:mod:`cuforge.bundle_wheels`) and look again when any was added."""
+        self._wheels_pending = False
+        if self.store is None:
+            return None
+        from cuforge.bundle_wheels import load_into
+
+        return lookup() if load_into(self) else None
 
     def _lease_tier(self):
         """The first remote tier that hands out build leases (opening the remotes: this
@@ -704,6 +718,7 @@ def default_cache() -> Cache:
         lease_ttl=current.lease_ttl,
     )
     cache._settings = current
+    cache._wheels_pending = True  # installed bundle wheels: looked for on the first miss
     cache.call_memo = DEFAULT_CALL_MEMO
     _default = (current, shape, cache)
     return cache
