@@ -39,6 +39,7 @@ from _contextvars import ContextVar
 
 from cuforge.config import (
     DEFAULT_CACHE_MAX_BYTES,
+    DEFAULT_LEASE_TTL,
     DEFAULT_LOCK_TIMEOUT,
     DEFAULT_MEMORY_MAX_BYTES,
     settings,
@@ -109,7 +110,10 @@ class Cache:
     and nothing is built. ``bundles``: paths of ``.cfb`` bundles (or loaded
     :class:`~cuforge.store.bundle.BundleStore` objects) served as read-only tiers after
     the others. ``enabled=False``: no tiers at all (every call builds).
-    ``lock_timeout``: seconds a process waits for another's build of the same key.
+    ``lock_timeout``: seconds a process waits for another's build of the same key (on
+    this machine, or on another one holding the remote's build lease). ``lease_ttl``:
+    seconds a build lease on a ``redis://`` or ``file://`` remote lives unless its holder
+    renews it (a dead holder's expires; 0: no fleet leases, local single flight only).
     ``telemetry``: record hit / miss counters under the dir (``cuforge cache stats``).
 
     Construction touches no file; the tiers are built on first use.
@@ -131,6 +135,7 @@ class Cache:
         enabled: bool = True,
         lock_timeout: float = DEFAULT_LOCK_TIMEOUT,
         telemetry: bool = True,
+        lease_ttl: float = DEFAULT_LEASE_TTL,
     ) -> None:
         if directory is None:
             directory = settings().cache_dir
@@ -149,6 +154,7 @@ class Cache:
             "enabled": enabled,
             "lock_timeout": lock_timeout,
             "telemetry": telemetry,
+            "lease_ttl": lease_ttl,
         }
         if isinstance(remotes, str):
             raise TypeError(
@@ -159,6 +165,8 @@ class Cache:
         _check_size("memory_max_bytes", memory_max_bytes)
         if not (isinstance(lock_timeout, (int, float)) and lock_timeout >= 0):
             raise ValueError(f"lock_timeout must be seconds >= 0, not {lock_timeout!r}")
+        if not (isinstance(lease_ttl, (int, float)) and lease_ttl >= 0):
+            raise ValueError(f"lease_ttl must be seconds >= 0, not {lease_ttl!r}")
         self.layout = CacheLayout(directory)
         self.directory: str = self.layout.root
         self.max_bytes = int(max_bytes)
@@ -173,6 +181,7 @@ class Cache:
         self.offline = bool(offline)
         self.enabled = bool(enabled)
         self.lock_timeout = float(lock_timeout)
+        self.lease_ttl = float(lease_ttl)
         self.telemetry = bool(telemetry)
         #: this cache's outcomes (see :data:`_COUNTER_NAMES`)
         self.counters: dict[str, int] = dict.fromkeys(_COUNTER_NAMES, 0)
@@ -186,6 +195,8 @@ class Cache:
         self._trust: str | None = None
         self._bundles: list[Store] = []
         self._settings: Settings | None = None  # the remote options (default caches)
+        #: installed bundle wheels are still to be looked for (the default cache's first miss)
+        self._wheels_pending = False
         for bundle in bundles:
             self.add_bundle(bundle)
 
@@ -452,10 +463,17 @@ class Cache:
         3. take the single-flight lock of ``key`` (threads and processes sharing the dir;
            ``what`` names the build to a process waiting behind this one);
         4. ``lookup()`` again -- another thread or process may have built it meanwhile;
-        5. ``build()``, which builds, stores (:meth:`record_build`) and returns.
+        5. with a remote that has build leases (``redis://``, ``file://``; see
+           :mod:`cuforge.store.lease`): take the fleet lease of ``key``, or, while another
+           machine holds it, poll ``lookup()`` until its entry appears (returned), the
+           lease expires (taken) or ``lock_timeout`` passes (built anyway);
+        6. ``build()``, which builds, stores (:meth:`record_build`) and returns (then the
+           lease is released).
 
         With the cache disabled there is no lock and nothing to look up: it builds."""
         hit = lookup()
+        if hit is None and self._wheels_pending:
+            hit = self._load_bundle_wheels(lookup)
         if hit is not None:
             if _watch is not None:  # a recording (cuforge.record) is on
                 _watch(self, key, hit, offline_error)
@@ -468,11 +486,51 @@ class Cache:
 
         with single_flight(self.lock_dir, key, self.lock_timeout, what=what):
             hit = lookup()
-            if hit is not None:
-                if _watch is not None:
-                    _watch(self, key, hit, offline_error)
-                return hit
-            return self._build(key, what, build, offline_error)
+            if hit is None:
+                tier = self._lease_tier()
+                if tier is None:
+                    return self._build(key, what, build, offline_error)
+                from cuforge.store import lease as _lease
+
+                hit, held = _lease.acquire(
+                    tier,
+                    key,
+                    what=what,
+                    ttl=self.lease_ttl,
+                    timeout=self.lock_timeout,
+                    lookup=lookup,
+                )
+                if hit is None:
+                    try:
+                        return self._build(key, what, build, offline_error)
+                    finally:
+                        if held is not None:
+                            held.release()
+            if _watch is not None:
+                _watch(self, key, hit, offline_error)
+            return hit
+
+    def _load_bundle_wheels(self, lookup: Callable[[], R | None]) -> R | None:
+        """The default cache's first miss: serve the installed bundle wheels
+        (:mod:`cuforge.bundle_wheels`) and look again when any was added."""
+        self._wheels_pending = False
+        if self.store is None:
+            return None
+        from cuforge.bundle_wheels import load_into
+
+        return lookup() if load_into(self) else None
+
+    def _lease_tier(self):
+        """The first remote tier that hands out build leases (opening the remotes: this
+        is a miss path), or None: no remote, none with leases, ``lease_ttl`` 0."""
+        if not self.remote_specs or self.lease_ttl <= 0:
+            return None
+        for tier in list(getattr(self._store, "tiers", ())):
+            found = tier._real() if isinstance(tier, _PendingRemotes) else (tier,)
+            for one in found:
+                if getattr(one, "leases", False) is True:
+                    return one
+        return None
 
     def _build(self, key: str, what: str, build: Callable[[], R], offline_error) -> R:
         # the compile fence (cuforge.fence / CUFORGE_FENCE) is asked on the build path only
@@ -638,6 +696,7 @@ def default_cache() -> Cache:
         current.base_dir,
         current.offline,
         current.lock_timeout,
+        current.lease_ttl,
         current.telemetry,
         *current.remote_shape(),
     )
@@ -656,8 +715,10 @@ def default_cache() -> Cache:
         enabled=not current.disable_cache,
         lock_timeout=current.lock_timeout,
         telemetry=current.telemetry,
+        lease_ttl=current.lease_ttl,
     )
     cache._settings = current
+    cache._wheels_pending = True  # installed bundle wheels: looked for on the first miss
     cache.call_memo = DEFAULT_CALL_MEMO
     _default = (current, shape, cache)
     return cache

@@ -51,6 +51,8 @@ CUFORGE_REMOTE_MAX_BYTES   the largest remote value read or written (128 MiB); a
                            one is refused unread and counts as a failure of that remote
 CUFORGE_REMOTE_TTL         seconds a remote entry lives where the backend supports expiry
                            (default 0: no expiry)
+CUFORGE_LEASE_TTL          seconds a build lease on a redis:// or file:// remote lives without
+                           renewal (default 30): N machines that miss one key build it once
 CUFORGE_OFFLINE            ``1``: strict production mode: a kernel not in the cache or a
                            loaded bundle raises ``OfflineMissError``; nothing is compiled
 CUFORGE_FENCE              ``warn`` / ``error``: the compile fence (``cuforge.fence``): any
@@ -102,6 +104,8 @@ __all__ = [
 DEFAULT_CACHE_MAX_BYTES = 5 * 1024**3
 DEFAULT_MEMORY_MAX_BYTES = 256 * 1024**2
 DEFAULT_LOCK_TIMEOUT = 600.0
+#: seconds a fleet build lease lives unless its holder renews it (a dead holder's expires)
+DEFAULT_LEASE_TTL = 30.0
 DEFAULT_REMOTE_CONNECT_TIMEOUT = 0.1
 DEFAULT_REMOTE_TIMEOUT = 1.0
 #: the largest remote value (envelope) read or written: above the largest real entries
@@ -147,6 +151,7 @@ _SETTING_VARS: tuple[str, ...] = (
     "CUFORGE_REMOTE_TIMEOUT",
     "CUFORGE_REMOTE_TTL",
     "CUFORGE_REMOTE_MAX_BYTES",
+    "CUFORGE_LEASE_TTL",
     "CUFORGE_OFFLINE",
     "CUFORGE_FENCE",
     "CUFORGE_RECORD",
@@ -222,6 +227,7 @@ class Settings:
         "remote_timeout",
         "remote_ttl",
         "remote_max_bytes",
+        "lease_ttl",
         "offline",
         "fence",
         "record",
@@ -300,6 +306,8 @@ class Settings:
         self.remote_timeout: float = _seconds(get, "CUFORGE_REMOTE_TIMEOUT", DEFAULT_REMOTE_TIMEOUT)
         #: seconds an entry lives in a remote that supports expiry (0: no expiry)
         self.remote_ttl: float = _seconds(get, "CUFORGE_REMOTE_TTL", 0.0)
+        #: seconds a fleet build lease lives without renewal (its holder renews it)
+        self.lease_ttl: float = _seconds(get, "CUFORGE_LEASE_TTL", DEFAULT_LEASE_TTL)
         #: the largest remote value read or written (bytes); larger ones are refused unread
         self.remote_max_bytes: int = _size(
             get, "CUFORGE_REMOTE_MAX_BYTES", DEFAULT_REMOTE_MAX_BYTES

@@ -1,4 +1,5 @@
-"""``cuforge bundle install FILE`` / ``cuforge bundle ls FILE [--verify]``.
+"""``cuforge bundle install FILE`` / ``cuforge bundle ls FILE [--verify]`` / ``cuforge bundle
+wheel FILE --name N --version V``.
 
 A thin command over :mod:`cuforge.aot.bundle`. ``install`` verifies every checksum before
 adding anything to the cache dir (a damaged bundle installs nothing, exit 1); ``ls``
@@ -41,6 +42,27 @@ def add_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("file", help="the bundle (.cfb)")
     p.add_argument("--verify", action="store_true", help="also check every entry's checksum")
     p.set_defaults(func=run_ls)
+    p = sub.add_parser(
+        "wheel",
+        parents=[common],
+        help="write a pip-installable wheel serving a bundle (loaded on the first miss)",
+    )
+    p.add_argument("file", help="the bundle (.cfb)")
+    p.add_argument("--name", required=True, help="the distribution name (mymodel-kernels)")
+    p.add_argument("--version", required=True, help="the distribution version (1.0)")
+    p.add_argument("--out", default=".", help="the directory to write the wheel into (.)")
+    p.set_defaults(func=run_wheel)
+
+
+def run_wheel(args: argparse.Namespace) -> int:
+    from cuforge.aot.wheel import build_wheel
+
+    path = build_wheel(args.file, name=args.name, version=args.version, out_dir=args.out)
+    if args.json:
+        output.emit_json({"command": "bundle wheel", "ok": True, "file": args.file, "wheel": path})
+        return 0
+    print(f"wrote {path} (pip install it; cuforge serves it on the first cache miss)")
+    return 0
 
 
 def run_install(args: argparse.Namespace) -> int:

@@ -53,7 +53,7 @@ from typing import Any
 
 from cuforge.cli import output
 from cuforge.cli.doctor.base import STATUSES, Check, Probe
-from cuforge.cli.doctor.cache import check_cache
+from cuforge.cli.doctor.cache import check_bundle_wheels, check_cache
 from cuforge.cli.doctor.gpu import (
     check_arch_agreement,
     check_arch_list,
@@ -107,6 +107,7 @@ CHECKS: tuple[tuple[str, Callable[[Probe], list[Check]]], ...] = (
     ("cuda_headers", check_cuda_headers),
     ("torch", check_torch),
     ("cache", check_cache),
+    ("bundle_wheels", check_bundle_wheels),
     ("remote", check_remote),
     ("fast_launch", check_fast_launch),
 )

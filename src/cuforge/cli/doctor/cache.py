@@ -188,3 +188,26 @@ def check_cache(p: Probe) -> list[Check]:
             )
         )
     return rows
+
+
+def check_bundle_wheels(p: Probe) -> list[Check]:
+    """One row for the installed warm-set wheels (entry point group ``cuforge.bundles``):
+    PASS with how many match this process, WARN with one line per wheel that is skipped."""
+    from cuforge.bundle_wheels import installed, mismatch, skipped
+
+    row = row_maker("bundle_wheels", "bundle wheels")
+    found = [(name, mismatch(info)) for name, _, info in installed()]
+    usable = [name for name, problem in found if problem is None]
+    lines = [f"{name}: {problem}" for name, problem in found if problem is not None]
+    lines += [line for line in skipped() if line not in lines]
+    if not found and not lines:
+        return [row("SKIP", "no bundle wheel installed (cuforge bundle wheel makes one)")]
+    if lines:
+        return [
+            row(
+                "WARN",
+                f"{len(usable)} usable; skipped: " + "; ".join(lines),
+                "install the wheel built for this cuforge and toolkit (cuforge bundle wheel)",
+            )
+        ]
+    return [row("PASS", f"{len(usable)} installed and usable: {', '.join(usable)}")]

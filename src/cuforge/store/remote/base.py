@@ -219,6 +219,28 @@ class RemoteBackend(ABC):
         except DamagedValue as exc:
             raise DamagedValue(f"remote cache {self.describe()}: {exc}") from None
 
+    #: whether :meth:`lease` / :meth:`renew` / :meth:`release` work (fleet-wide single
+    #: flight); a backend without them (HTTP, S3, most plug-ins) gets local single flight only
+    supports_leases = False
+
+    def lease(self, kind: str, key: str, ttl: float, holder: str) -> tuple[int | None, str]:
+        """Try to take the build lease of ``(kind, key)`` for ``ttl`` seconds, as
+        ``holder`` (``"host X pid N"``). Returns ``(token, holder)``: a fencing token (an
+        int that grows with every attempt) and ``holder`` when this call took it; ``(None,
+        who)`` while another holds it (``who``: what that holder recorded, ``""`` when
+        unknown). An expired lease is taken over. Optional (default: not supported, see
+        :attr:`supports_leases`)."""
+        raise NotImplementedError(f"{type(self).__name__} has no build leases")
+
+    def renew(self, kind: str, key: str, token: int, ttl: float) -> bool:
+        """Extend the lease ``token`` holds to ``ttl`` seconds from now; False when it is no
+        longer held by ``token`` (it expired and was taken over)."""
+        raise NotImplementedError(f"{type(self).__name__} has no build leases")
+
+    def release(self, kind: str, key: str, token: int) -> None:
+        """Drop the lease of ``(kind, key)`` when ``token`` still holds it (never another's)."""
+        raise NotImplementedError(f"{type(self).__name__} has no build leases")
+
     def trust_problem(self, kind: str, key: str) -> str | None:
         """Why an unsigned value read for ``(kind, key)`` cannot be trusted (anyone may
         have written it: a world-writable shared directory), or None (default: the

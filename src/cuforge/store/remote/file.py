@@ -16,6 +16,12 @@ Layout: ``<dir>/<namespace>/<kind>/<key[:2]>/<key>``, one file per entry (an env
   share or a directory under it writable by others) is code anyone could have planted:
   :meth:`FileBackend.trust_problem` says so (the tier warns once), and
   :meth:`FileBackend.share_problem` checks the whole share for ``cuforge doctor``.
+* Build leases (fleet-wide single flight, :meth:`FileBackend.lease`):
+  ``<dir>/<namespace>/.leases/<kind>/<key[:2]>/<key>``, created with ``O_EXCL``, holding
+  ``"<token> <ttl ms> <holder>"``; it expires ``ttl`` after its mtime (the holder renews it
+  with ``utime``), so the clocks of the machines must agree to within a fraction of the
+  TTL. An expired lease is renamed away and checked before it is dropped: two machines
+  taking over one expired lease at once cost at worst one extra build, never a wrong entry.
 * TTL: ignored (a shared directory has no expiry; prune it with ``find -mtime``).
 * Timeouts: local and network file systems block in the kernel; cuforge cannot bound a
   hung NFS mount from here (mount it ``soft`` with a ``timeo``).
@@ -197,6 +203,116 @@ class FileBackend(RemoteBackend):
             _fs.atomic_write(path, data, mode=0o644, makedirs=False)
         except OSError as exc:
             raise RemoteError(f"cannot write {path}: {exc.strerror or exc}") from exc
+
+    # ------------------------------------------------------------------ build leases
+    supports_leases = True
+
+    def lease_path(self, kind: str, key: str) -> str:
+        """``<dir>/<namespace>/.leases/<kind>/<key[:2]>/<key>`` (no kind starts with a dot)."""
+        self.path_for(kind, key)  # checks kind and key
+        return os.path.join(self.root, self.namespace, ".leases", kind, key[:2], key)
+
+    def _read_lease(self, path: str) -> tuple[int, float, str, float] | None:
+        """``(token, ttl seconds, holder, mtime)`` of the lease file, or None when it is
+        gone; a garbled one reads as expired at once (token 0, ttl 0)."""
+        from cuforge import _fs
+
+        try:
+            fd = _fs.open_regular(path)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise RemoteError(f"cannot read the lease {path}: {exc.strerror or exc}") from exc
+        try:
+            mtime = os.fstat(fd).st_mtime
+            text = os.read(fd, 4096).decode("utf-8", "replace")
+        finally:
+            os.close(fd)
+        token, _, rest = text.strip().partition(" ")
+        ttl_ms, _, holder = rest.partition(" ")
+        if not (token.isdigit() and ttl_ms.isdigit()):
+            return 0, 0.0, "", mtime
+        return int(token), int(ttl_ms) / 1000, holder, mtime
+
+    def lease(self, kind: str, key: str, ttl: float, holder: str) -> tuple[int | None, str]:
+        """Create the lease file with ``O_EXCL``; while an unexpired one is there, say who
+        holds it; an expired one is taken over."""
+        if not os.path.isdir(self.root):
+            raise RemoteError(f"shared cache directory {self.root} is missing")
+        path = self.lease_path(kind, key)
+        token = int.from_bytes(os.urandom(7), "big") | 1  # never 0 (a garbled lease's)
+        body = f"{token} {max(1, int(ttl * 1000))} {' '.join(holder.split())}\n".encode()
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+        try:
+            os.makedirs(os.path.dirname(path), mode=0o777, exist_ok=True)
+            for _ in range(3):
+                try:
+                    fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0), 0o644)
+                except FileExistsError:
+                    info = self._read_lease(path)
+                    if info is None:
+                        continue  # released meanwhile: try again
+                    held, held_ttl, who, mtime = info
+                    if time.time() < mtime + held_ttl:
+                        return None, who
+                    self._take_over(path, held)
+                    continue
+                try:
+                    os.write(fd, body)
+                finally:
+                    os.close(fd)
+                return token, holder
+        except OSError as exc:
+            if isinstance(exc, RemoteError):
+                raise
+            raise RemoteError(f"cannot take the lease {path}: {exc.strerror or exc}") from exc
+        return None, ""
+
+    def _take_over(self, path: str, expired: int) -> None:
+        """Drop the expired lease of token ``expired``: rename it away (atomic), and put it
+        back if what was renamed is a fresh lease another machine took meanwhile."""
+        aside = f"{path}.{os.getpid()}.{os.urandom(4).hex()}.stale"
+        try:
+            os.rename(path, aside)
+        except FileNotFoundError:
+            return
+        try:
+            info = self._read_lease(aside)
+            if info is not None and info[0] != expired:
+                try:
+                    os.link(aside, path)  # a fresh lease: give it back
+                except FileExistsError:
+                    pass  # a third machine took it meanwhile: at worst one extra build
+        finally:
+            try:
+                os.unlink(aside)
+            except FileNotFoundError:
+                pass
+
+    def renew(self, kind: str, key: str, token: int, ttl: float) -> bool:
+        """Touch the lease file (its mtime starts the TTL again) when ``token`` holds it."""
+        path = self.lease_path(kind, key)
+        info = self._read_lease(path)
+        if info is None or info[0] != token:
+            return False
+        try:
+            os.utime(path, follow_symlinks=False)
+        except OSError as exc:
+            raise RemoteError(f"cannot renew the lease {path}: {exc.strerror or exc}") from exc
+        return True
+
+    def release(self, kind: str, key: str, token: int) -> None:
+        """Delete the lease file when ``token`` holds it."""
+        path = self.lease_path(kind, key)
+        info = self._read_lease(path)
+        if info is None or info[0] != token:
+            return
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise RemoteError(f"cannot release the lease {path}: {exc.strerror or exc}") from exc
 
     def contains(self, kind: str, key: str) -> bool:
         try:

@@ -245,6 +245,53 @@ class RedisBackend(RemoteBackend):
 
         return self._call("EXISTS", kind, key, work)
 
+    # ------------------------------------------------------------------ build leases
+    supports_leases = True
+
+    def _lease_key(self, kind: str, key: str) -> str:
+        return f"{self._prefix}lease:{kind}:{key}"
+
+    def lease(self, kind: str, key: str, ttl: float, holder: str) -> tuple[int | None, str]:
+        """``INCR`` the namespace's fencing counter, then ``SET lease:<kind>:<key> "<token>
+        <holder>" NX PX <ttl>`` (and ``GET`` it, in the same round trip): Redis expires
+        a dead holder's lease by itself."""
+        name = self._lease_key(kind, key)
+        counter = f"{self._prefix}lease-token"
+        px = max(1, int(ttl * 1000))
+
+        def work(conn):
+            conn.send_command("INCR", counter)
+            token = conn.read_response()
+            value = f"{token} {holder}"
+            conn.send_packed_command(
+                conn.pack_commands([("SET", name, value, "NX", "PX", px), ("GET", name)])
+            )
+            taken = conn.read_response()
+            current = conn.read_response()
+            if taken:
+                return int(token), holder
+            text = current.decode("utf-8", "replace") if isinstance(current, bytes) else ""
+            return None, text.partition(" ")[2]
+
+        return self._call("LEASE", kind, key, work)
+
+    def renew(self, kind: str, key: str, token: int, ttl: float) -> bool:
+        """``PEXPIRE`` the lease when ``token`` still holds it (one script, atomic)."""
+        return bool(self._script(_RENEW, "RENEW", kind, key, token, max(1, int(ttl * 1000))))
+
+    def release(self, kind: str, key: str, token: int) -> None:
+        """``DEL`` the lease when ``token`` still holds it (one script, atomic)."""
+        self._script(_RELEASE, "RELEASE", kind, key, token)
+
+    def _script(self, script: str, op: str, kind: str, key: str, token: int, *args):
+        name = self._lease_key(kind, key)
+
+        def work(conn):
+            conn.send_command("EVAL", script, 1, name, f"{token} ", *args)
+            return conn.read_response()
+
+        return self._call(op, kind, key, work)
+
     def close(self) -> None:
         """Close the pool's connections (idempotent; a later call reconnects; nothing to do
         before the first call)."""
@@ -254,6 +301,19 @@ class RedisBackend(RemoteBackend):
             self._pool.disconnect()
         except (self._redis.RedisError, OSError) as exc:  # type: ignore[union-attr]
             raise RemoteError(f"remote cache {self.describe()}: closing failed: {exc}") from exc
+
+
+#: KEYS[1]: the lease; ARGV[1]: "<token> " (the value's prefix); ARGV[2]: the new TTL (ms)
+_RENEW = (
+    "local v = redis.call('GET', KEYS[1]) "
+    "if v and string.sub(v, 1, #ARGV[1]) == ARGV[1] then "
+    "return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0"
+)
+_RELEASE = (
+    "local v = redis.call('GET', KEYS[1]) "
+    "if v and string.sub(v, 1, #ARGV[1]) == ARGV[1] then "
+    "return redis.call('DEL', KEYS[1]) end return 0"
+)
 
 
 def _cut(conn, fired: list) -> None:

@@ -302,6 +302,48 @@ class RemoteStore(Store):
     def contains(self, key: str, *, kind: str | None = None) -> bool:
         return self.get(key, kind=kind) is not None
 
+    # ------------------------------------------------------------------ build leases
+    @property
+    def leases(self) -> bool:
+        """Whether this tier can hand out build leases: its backend supports them, it is
+        writable (a read-only reader never publishes, so it never builds for others) and
+        usable in this process."""
+        return (
+            bool(getattr(self.backend, "supports_leases", False))
+            and not self.readonly
+            and self.unavailable is None
+        )
+
+    def lease(self, key: str, ttl: float, holder: str) -> tuple[str, int | str | None]:
+        """Try the build lease of ``key``: ``("taken", token)``, ``("held", who)`` while
+        another holds it, or ``("off", None)`` when no lease can be had (no support, the
+        breaker is open, the backend failed: counted, then local single flight only).
+        Never raises."""
+        if not self.leases or not self._allow():
+            return "off", None
+        start = monotonic()
+        try:
+            token, who = self.backend.lease("build", key, ttl, holder)
+        except Exception as exc:  # noqa: BLE001 - a remote (or plug-in) may raise anything; a remote never fails a compile
+            self._failed("lease", exc)
+            return "off", None
+        self.breaker.success(monotonic() - start)
+        return ("taken", token) if token is not None else ("held", who)
+
+    def renew(self, key: str, token: int, ttl: float) -> bool:
+        """Extend the lease ``token`` holds; False when lost or on any failure. Never raises."""
+        try:
+            return bool(self.backend.renew("build", key, token, ttl))
+        except Exception:  # noqa: BLE001 - a lost renewal costs at worst a second build elsewhere
+            return False
+
+    def release(self, key: str, token: int) -> None:
+        """Drop the lease ``token`` holds (best effort: an unreleased lease expires)."""
+        try:
+            self.backend.release("build", key, token)
+        except Exception:  # noqa: BLE001 - an unreleased lease expires by itself
+            pass
+
     def delete(self, key: str) -> bool:
         """Nothing: a shared cache is not one process's to delete from (False)."""
         return False
