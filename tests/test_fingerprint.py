@@ -353,3 +353,14 @@ def test_global_names_read_from_raw_bytecode_match_dis():
             assert list(fpmod._global_names(code)) == list(want), obj
             checked += 1
     assert checked > 20
+
+
+def test_distribution_scan_agrees_with_the_standard_library():
+    """The fast scan of installed distributions (a new cache dir's fingerprints) names the
+    same distributions for every top-level package as importlib.metadata does."""
+    from importlib import metadata
+
+    from cuforge import fingerprint as fp
+
+    expected = {k: sorted(set(v)) for k, v in metadata.packages_distributions().items()}
+    assert fp._scan_distributions() == expected

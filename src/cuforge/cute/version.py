@@ -10,7 +10,8 @@
   still has the recorded size (:mod:`cuforge.toolchain.wheel_record`), else by reading
   it; so a fresh cache dir reads RECORDs (milliseconds), not every source and a 190 MB
   library. Remembered in cuforge's toolchain memo under a stat signature (name, size,
-  mtime, inode) of the DSL's ``.py`` and library files: an edited file changes the
+  mtime, inode) of the ``.py`` and library files of every package the digest covers
+  (``cutlass`` and ``iket``; one ``scandir`` per directory): an edited file changes the
   signature and the digest is computed again (an edit that keeps the size changes the
   digest only if it changes the size; one that changes it is hashed);
 * the SHA-256 of the runtime library the exported objects link against
@@ -94,22 +95,56 @@ def _runtime_library_digests(dsl) -> list[str]:
     return sorted(out)
 
 
-def _tree_signature(root: str) -> list[int]:
-    """A stat signature (names, sizes, mtimes, inodes) of the ``.py`` and shared-library
-    files under ``root``: it changes whenever one of them is edited, added or removed."""
+def _packages(dsl_path: str) -> list[tuple[str, str]]:
+    """``(name, path)`` of the regular packages (a directory with ``__init__.py``) directly
+    under ``dsl_path``, sorted: the packages whose files the DSL's version digest covers."""
+    try:
+        names = sorted(os.listdir(dsl_path))
+    except OSError:
+        return []
+    return [
+        (name, os.path.join(dsl_path, name))
+        for name in names
+        if os.path.isfile(os.path.join(dsl_path, name, "__init__.py"))
+    ]
 
-    h = hashlib.sha256()
-    for dirpath, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        for name in sorted(files):
-            if not (name.endswith(".py") or ".so" in name):
-                continue
+
+def _tree_signature(dsl_path: str) -> list[int]:
+    """A stat signature (names, sizes, mtimes, inodes) of the ``.py`` and shared-library
+    files of every regular package under ``dsl_path`` (:func:`_packages`, the ones the
+    digest covers): it changes whenever one of them is edited, added or removed. One
+    ``scandir`` per directory, one ``stat`` per file (a fresh process's hit pays it)."""
+
+    lines: list[str] = []
+    for name, top in _packages(dsl_path):
+        stack = [(name + "/", top)]
+        while stack:
+            rel, directory = stack.pop()
             try:
-                st = os.stat(os.path.join(dirpath, name))
+                with os.scandir(directory) as it:
+                    entries = sorted(it, key=lambda e: e.name)
             except OSError:
                 continue
-            rel = os.path.relpath(os.path.join(dirpath, name), root)
-            h.update(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}\n".encode())
+            subs = []
+            for entry in entries:
+                fname = entry.name
+                try:
+                    is_dir = entry.is_dir()
+                except OSError:
+                    continue
+                if is_dir:
+                    if fname != "__pycache__" and not entry.is_symlink():
+                        subs.append((f"{rel}{fname}/", entry.path))
+                    continue
+                if not (fname.endswith(".py") or ".so" in fname):
+                    continue
+                try:
+                    st = entry.stat()
+                except OSError:
+                    continue
+                lines.append(f"{rel}{fname}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}\n")
+            stack.extend(reversed(subs))  # depth first, in name order
+    h = hashlib.sha256("".join(lines).encode("utf-8", "surrogateescape"))
     return [int.from_bytes(h.digest()[:8], "big")]
 
 
@@ -120,10 +155,7 @@ def _dsl_files(dsl_path: str, loaded_ir: str) -> list[tuple[str, str]]:
     files = []
     if loaded_ir:
         files.append((os.path.basename(loaded_ir), loaded_ir))
-    for entry in sorted(os.listdir(dsl_path)):
-        sub = os.path.join(dsl_path, entry)
-        if not os.path.isfile(os.path.join(sub, "__init__.py")):
-            continue
+    for _name, sub in _packages(dsl_path):
         for root, dirs, names in os.walk(sub):
             dirs[:] = sorted(
                 d
@@ -164,7 +196,7 @@ def _dsl_get_version(dsl) -> str:
     loaded_file = getattr(loaded, "__file__", "") or ""
     flavor = os.path.basename(loaded_file)
     where = f"{root}|{flavor}"
-    sig = _tree_signature(os.path.join(root, "cutlass"))
+    sig = _tree_signature(root)
     with _memo.lock:
         memo = _memo.load()
         data = _memo.probed(memo, "cute-dsl-files", where, sig)
