@@ -272,7 +272,7 @@ class Kernel:
             self._state_frameworks = set()
             self._launcher_type = module.Launcher
         if torch is not None and "torch" not in self._state_frameworks:
-            fastpath.enable_torch(state, torch, self.params)
+            fastpath.enable_torch(state, torch, self.params, module)
             self._state_frameworks.add("torch")
         if cupy is not None and "cupy" not in self._state_frameworks:
             fastpath.enable_cupy(state, cupy, self.params)
