@@ -37,6 +37,7 @@ int fake_device_type(void* h, int* o) { *o = ft(h).devtype; return 0; }
 int fake_device_index(void* h, int* o) { *o = ft(h).devidx; return 0; }
 int fake_is_contiguous(void* h, _Bool* o) { *o = ft(h).contig; return 0; }
 int fake_data_ptr(void* h, void** o) { *o = (void*)ft(h).ptr; return ft(h).ptr == 0xBAD; }
+int fake_stream(int dev, void** o) { *o = (void*)(uintptr_t)(0x5000 + dev); return dev == 7; }
 typedef struct { unsigned g[7]; void* s; void* a; unsigned n; } Config;
 int ex_calls;
 int cuLaunchKernelEx(const Config* c, void* f, void** p, void** e) {
@@ -352,11 +353,11 @@ def _setup_abi(env, decls):
     codes = [F32 if "float*" in d else -1 for d in decls]  # void*: any dtype
     state.set_torch_abi(bytes.__basicsize__ - 1, fns, CUDA, codes)
     launcher = module.Launcher(state, ("cfg",), 2, 3, 4, 128, 1, 1, 0, 0, None)
-    return launcher, layout, mock, slow, fns
+    return state, launcher, layout, mock, slow, fns
 
 
 def test_torch_shim_reads_and_packs(env):
-    launcher, layout, mock, slow, fns = _setup_abi(
+    state, launcher, layout, mock, slow, fns = _setup_abi(
         env, ["float* y", "const float* x", "float a", "int n", "void* raw"]
     )
     shim = ctypes.c_int.in_dll(mock, "shim_calls").value
@@ -381,11 +382,23 @@ def test_torch_shim_reads_and_packs(env):
         assert launcher(bad, ok, 1.0, 1, ok) == "slow"
     assert len(slow) == 6
     assert ctypes.c_int.in_dll(mock, "calls").value == calls + 1
+    # torch's current stream through the shim too (an error there: the general path)
+    state.set_torch_stream(ctypes.cast(mock.fake_stream, ctypes.c_void_p).value)
+    state.set_device(7, 0x7777, 49152)
+    assert launcher(*args) is None
+    assert ctypes.c_void_p.in_dll(mock, "last_stream").value == 0x5000
+    assert launcher(*(shim_tensor(1, devidx=7) if isinstance(a, bytes) else a for a in args)) == (
+        "slow"
+    )
+    assert len(slow) == 7
+    state.set_torch_stream(0)
+    assert launcher(*args) is None
+    assert ctypes.c_void_p.in_dll(mock, "last_stream").value == 0xABC0
 
 
 def test_torch_shim_probe_checks_the_offset(env):
     module, mock = env
-    _, _, _, _, fns = _setup_abi(env, ["float* y"])
+    *_, fns = _setup_abi(env, ["float* y"])
     off = bytes.__basicsize__ - 1
     assert module.torch_abi_probe(off, fns, shim_tensor(0x42, devidx=3, contig=False)) == (
         F32,

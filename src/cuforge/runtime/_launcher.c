@@ -27,6 +27,7 @@ typedef int (*launch_t)(void*, unsigned, unsigned, unsigned, unsigned, unsigned,
 typedef int32_t (*t_i32_t)(void*, int32_t*);
 typedef int32_t (*t_ptr_t)(void*, void**);
 typedef int32_t (*t_bool_t)(void*, _Bool*);
+typedef int32_t (*t_stream_t)(int32_t, void**);  /* aoti_torch_get_current_cuda_stream */
 
 enum { K_PTR = 0, K_F32, K_F64, K_F16, K_I8, K_U8, K_I16, K_U16, K_I32, K_U32, K_I64, K_U64 };
 #define MAXP 64
@@ -71,6 +72,7 @@ typedef struct {
     t_bool_t t_is_contiguous_c;
     t_ptr_t t_get_data_ptr;
     int32_t t_codes[MAXP];  /* the declared dtype's ScalarType code; -1: any */
+    t_stream_t t_stream;    /* torch's current stream, without calling raw_stream (or NULL) */
 } State;
 
 /* State and Launcher take part in garbage collection: a launcher keeps its kernel alive
@@ -250,6 +252,15 @@ static PyObject* State_set_torch_abi(State* self, PyObject* args) {
     Py_RETURN_NONE;
 }
 
+/* set_torch_stream(addr): torch's current stream through aoti_torch_get_current_cuda_stream
+   (0: through the raw_stream callable again) */
+static PyObject* State_set_torch_stream(State* self, PyObject* arg) {
+    unsigned long long a = PyLong_AsUnsignedLongLong(arg);
+    if (a == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    self->t_stream = (t_stream_t)(uintptr_t)a;
+    Py_RETURN_NONE;
+}
+
 static PyObject* State_set_device(State* self, PyObject* args) {
     int dev;
     unsigned long long func;
@@ -271,6 +282,8 @@ static PyMethodDef State_methods[] = {
     {"disable", (PyCFunction)State_disable, METH_NOARGS, "send every launch to the slow path"},
     {"set_torch", (PyCFunction)State_set_torch, METH_VARARGS, "enable torch tensors"},
     {"set_cupy", (PyCFunction)State_set_cupy, METH_VARARGS, "enable CuPy arrays"},
+    {"set_torch_stream", (PyCFunction)State_set_torch_stream, METH_O,
+     "torch's current stream through its C shim"},
     {"set_torch_abi", (PyCFunction)State_set_torch_abi, METH_VARARGS,
      "read torch tensors through torch's C shim"},
     {NULL, NULL, 0, NULL}};
@@ -480,7 +493,9 @@ static PyObject* Launcher_vectorcall(PyObject* op, PyObject* const* args, size_t
         if (c != dev) return slow_path(self, args, nargs);
     }
     void* stream = self->stream;
-    if (self->default_stream) {
+    if (self->default_stream && frameworks == 1 && st->t_stream != NULL) {
+        if (st->t_stream((int32_t)dev, &stream) != 0) return slow_path(self, args, nargs);
+    } else if (self->default_stream) {
         PyObject* r;
         if (frameworks == 1) {
             PyObject* d = PyLong_FromLong(dev);

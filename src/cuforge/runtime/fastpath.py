@@ -331,6 +331,11 @@ def enable_torch(state, torch, params: list, module=None) -> None:
         state.set_torch_abi(
             offset, fns, cuda, [-1 if dt is None else dtype_code(dt) for dt in dtypes]
         )
+        stream = _abi.get("stream")
+        if stream is None:
+            stream = _abi["stream"] = torch_stream_shim(torch)
+        if stream:
+            state.set_torch_stream(stream)
 
 
 #: Test and bench hook: False keeps torch tensors on the method calls (read once per kernel)
@@ -410,6 +415,23 @@ def _torch_abi(module, torch):
         return c
 
     return offset, fns, cuda, dtype_code
+
+
+def torch_stream_shim(torch) -> int:
+    """The address of ``aoti_torch_get_current_cuda_stream`` (torch's stable C shim, in
+    libtorch_cuda: ``at::cuda::getCurrentCUDAStream(device)``, what
+    ``torch._C._cuda_getCurrentRawStream`` returns), or 0 (a CPU-only torch, another
+    platform): then the C launcher calls the Python getter."""
+    import os
+
+    path = os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cuda.so")
+    if not os.path.exists(path):
+        return 0
+    try:
+        lib = ctypes.CDLL(path)
+        return ctypes.cast(lib.aoti_torch_get_current_cuda_stream, c_void_p).value or 0
+    except (OSError, AttributeError):
+        return 0
 
 
 def enable_cupy(state, cupy, params: list) -> None:
