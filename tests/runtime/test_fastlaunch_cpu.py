@@ -448,6 +448,35 @@ def test_real_torch_through_the_shim(env):
     assert slow == [(t, 3)]
 
 
+def test_subscript_hits_the_cache_in_c(env):
+    module, _ = env
+    misses = []
+
+    class K:
+        def __init__(self):
+            self._configs = {}
+
+        def _getitem(self, key):
+            misses.append(key)
+            launcher = self._configs[key] = ("launcher", key)
+            return launcher
+
+    K.__getitem__ = module.Subscript("_configs", K._getitem)
+    k = K()
+    first = k[1, 32]
+    assert first == ("launcher", (1, 32)) and misses == [(1, 32)]
+    assert k[1, 32] is first and misses == [(1, 32)]  # a hit: not the Python method
+    with pytest.raises(TypeError):  # unhashable: the slow method runs (and raises here)
+        k[[1], 32]
+    assert misses[-1] == ([1], 32)
+    assert k.__getitem__((1, 32)) is first  # bound like a method
+    assert isinstance(K.__dict__["__getitem__"], module.Subscript)
+    del k._configs
+    with pytest.raises(AttributeError):  # no dict: the slow method (which needs one)
+        k[1, 32]
+    assert misses[-1] == (1, 32) and len(misses) == 3
+
+
 # -- the C source, the build's name, and what is trusted enough to import ---------------------
 
 PLANTED = r"""

@@ -560,6 +560,70 @@ static PyObject* Launcher_new(PyTypeObject* type, PyObject* args, PyObject* kw) 
 
 static PyTypeObject LauncherType = {PyVarObject_HEAD_INIT(NULL, 0)};
 
+/* Subscript(attr, slow): a class's __getitem__ that looks the key up in the instance's dict
+   attribute `attr` (Kernel._configs: launch configuration -> launcher) and returns the hit
+   without running Python code; a miss (or an unhashable key) calls slow(obj, key). A method
+   descriptor: the type slot calls it with (obj, key), no bound method is made. */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject* attr;
+    PyObject* slow;
+} Subscript;
+
+static int Subscript_traverse(Subscript* self, visitproc visit, void* arg) {
+    Py_VISIT(self->slow);
+    return 0;
+}
+
+static int Subscript_clear(Subscript* self) {
+    Py_CLEAR(self->attr);
+    Py_CLEAR(self->slow);
+    return 0;
+}
+
+static void Subscript_dealloc(Subscript* self) {
+    PyObject_GC_UnTrack(self);
+    Subscript_clear(self);
+    Py_TYPE(self)->tp_free((PyObject*)self);
+}
+
+static PyObject* Subscript_vectorcall(PyObject* op, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+    Subscript* self = (Subscript*)op;
+    if (self->slow == NULL) { PyErr_SetString(PyExc_RuntimeError, "Subscript was cleared"); return NULL; }
+    if (PyVectorcall_NARGS(nargsf) == 2 && kwnames == NULL) {
+        PyObject* d = PyObject_GetAttr(args[0], self->attr);
+        if (d != NULL) {
+            PyObject* r = PyDict_CheckExact(d) ? PyDict_GetItemWithError(d, args[1]) : NULL;
+            Py_XINCREF(r);
+            Py_DECREF(d);
+            if (r != NULL) return r;
+        }
+        if (PyErr_Occurred()) PyErr_Clear();  /* unhashable, no dict: the slow path says */
+    }
+    return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
+}
+
+static PyObject* Subscript_get(PyObject* self, PyObject* obj, PyObject* type) {
+    if (obj == NULL || obj == Py_None) { Py_INCREF(self); return self; }
+    return PyMethod_New(self, obj);
+}
+
+static PyObject* Subscript_new(PyTypeObject* type, PyObject* args, PyObject* kw) {
+    PyObject *attr, *slow;
+    if (!PyArg_ParseTuple(args, "UO", &attr, &slow)) return NULL;
+    Subscript* self = (Subscript*)type->tp_alloc(type, 0);
+    if (!self) return NULL;
+    self->vectorcall = Subscript_vectorcall;
+    Py_INCREF(attr);
+    PyUnicode_InternInPlace(&attr);
+    self->attr = attr;
+    Py_INCREF(slow); self->slow = slow;
+    return (PyObject*)self;
+}
+
+static PyTypeObject SubscriptType = {PyVarObject_HEAD_INIT(NULL, 0)};
+
 /* torch_abi_probe(offset, fns, obj) -> (dtype, device_type, device_index, contiguous, data_ptr)
    as the launcher reads them; fastpath.torch_abi() compares them with the tensor's methods */
 static PyObject* torch_abi_probe(PyObject* mod, PyObject* args) {
@@ -615,12 +679,27 @@ PyMODINIT_FUNC PyInit__cuforge_fastlaunch(void) {
     LauncherType.tp_call = PyVectorcall_Call;
     LauncherType.tp_new = Launcher_new;
     LauncherType.tp_dealloc = (destructor)Launcher_dealloc;
-    if (PyType_Ready(&StateType) < 0 || PyType_Ready(&LauncherType) < 0) return NULL;
+    SubscriptType.tp_name = "_cuforge_fastlaunch.Subscript";
+    SubscriptType.tp_basicsize = sizeof(Subscript);
+    SubscriptType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_HAVE_GC |
+                             Py_TPFLAGS_METHOD_DESCRIPTOR;
+    SubscriptType.tp_traverse = (traverseproc)Subscript_traverse;
+    SubscriptType.tp_clear = (inquiry)Subscript_clear;
+    SubscriptType.tp_vectorcall_offset = offsetof(Subscript, vectorcall);
+    SubscriptType.tp_call = PyVectorcall_Call;
+    SubscriptType.tp_descr_get = Subscript_get;
+    SubscriptType.tp_new = Subscript_new;
+    SubscriptType.tp_dealloc = (destructor)Subscript_dealloc;
+    if (PyType_Ready(&StateType) < 0 || PyType_Ready(&LauncherType) < 0 ||
+        PyType_Ready(&SubscriptType) < 0)
+        return NULL;
     PyObject* m = PyModule_Create(&moddef);
     if (!m) return NULL;
     Py_INCREF(&StateType);
     Py_INCREF(&LauncherType);
     PyModule_AddObject(m, "State", (PyObject*)&StateType);
     PyModule_AddObject(m, "Launcher", (PyObject*)&LauncherType);
+    Py_INCREF(&SubscriptType);
+    PyModule_AddObject(m, "Subscript", (PyObject*)&SubscriptType);
     return m;
 }
