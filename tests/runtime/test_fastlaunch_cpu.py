@@ -119,7 +119,9 @@ class FakeCupy:
         self.data, self.dtype, self._c_contiguous = FakeMem(ptr, device), dtype, contiguous
 
 
-def _setup(env, decls, check_device=0):
+def _setup(env, decls, check_device=0, tensor_type=FakeTensor):
+    """A C state and launcher for ``decls`` over the stand-in driver; ``tensor_type`` is what
+    the state takes for torch.Tensor (``bytes``: the stand-in shim's tensors, no dtypes)."""
     module, mock = env
     params = [parse_param(i, d) for i, d in enumerate(decls)]
     layout = Layout(params)
@@ -139,8 +141,8 @@ def _setup(env, decls, check_device=0):
         (buf, array),
     )
     state.set_torch(
-        FakeTensor,
-        dtypes,
+        tensor_type,
+        dtypes if tensor_type is FakeTensor else [None] * len(params),
         lambda dev: 0xABC0 + dev,
         lambda: 0,
         FakeTensor.__dict__["dtype"],
@@ -337,17 +339,7 @@ def shim_tensor(ptr, dtype=F32, devtype=CUDA, devidx=0, contig=True) -> bytes:
 
 def _setup_abi(env, decls):
     module, mock = env
-    state, _, layout, mock, slow, fail = _setup(env, decls)
-    state.set_torch(
-        bytes,
-        [None] * len(decls),
-        lambda dev: 0xABC0 + dev,
-        lambda: 0,
-        FakeTensor.__dict__["dtype"],
-        FakeTensor.is_contiguous,
-        FakeTensor.get_device,
-        FakeTensor.data_ptr,
-    )
+    state, _, layout, mock, slow, fail = _setup(env, decls, tensor_type=bytes)
     names = ("dtype", "device_type", "device_index", "is_contiguous", "data_ptr")
     fns = tuple(ctypes.cast(getattr(mock, f"fake_{n}"), ctypes.c_void_p).value for n in names)
     codes = [F32 if "float*" in d else -1 for d in decls]  # void*: any dtype
