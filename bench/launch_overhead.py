@@ -3,11 +3,22 @@
 Runs on a GPU machine. For one kernel, ``saxpy(float* y, const float* x, float a, int n)``
 (2 pointers + 2 scalars, a 1x32 launch so the GPU is never the bottleneck), it times
 thousands of back-to-back launches per path and reports the median host time per launch
-over several repeats, and its ratio to a raw ``cuda.bindings`` ``cuLaunchKernel`` call with
-pre-packed parameters.
+over several rounds (every row once per round, interleaved), and its ratio to a raw
+``cuda.bindings`` ``cuLaunchKernel`` call with pre-packed parameters in the same process.
+
+Rows: cuforge ``k[grid, block](...)`` (constant and computed grids, torch tensors and CuPy
+arrays), the launcher bound once, the C launcher as before issue 25 (torch tensors read
+through four method calls, the stream through a Python call, ``__getitem__`` in Python), the
+pure-Python fast path, the raw anchors (cuda.bindings, ctypes, and the METH_FASTCALL C
+floor), cuda.core, CuPy, a torch op, a torch C++ extension and Triton. The goals of issue 25
+are printed under the table.
 
     PYTHONPATH=src python3 bench/launch_overhead.py [--launches 500] [--repeats 31]
         [--no-torch-ext] [--json out.json]
+
+With ``PYTHONPATH=src`` (cuforge not installed) the C launcher is built at run time into
+the cache dir's ``runtime/`` (``$CUFORGE_CACHE_DIR``, ~0.4 s once); the table's first note
+says which launch path ran.
 
 Rows that need a missing package (CuPy, Triton, cuda.core) or a compiler (the torch
 extension, the C launcher) are skipped with a note.
@@ -244,22 +255,55 @@ def main() -> int:
     func = k._devices[torch.cuda.current_device()].func
 
     # -- cuforge -----------------------------------------------------------------------------
-    from cuforge.runtime import fastlaunch
+    from cuforge.runtime import fastlaunch, fastpath
 
     c_path = k._state is not None
+    path, detail = fastlaunch.status()
+    torch_read = (
+        "torch tensors through torch's C shim"
+        if fastpath._abi.get((id(fastlaunch.load()), id(torch)))
+        else f"torch tensors through their methods ({fastpath._abi.get('why')})"
+    )
+    stream_read = (
+        "stream through aoti_torch_get_current_cuda_stream"
+        if fastpath._abi.get("stream")
+        else "stream through torch._C._cuda_getCurrentRawStream"
+    )
     run(
         "cuforge `k[1, 32](y, x, a, n)`",
         lambda: k[1, 32](y, x, a, n),
         (
-            "C launcher calling cuLaunchKernel"
+            f"C launcher ({path}): {torch_read}, {stream_read}"
             if c_path
             else f"Python fast path ({fastlaunch.error()})"
         ),
+    )
+    run("cuforge `k[16, 256](y, x, a, n)`", lambda: k[16, 256](y, x, a, n))
+    run(
+        "cuforge `k[(n + 255) // 256, 256](y, x, a, n)` (grid computed per launch)",
+        lambda: k[(n + 255) // 256, 256](y, x, a, n),
     )
     launcher = k[1, 32]
     run(
         "cuforge, launcher bound once (`f = k[1, 32]; f(y, x, a, n)`)", lambda: launcher(y, x, a, n)
     )
+    if c_path:
+        # the C launcher as before issue 25: four tensor method calls per tensor, the stream
+        # through a Python call, k[grid, block] through a Python __getitem__
+        fastpath.use_torch_abi = False
+        try:
+            kb = kernel_mod.Kernel(prog, "saxpy")
+            kb[1, 32](y, x, a, n)
+        finally:
+            fastpath.use_torch_abi = True
+        getitem = kernel_mod.Kernel._getitem
+        run(
+            "cuforge `k[1, 32](...)`, C launcher before issue 25",
+            lambda: getitem(kb, (1, 32))(y, x, a, n),
+            "torch methods, Python stream getter, Python __getitem__",
+        )
+        kb_bound = kb[1, 32]
+        run("cuforge bound launcher, before issue 25", lambda: kb_bound(y, x, a, n))
     run(
         "cuforge `k(grid=1, block=32, args=(...))`",
         lambda: k(grid=1, block=32, args=(y, x, a, n)),
@@ -458,10 +502,24 @@ def main() -> int:
         print(f"| {label} | {t:.2f} | {ratio} | {note} |")
     for label, note in notes.items():
         print(f"| {label} | - | - | {note} |")
-    cf_t = results[0][1] if results else None
-    cupy_t = next((t for label, t, _ in results if label.startswith("CuPy")), None)
-    if cf_t and raw:
-        print(f"\ncuforge / raw = {cf_t / raw:.2f} (goal <= 1.10)")
+
+    def row(prefix):
+        return next((t for label, t, _ in results if label.startswith(prefix)), None)
+
+    cf_t = row("cuforge `k[1, 32](y, x, a, n)`")
+    bound_t = row("cuforge, launcher bound once")
+    floor_t = row("raw C launcher (METH_FASTCALL -> cuLaunchKernel)")
+    cupy_t = row("CuPy")
+    if raw:
+        print()
+        for label, t, goal in (
+            ("cuforge `k[1, 32](...)`", cf_t, "goal <= 0.85, issue 25"),
+            ("cuforge `k[16, 256](...)`", row("cuforge `k[16, 256]"), "goal <= 0.85"),
+            ("cuforge bound launcher", bound_t, "goal <= 0.80, issue 25"),
+            ("METH_FASTCALL floor", floor_t, "the floor"),
+        ):
+            if t:
+                print(f"{label} / raw = {t / raw:.2f} ({goal})")
     if cf_t and cupy_t:
         print(f"CuPy / cuforge = {cupy_t / cf_t:.2f} (goal >= 1.30)")
     if opts.json:

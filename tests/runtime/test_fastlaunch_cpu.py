@@ -28,6 +28,16 @@ int cuLaunchKernel(void* f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, 
     memcpy(last_buf, p[0], 256);
     return result;
 }
+/* torch's C shim, standing in: a "tensor" is a bytes object whose text is an FT */
+typedef struct { unsigned long long ptr; int dtype, devtype, devidx; unsigned char contig; } FT;
+static FT ft(void* h) { FT f; memcpy(&f, h, sizeof f); return f; }
+int shim_calls;
+int fake_dtype(void* h, int* o) { shim_calls++; *o = ft(h).dtype; return 0; }
+int fake_device_type(void* h, int* o) { *o = ft(h).devtype; return 0; }
+int fake_device_index(void* h, int* o) { *o = ft(h).devidx; return 0; }
+int fake_is_contiguous(void* h, _Bool* o) { *o = ft(h).contig; return 0; }
+int fake_data_ptr(void* h, void** o) { *o = (void*)ft(h).ptr; return ft(h).ptr == 0xBAD; }
+int fake_stream(int dev, void** o) { *o = (void*)(uintptr_t)(0x5000 + dev); return dev == 7; }
 typedef struct { unsigned g[7]; void* s; void* a; unsigned n; } Config;
 int ex_calls;
 int cuLaunchKernelEx(const Config* c, void* f, void** p, void** e) {
@@ -109,7 +119,9 @@ class FakeCupy:
         self.data, self.dtype, self._c_contiguous = FakeMem(ptr, device), dtype, contiguous
 
 
-def _setup(env, decls, check_device=0):
+def _setup(env, decls, check_device=0, tensor_type=FakeTensor):
+    """A C state and launcher for ``decls`` over the stand-in driver; ``tensor_type`` is what
+    the state takes for torch.Tensor (``bytes``: the stand-in shim's tensors, no dtypes)."""
     module, mock = env
     params = [parse_param(i, d) for i, d in enumerate(decls)]
     layout = Layout(params)
@@ -129,8 +141,8 @@ def _setup(env, decls, check_device=0):
         (buf, array),
     )
     state.set_torch(
-        FakeTensor,
-        dtypes,
+        tensor_type,
+        dtypes if tensor_type is FakeTensor else [None] * len(params),
         lambda dev: 0xABC0 + dev,
         lambda: 0,
         FakeTensor.__dict__["dtype"],
@@ -311,6 +323,150 @@ def test_the_c_launcher_has_one_entry_cuLaunchKernel(env):
     assert _last(mock, layout) == layout.struct.pack(0x1000, 0x2000, 2.0, 5)
     assert list((ctypes.c_uint * 7).in_dll(mock, "last_dims")) == [2, 3, 4, 128, 1, 1, 0]
     assert ctypes.c_void_p.in_dll(mock, "last_stream").value == 0xABC0
+
+
+# -- torch tensors read through torch's C shim ----------------------------------------------
+
+CUDA = 1  # the stand-in shim's CUDA device type
+F32 = 6  # ... and float32 code
+
+
+def shim_tensor(ptr, dtype=F32, devtype=CUDA, devidx=0, contig=True) -> bytes:
+    """A stand-in tensor for the stand-in shim: the shim reads this struct at the offset
+    where a bytes object keeps its text."""
+    return struct.pack("<QiiiB3x", ptr, dtype, devtype, devidx, contig)
+
+
+def _setup_abi(env, decls):
+    module, mock = env
+    state, _, layout, mock, slow, fail = _setup(env, decls, tensor_type=bytes)
+    names = ("dtype", "device_type", "device_index", "is_contiguous", "data_ptr")
+    fns = tuple(ctypes.cast(getattr(mock, f"fake_{n}"), ctypes.c_void_p).value for n in names)
+    codes = [F32 if "float*" in d else -1 for d in decls]  # void*: any dtype
+    state.set_torch_abi(bytes.__basicsize__ - 1, fns, CUDA, codes)
+    launcher = module.Launcher(state, ("cfg",), 2, 3, 4, 128, 1, 1, 0, 0, None)
+    return state, launcher, layout, mock, slow, fns
+
+
+def test_torch_shim_reads_and_packs(env):
+    state, launcher, layout, mock, slow, fns = _setup_abi(
+        env, ["float* y", "const float* x", "float a", "int n", "void* raw"]
+    )
+    shim = ctypes.c_int.in_dll(mock, "shim_calls").value
+    calls = ctypes.c_int.in_dll(mock, "calls").value
+    args = (shim_tensor(0x1000), shim_tensor(0x2000), 2.5, -7, shim_tensor(0x3000, dtype=15))
+    assert launcher(*args) is None
+    assert not slow
+    assert ctypes.c_int.in_dll(mock, "calls").value == calls + 1
+    assert ctypes.c_int.in_dll(mock, "shim_calls").value == shim + 3  # every tensor via the shim
+    assert _last(mock, layout) == layout.struct.pack(0x1000, 0x2000, 2.5, -7, 0x3000)
+    assert ctypes.c_void_p.in_dll(mock, "last_stream").value == 0xABC0
+    assert ctypes.c_void_p.in_dll(mock, "last_func").value == 0x1234
+    ok = shim_tensor(0x2000)
+    for bad in (
+        shim_tensor(0x1000, dtype=5),  # another dtype
+        shim_tensor(0x1000, devtype=0),  # CPU
+        shim_tensor(0x1000, devidx=1),  # another device than the others
+        shim_tensor(0x1000, devidx=-1),
+        shim_tensor(0x1000, contig=False),
+        shim_tensor(0xBAD),  # the shim reports an error
+    ):
+        assert launcher(bad, ok, 1.0, 1, ok) == "slow"
+    assert len(slow) == 6
+    assert ctypes.c_int.in_dll(mock, "calls").value == calls + 1
+    # torch's current stream through the shim too (an error there: the general path)
+    state.set_torch_stream(ctypes.cast(mock.fake_stream, ctypes.c_void_p).value)
+    state.set_device(7, 0x7777, 49152)
+    assert launcher(*args) is None
+    assert ctypes.c_void_p.in_dll(mock, "last_stream").value == 0x5000
+    assert launcher(*(shim_tensor(1, devidx=7) if isinstance(a, bytes) else a for a in args)) == (
+        "slow"
+    )
+    assert len(slow) == 7
+    state.set_torch_stream(0)
+    assert launcher(*args) is None
+    assert ctypes.c_void_p.in_dll(mock, "last_stream").value == 0xABC0
+
+
+def test_torch_shim_probe_checks_the_offset(env):
+    module, mock = env
+    *_, fns = _setup_abi(env, ["float* y"])
+    off = bytes.__basicsize__ - 1
+    assert module.torch_abi_probe(off, fns, shim_tensor(0x42, devidx=3, contig=False)) == (
+        F32,
+        CUDA,
+        3,
+        False,
+        0x42,
+    )
+    with pytest.raises(ValueError, match="outside the object"):
+        module.torch_abi_probe(off, fns, object())
+    with pytest.raises(ValueError, match="address is 0"):
+        module.torch_abi_probe(off, (0, *fns[1:]), shim_tensor(1))
+
+
+def test_real_torch_through_the_shim(env):
+    """With the real torch: the shim reads what the methods say (torch_abi checks that
+    before using it), and a real tensor's bytes land in the argument buffer."""
+    torch = pytest.importorskip("torch")
+    from cuforge.runtime import fastpath
+
+    module, mock = env
+    fastpath._abi.clear()
+    abi = fastpath.torch_abi(module, torch)
+    assert abi is not None, fastpath._abi.get("why")
+    offset, fns, cuda, dtype_code = abi
+    t = torch.arange(10, dtype=torch.float32)
+    assert module.torch_abi_probe(offset, fns, t[2:])[3:] == (True, t[2:].data_ptr())
+    assert module.torch_abi_probe(offset, fns, t.reshape(2, 5).t())[3] is False
+    assert dtype_code(torch.float32) != dtype_code(torch.float16)
+    # a CPU tensor is not for a kernel: the launcher sends it to the general path
+    state, _, layout, mock, slow, _ = _setup(env, ["float* y", "int n"])
+    state.set_torch(
+        torch.Tensor,
+        [torch.float32, None],
+        lambda dev: 0,
+        lambda: 0,
+        fastpath._class_attr(torch.Tensor, "dtype"),
+        torch.Tensor.is_contiguous,
+        torch.Tensor.get_device,
+        torch.Tensor.data_ptr,
+    )
+    state.set_torch_abi(offset, fns, cuda, [dtype_code(torch.float32), -1])
+    launcher = module.Launcher(state, ("cfg",), 1, 1, 1, 32, 1, 1, 0, 0, None)
+    assert launcher(t, 3) == "slow"
+    # ... unless the "CUDA" device type is the CPU's and the device index matches: then
+    # the real data pointer is what gets packed (device -1 never launches: checked too)
+    assert slow == [(t, 3)]
+
+
+def test_subscript_hits_the_cache_in_c(env):
+    module, _ = env
+    misses = []
+
+    class K:
+        def __init__(self):
+            self._configs = {}
+
+        def _getitem(self, key):
+            misses.append(key)
+            launcher = self._configs[key] = ("launcher", key)
+            return launcher
+
+    K.__getitem__ = module.Subscript("_configs", K._getitem)
+    k = K()
+    first = k[1, 32]
+    assert first == ("launcher", (1, 32)) and misses == [(1, 32)]
+    assert k[1, 32] is first and misses == [(1, 32)]  # a hit: not the Python method
+    with pytest.raises(TypeError):  # unhashable: the slow method runs (and raises here)
+        k[[1], 32]
+    assert misses[-1] == ([1], 32)
+    assert k.__getitem__((1, 32)) is first  # bound like a method
+    assert isinstance(K.__dict__["__getitem__"], module.Subscript)
+    del k._configs
+    with pytest.raises(AttributeError):  # no dict: the slow method (which needs one)
+        k[1, 32]
+    assert misses[-1] == (1, 32) and len(misses) == 3
 
 
 # -- the C source, the build's name, and what is trusted enough to import ---------------------

@@ -354,6 +354,42 @@ def test_side_stream_ordering(saxpy_prog):
     assert _rel(z, 2 * ref) < 1e-6
 
 
+def test_torch_tensors_through_torchs_c_shim(saxpy_prog):
+    """The C launcher reads CUDA tensors and torch's stream through torch's C shim (issue
+    25): what it reads equals the methods, offset views land at their own address, and
+    what it must not take (a strided view, a wrong dtype) still gets the named error."""
+    from cuforge.runtime import fastlaunch, fastpath
+
+    k = saxpy_prog.kernel("saxpy")
+    y = torch.zeros(1024, device="cuda")
+    x = torch.ones(1024, device="cuda")
+    k[4, 256](y, x, 1.0, 1024)
+    module = fastlaunch.load()
+    if k._state is None or module is None:
+        pytest.skip(f"the C launcher is not in use here: {fastlaunch.status()}")
+    abi = fastpath.torch_abi(module, torch)
+    assert abi is not None, fastpath._abi.get("why")
+    offset, fns, cuda, dtype_code = abi
+    dev = x.get_device()
+    for t in (x, x[3:], y.view(32, 32).t()):
+        assert module.torch_abi_probe(offset, fns, t) == (
+            dtype_code(torch.float32),
+            cuda,
+            dev,
+            t.is_contiguous(),
+            t.data_ptr(),
+        )
+    assert fastpath._abi.get("stream"), "aoti_torch_get_current_cuda_stream not found"
+    y2 = torch.zeros(1030, device="cuda")
+    k[4, 256](y2[6:], x, 2.0, 1024)  # an offset view: written at its own address
+    torch.cuda.synchronize()
+    assert y2[:6].eq(0).all() and y2[6:].eq(2).all()
+    with pytest.raises(ArgumentValueError, match="not contiguous"):
+        k[4, 256](y.view(32, 32).t(), x, 1.0, 1024)
+    with pytest.raises(ArgumentError):
+        k[4, 256](y.half(), x, 1.0, 1024)
+
+
 def test_graph_capture_uses_torch_stream(saxpy_prog):
     """A launch inside torch.cuda.graph capture must go to the capturing stream."""
     k = saxpy_prog.kernel("saxpy")

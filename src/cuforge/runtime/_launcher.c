@@ -22,6 +22,13 @@
 typedef int (*launch_t)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                         unsigned, void*, void**, void**);
 
+/* torch's stable C shim (torch/csrc/inductor/aoti_torch/c/shim.h, exported by libtorch_cpu):
+   each takes an AtenTensorHandle (an at::Tensor*) and returns 0 on success */
+typedef int32_t (*t_i32_t)(void*, int32_t*);
+typedef int32_t (*t_ptr_t)(void*, void**);
+typedef int32_t (*t_bool_t)(void*, _Bool*);
+typedef int32_t (*t_stream_t)(int32_t, void**);  /* aoti_torch_get_current_cuda_stream */
+
 enum { K_PTR = 0, K_F32, K_F64, K_F16, K_I8, K_U8, K_I16, K_U16, K_I32, K_U32, K_I64, K_U64 };
 #define MAXP 64
 #define MAXDEV 64
@@ -55,6 +62,17 @@ typedef struct {
     PyObject* cupy_dtypes[MAXP];
     PyObject* cupy_stream;
     PyObject* cupy_cur_dev;
+    /* torch tensors read through torch's C shim instead of four method calls: the
+       at::Tensor lives at t_off in the tensor object (THPVariable.cdata), checked by
+       fastpath.torch_abi() against the methods before this is switched on */
+    int t_abi;
+    Py_ssize_t t_off;
+    int32_t t_cuda;
+    t_i32_t t_get_dtype, t_get_device_type, t_get_device_index;
+    t_bool_t t_is_contiguous_c;
+    t_ptr_t t_get_data_ptr;
+    int32_t t_codes[MAXP];  /* the declared dtype's ScalarType code; -1: any */
+    t_stream_t t_stream;    /* torch's current stream, without calling raw_stream (or NULL) */
 } State;
 
 /* State and Launcher take part in garbage collection: a launcher keeps its kernel alive
@@ -184,6 +202,65 @@ static PyObject* State_set_cupy(State* self, PyObject* args) {
     Py_RETURN_NONE;
 }
 
+/* the five shim entry points, as addresses: (dtype, device_type, device_index, is_contiguous,
+   data_ptr) */
+static int abi_fns(PyObject* fns, t_i32_t* f) {
+    unsigned long long a[5];
+    if (!PyArg_ParseTuple(fns, "KKKKK", &a[0], &a[1], &a[2], &a[3], &a[4])) return -1;
+    for (int i = 0; i < 5; i++)
+        if (!a[i]) { PyErr_SetString(PyExc_ValueError, "a torch shim address is 0"); return -1; }
+    f[0] = (t_i32_t)(uintptr_t)a[0];
+    f[1] = (t_i32_t)(uintptr_t)a[1];
+    f[2] = (t_i32_t)(uintptr_t)a[2];
+    f[3] = (t_i32_t)(uintptr_t)a[3];
+    f[4] = (t_i32_t)(uintptr_t)a[4];
+    return 0;
+}
+
+/* set_torch_abi(offset, fns, cuda_code, codes): read exact torch.Tensor arguments through
+   the shim (set_torch first: the stream and device getters come from there) */
+static PyObject* State_set_torch_abi(State* self, PyObject* args) {
+    Py_ssize_t off;
+    PyObject *fns, *codes;
+    int cuda;
+    if (!PyArg_ParseTuple(args, "nOiO", &off, &fns, &cuda, &codes)) return NULL;
+    if (self->tensor_type == NULL) { PyErr_SetString(PyExc_RuntimeError, "set_torch first"); return NULL; }
+    t_i32_t f[5];
+    if (abi_fns(fns, f) < 0) return NULL;
+    if (off < (Py_ssize_t)sizeof(PyObject) || PySequence_Size(codes) != self->n) {
+        PyErr_SetString(PyExc_ValueError, "set_torch_abi: bad offset or not one code per parameter");
+        return NULL;
+    }
+    int32_t c[MAXP];
+    for (int i = 0; i < self->n; i++) {
+        PyObject* o = PySequence_GetItem(codes, i);
+        if (!o) return NULL;
+        c[i] = (int32_t)PyLong_AsLong(o);
+        Py_DECREF(o);
+        if (PyErr_Occurred()) return NULL;
+    }
+    self->t_abi = 0;
+    self->t_off = off;
+    self->t_cuda = cuda;
+    self->t_get_dtype = f[0];
+    self->t_get_device_type = f[1];
+    self->t_get_device_index = f[2];
+    self->t_is_contiguous_c = (t_bool_t)f[3];
+    self->t_get_data_ptr = (t_ptr_t)f[4];
+    memcpy(self->t_codes, c, sizeof(int32_t) * self->n);
+    self->t_abi = 1;
+    Py_RETURN_NONE;
+}
+
+/* set_torch_stream(addr): torch's current stream through aoti_torch_get_current_cuda_stream
+   (0: through the raw_stream callable again) */
+static PyObject* State_set_torch_stream(State* self, PyObject* arg) {
+    unsigned long long a = PyLong_AsUnsignedLongLong(arg);
+    if (a == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    self->t_stream = (t_stream_t)(uintptr_t)a;
+    Py_RETURN_NONE;
+}
+
 static PyObject* State_set_device(State* self, PyObject* args) {
     int dev;
     unsigned long long func;
@@ -205,6 +282,10 @@ static PyMethodDef State_methods[] = {
     {"disable", (PyCFunction)State_disable, METH_NOARGS, "send every launch to the slow path"},
     {"set_torch", (PyCFunction)State_set_torch, METH_VARARGS, "enable torch tensors"},
     {"set_cupy", (PyCFunction)State_set_cupy, METH_VARARGS, "enable CuPy arrays"},
+    {"set_torch_stream", (PyCFunction)State_set_torch_stream, METH_O,
+     "torch's current stream through its C shim"},
+    {"set_torch_abi", (PyCFunction)State_set_torch_abi, METH_VARARGS,
+     "read torch tensors through torch's C shim"},
     {NULL, NULL, 0, NULL}};
 
 static PyTypeObject StateType = {PyVarObject_HEAD_INIT(NULL, 0)};
@@ -286,7 +367,21 @@ static PyObject* Launcher_vectorcall(PyObject* op, PyObject* const* args, size_t
             PyObject* type = (PyObject*)Py_TYPE(a);
             long d;
             unsigned long long p;
-            if (st->tensor_type != NULL && type == st->tensor_type) {
+            if (st->tensor_type != NULL && type == st->tensor_type && st->t_abi) {
+                frameworks |= 1;
+                void* h = (char*)a + st->t_off;
+                int32_t v, ix;
+                _Bool contiguous;
+                void* ptr;
+                if (st->t_get_dtype(h, &v) != 0 || (st->t_codes[i] >= 0 && v != st->t_codes[i]) ||
+                    st->t_get_device_type(h, &v) != 0 || v != st->t_cuda ||
+                    st->t_get_device_index(h, &ix) != 0 || st->t_is_contiguous_c(h, &contiguous) != 0 ||
+                    !contiguous || st->t_get_data_ptr(h, &ptr) != 0)
+                    return slow_path(self, args, nargs);
+                d = ix;
+                if (d < 0 || d >= MAXDEV || (dev >= 0 && d != dev)) return slow_path(self, args, nargs);
+                p = (unsigned long long)(uintptr_t)ptr;
+            } else if (st->tensor_type != NULL && type == st->tensor_type) {
                 frameworks |= 1;
                 if (st->dtypes[i] != NULL) {
                     PyObject* dt = get_descr(st->t_dtype, a, s_dtype);
@@ -398,7 +493,9 @@ static PyObject* Launcher_vectorcall(PyObject* op, PyObject* const* args, size_t
         if (c != dev) return slow_path(self, args, nargs);
     }
     void* stream = self->stream;
-    if (self->default_stream) {
+    if (self->default_stream && frameworks == 1 && st->t_stream != NULL) {
+        if (st->t_stream((int32_t)dev, &stream) != 0) return slow_path(self, args, nargs);
+    } else if (self->default_stream) {
         PyObject* r;
         if (frameworks == 1) {
             PyObject* d = PyLong_FromLong(dev);
@@ -463,7 +560,100 @@ static PyObject* Launcher_new(PyTypeObject* type, PyObject* args, PyObject* kw) 
 
 static PyTypeObject LauncherType = {PyVarObject_HEAD_INIT(NULL, 0)};
 
-static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_cuforge_fastlaunch", NULL, -1, NULL};
+/* Subscript(attr, slow): a class's __getitem__ that looks the key up in the instance's dict
+   attribute `attr` (Kernel._configs: launch configuration -> launcher) and returns the hit
+   without running Python code; a miss (or an unhashable key) calls slow(obj, key). A method
+   descriptor: the type slot calls it with (obj, key), no bound method is made. */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject* attr;
+    PyObject* slow;
+} Subscript;
+
+static int Subscript_traverse(Subscript* self, visitproc visit, void* arg) {
+    Py_VISIT(self->slow);
+    return 0;
+}
+
+static int Subscript_clear(Subscript* self) {
+    Py_CLEAR(self->attr);
+    Py_CLEAR(self->slow);
+    return 0;
+}
+
+static void Subscript_dealloc(Subscript* self) {
+    PyObject_GC_UnTrack(self);
+    Subscript_clear(self);
+    Py_TYPE(self)->tp_free((PyObject*)self);
+}
+
+static PyObject* Subscript_vectorcall(PyObject* op, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+    Subscript* self = (Subscript*)op;
+    if (self->slow == NULL) { PyErr_SetString(PyExc_RuntimeError, "Subscript was cleared"); return NULL; }
+    if (PyVectorcall_NARGS(nargsf) == 2 && kwnames == NULL) {
+        PyObject* d = PyObject_GetAttr(args[0], self->attr);
+        if (d != NULL) {
+            PyObject* r = PyDict_CheckExact(d) ? PyDict_GetItemWithError(d, args[1]) : NULL;
+            Py_XINCREF(r);
+            Py_DECREF(d);
+            if (r != NULL) return r;
+        }
+        if (PyErr_Occurred()) PyErr_Clear();  /* unhashable, no dict: the slow path says */
+    }
+    return PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
+}
+
+static PyObject* Subscript_get(PyObject* self, PyObject* obj, PyObject* type) {
+    if (obj == NULL || obj == Py_None) { Py_INCREF(self); return self; }
+    return PyMethod_New(self, obj);
+}
+
+static PyObject* Subscript_new(PyTypeObject* type, PyObject* args, PyObject* kw) {
+    PyObject *attr, *slow;
+    if (!PyArg_ParseTuple(args, "UO", &attr, &slow)) return NULL;
+    Subscript* self = (Subscript*)type->tp_alloc(type, 0);
+    if (!self) return NULL;
+    self->vectorcall = Subscript_vectorcall;
+    Py_INCREF(attr);
+    PyUnicode_InternInPlace(&attr);
+    self->attr = attr;
+    Py_INCREF(slow); self->slow = slow;
+    return (PyObject*)self;
+}
+
+static PyTypeObject SubscriptType = {PyVarObject_HEAD_INIT(NULL, 0)};
+
+/* torch_abi_probe(offset, fns, obj) -> (dtype, device_type, device_index, contiguous, data_ptr)
+   as the launcher reads them; fastpath.torch_abi() compares them with the tensor's methods */
+static PyObject* torch_abi_probe(PyObject* mod, PyObject* args) {
+    Py_ssize_t off;
+    PyObject *fns, *obj;
+    if (!PyArg_ParseTuple(args, "nOO", &off, &fns, &obj)) return NULL;
+    t_i32_t f[5];
+    if (abi_fns(fns, f) < 0) return NULL;
+    if (off < (Py_ssize_t)sizeof(PyObject) ||
+        (Py_TYPE(obj)->tp_itemsize == 0 && off + (Py_ssize_t)sizeof(void*) > Py_TYPE(obj)->tp_basicsize)) {
+        PyErr_SetString(PyExc_ValueError, "torch_abi_probe: the offset is outside the object");
+        return NULL;
+    }
+    void* h = (char*)obj + off;
+    int32_t dt, ty, ix;
+    _Bool c;
+    void* p;
+    if (f[0](h, &dt) || f[1](h, &ty) || f[2](h, &ix) || ((t_bool_t)f[3])(h, &c) || ((t_ptr_t)f[4])(h, &p)) {
+        PyErr_SetString(PyExc_RuntimeError, "a torch shim call failed");
+        return NULL;
+    }
+    return Py_BuildValue("iiiOK", (int)dt, (int)ty, (int)ix, c ? Py_True : Py_False,
+                         (unsigned long long)(uintptr_t)p);
+}
+
+static PyMethodDef mod_methods[] = {
+    {"torch_abi_probe", torch_abi_probe, METH_VARARGS, "read a tensor through torch's C shim"},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "_cuforge_fastlaunch", NULL, -1, mod_methods};
 
 PyMODINIT_FUNC PyInit__cuforge_fastlaunch(void) {
     s_dtype = PyUnicode_InternFromString("dtype");
@@ -489,12 +679,27 @@ PyMODINIT_FUNC PyInit__cuforge_fastlaunch(void) {
     LauncherType.tp_call = PyVectorcall_Call;
     LauncherType.tp_new = Launcher_new;
     LauncherType.tp_dealloc = (destructor)Launcher_dealloc;
-    if (PyType_Ready(&StateType) < 0 || PyType_Ready(&LauncherType) < 0) return NULL;
+    SubscriptType.tp_name = "_cuforge_fastlaunch.Subscript";
+    SubscriptType.tp_basicsize = sizeof(Subscript);
+    SubscriptType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_HAVE_GC |
+                             Py_TPFLAGS_METHOD_DESCRIPTOR;
+    SubscriptType.tp_traverse = (traverseproc)Subscript_traverse;
+    SubscriptType.tp_clear = (inquiry)Subscript_clear;
+    SubscriptType.tp_vectorcall_offset = offsetof(Subscript, vectorcall);
+    SubscriptType.tp_call = PyVectorcall_Call;
+    SubscriptType.tp_descr_get = Subscript_get;
+    SubscriptType.tp_new = Subscript_new;
+    SubscriptType.tp_dealloc = (destructor)Subscript_dealloc;
+    if (PyType_Ready(&StateType) < 0 || PyType_Ready(&LauncherType) < 0 ||
+        PyType_Ready(&SubscriptType) < 0)
+        return NULL;
     PyObject* m = PyModule_Create(&moddef);
     if (!m) return NULL;
     Py_INCREF(&StateType);
     Py_INCREF(&LauncherType);
     PyModule_AddObject(m, "State", (PyObject*)&StateType);
     PyModule_AddObject(m, "Launcher", (PyObject*)&LauncherType);
+    Py_INCREF(&SubscriptType);
+    PyModule_AddObject(m, "Subscript", (PyObject*)&SubscriptType);
     return m;
 }

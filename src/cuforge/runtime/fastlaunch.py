@@ -1,4 +1,4 @@
-"""The optional C fast path: a ~500-line CPython extension, installed with cuforge or built
+"""The optional C fast path: a ~700-line CPython extension, installed with cuforge or built
 once per machine.
 
 Pure Python tops out near 1.35-1.45x a raw pre-packed ``cuLaunchKernel`` (through
@@ -10,6 +10,16 @@ dtype identity, ``is_contiguous()``, ``get_device()``, ``data_ptr()`` (for CuPy 
 packing into the kernel's argument buffer, the framework's current stream,
 ``cuLaunchKernel`` -- in C (1.03-1.04x the raw anchor, measured), holding the GIL from the
 first write to the buffer until the driver returns (so every thread may use it).
+
+Torch tensors are read without calling their methods where torch allows it
+(:func:`cuforge.runtime.fastpath.torch_abi`): torch's stable C shim
+(``aoti_torch_get_dtype`` / ``_get_device_type`` / ``_get_device_index`` /
+``_is_contiguous`` / ``_get_data_ptr``, exported by libtorch) on the ``at::Tensor`` inside
+the tensor object, and the current stream through ``aoti_torch_get_current_cuda_stream``.
+The tensor object's layout is checked once per process (its size, and the shim's reads of a
+few tensors against their methods); anything else keeps the method calls. ``k[grid,
+block]`` itself is a C method descriptor (``Subscript``): a hit in the kernel's launcher
+cache runs no Python code.
 
 Anything it does not handle exactly (another argument type, a failed check, an error)
 goes to the Python general path, which checks again and names the wrong argument.

@@ -303,8 +303,10 @@ def c_kind(p) -> int:
     return KINDS["ptr" if p.kind == "pointer" else p.code]
 
 
-def enable_torch(state, torch, params: list) -> None:
-    """Let the C launcher take torch tensors (exact ``torch.Tensor``, declared dtype)."""
+def enable_torch(state, torch, params: list, module=None) -> None:
+    """Let the C launcher take torch tensors (exact ``torch.Tensor``, declared dtype): read
+    through torch's C shim when :func:`torch_abi` vouches for it (``module``: the C launcher
+    module, default the loaded one), else through the tensor's methods."""
     t = torch.Tensor
     state.set_torch(
         t,
@@ -316,6 +318,120 @@ def enable_torch(state, torch, params: list) -> None:
         t.get_device,
         t.data_ptr,
     )
+    if module is None:
+        from cuforge.runtime import fastlaunch
+
+        module = fastlaunch.load()
+    abi = torch_abi(module, torch) if use_torch_abi and module is not None else None
+    if abi is not None:
+        offset, fns, cuda, dtype_code = abi
+        dtypes = [
+            argmod.torch_dtype_for(p.code, torch) if p.kind == "pointer" else None for p in params
+        ]
+        state.set_torch_abi(
+            offset, fns, cuda, [-1 if dt is None else dtype_code(dt) for dt in dtypes]
+        )
+        stream = _abi.get("stream")
+        if stream is None:
+            stream = _abi["stream"] = torch_stream_shim(torch)
+        if stream:
+            state.set_torch_stream(stream)
+
+
+#: Test and bench hook: False keeps torch tensors on the method calls (read once per kernel)
+use_torch_abi = True
+_abi: dict = {}
+
+
+def torch_abi(module, torch):
+    """How the C launcher reads torch tensors without calling their methods, or None.
+
+    ``(offset, fns, cuda_code, dtype_code)``: the ``at::Tensor`` of a tensor object lives at
+    ``offset`` (``THPVariable.cdata``, right after the object header); ``fns`` are the
+    addresses of torch's stable C shim (``aoti_torch_get_dtype``, ``_get_device_type``,
+    ``_get_device_index``, ``_is_contiguous``, ``_get_data_ptr``, exported by libtorch_cpu);
+    ``cuda_code`` is the shim's CUDA device type; ``dtype_code(dtype)`` the shim's code of a
+    torch dtype.
+
+    Used only when ``torch._C.TensorBase`` has exactly the size of that layout (header +
+    ``cdata`` + two hook pointers) and the shim reads, for a few CPU tensors (a plain one,
+    a transposed view, an offset view, other dtypes), exactly what ``dtype``,
+    ``get_device()``, ``is_contiguous()`` and ``data_ptr()`` say. Checked once per process;
+    :data:`_abi` keeps the answer (``"why"``: why not, when not)."""
+    key = (id(module), id(torch))
+    if key in _abi:
+        return _abi[key]
+    found = None
+    try:
+        found = _torch_abi(module, torch)
+    except (OSError, AttributeError, ValueError, RuntimeError, TypeError) as exc:
+        _abi["why"] = f"{type(exc).__name__}: {exc}"
+    _abi[key] = found
+    return found
+
+
+def _torch_abi(module, torch):
+    import os
+
+    word = ctypes.sizeof(c_void_p)
+    offset = object.__basicsize__
+    base = torch._C.TensorBase
+    if base.__basicsize__ != offset + 3 * word or base.__itemsize__:
+        _abi["why"] = f"torch._C.TensorBase is {base.__basicsize__} bytes, not the known layout"
+        return None
+    lib = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
+    names = ("dtype", "device_type", "device_index", "is_contiguous", "data_ptr")
+    fns = tuple(
+        ctypes.cast(
+            getattr(lib, f"aoti_torch_{'get_' if n != 'is_contiguous' else ''}{n}"), c_void_p
+        ).value
+        for n in names
+    )
+
+    def code(name: str) -> int:
+        f = getattr(lib, f"aoti_torch_{name}")
+        f.restype, f.argtypes = ctypes.c_int32, []
+        return f()
+
+    cuda, cpu = code("device_type_cuda"), code("device_type_cpu")
+    codes: dict = {}
+    m = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    samples = [m, m.t(), m[1:], m[:, 2:], torch.zeros(3, dtype=torch.float16), torch.ones(0)]
+    samples += [torch.zeros(5, dtype=dt) for dt in (torch.int64, torch.int8, torch.float64)]
+    for t in samples:
+        dt, ty, ix, contiguous, ptr = module.torch_abi_probe(offset, fns, t)
+        if codes.setdefault(t.dtype, dt) != dt or list(codes.values()).count(dt) != 1:
+            raise ValueError(f"the shim's dtype codes disagree for {t.dtype}")
+        if (ty, ix, contiguous, ptr) != (cpu, t.get_device(), t.is_contiguous(), t.data_ptr()):
+            raise ValueError(
+                f"the shim reads {(ty, ix, contiguous, ptr)} for a tensor whose methods say "
+                f"{(cpu, t.get_device(), t.is_contiguous(), t.data_ptr())}"
+            )
+
+    def dtype_code(dtype) -> int:
+        c = codes.get(dtype)
+        if c is None:
+            c = codes[dtype] = module.torch_abi_probe(offset, fns, torch.empty(0, dtype=dtype))[0]
+        return c
+
+    return offset, fns, cuda, dtype_code
+
+
+def torch_stream_shim(torch) -> int:
+    """The address of ``aoti_torch_get_current_cuda_stream`` (torch's stable C shim, in
+    libtorch_cuda: ``at::cuda::getCurrentCUDAStream(device)``, what
+    ``torch._C._cuda_getCurrentRawStream`` returns), or 0 (a CPU-only torch, another
+    platform): then the C launcher calls the Python getter."""
+    import os
+
+    path = os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cuda.so")
+    if not os.path.exists(path):
+        return 0
+    try:
+        lib = ctypes.CDLL(path)
+        return ctypes.cast(lib.aoti_torch_get_current_cuda_stream, c_void_p).value or 0
+    except (OSError, AttributeError):
+        return 0
 
 
 def enable_cupy(state, cupy, params: list) -> None:

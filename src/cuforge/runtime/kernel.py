@@ -271,8 +271,11 @@ class Kernel:
             self._state, self._state_layout = state, self._layout
             self._state_frameworks = set()
             self._launcher_type = module.Launcher
+            if not isinstance(Kernel.__dict__["__getitem__"], module.Subscript):
+                # k[grid, block] on a hit: a dict lookup in C (a miss: _getitem, as before)
+                Kernel.__getitem__ = module.Subscript("_configs", Kernel._getitem)
         if torch is not None and "torch" not in self._state_frameworks:
-            fastpath.enable_torch(state, torch, self.params)
+            fastpath.enable_torch(state, torch, self.params, module)
             self._state_frameworks.add("torch")
         if cupy is not None and "cupy" not in self._state_frameworks:
             fastpath.enable_cupy(state, cupy, self.params)
@@ -320,6 +323,11 @@ class Kernel:
         return functools.partial(self._fast, cfg)
 
     def __getitem__(self, key):
+        # replaced by the C launcher's Subscript (same lookup, no Python frame) once that is
+        # loaded: see _build_c_fast
+        return self._getitem(key)
+
+    def _getitem(self, key):
         try:
             return self._configs[key]
         except KeyError:
