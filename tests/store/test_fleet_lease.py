@@ -89,7 +89,6 @@ def test_sixteen_machines_one_redis_one_compile(tmp_path, redis_server):
     # the lease was released after the entry was published
     client = redis_server.client()
     assert list(client.scan_iter(match="cuforge:*lease:*")) == []
-    assert int(client.get(f"cuforge:{namespace()}:lease-token")) >= 1
 
 
 def test_sixteen_machines_one_shared_dir_one_compile(tmp_path):

@@ -3,8 +3,8 @@
 :func:`cuforge.store.single_flight.single_flight` serialises the builds of one key among
 the threads and processes sharing a cache dir. Machines do not share a dir; they share a
 remote. Under the local lock, :meth:`cuforge.Cache.build_once` asks the first remote tier
-that supports build leases (``redis://``: ``SET NX PX`` with a fencing token from
-``INCR``; ``file://``: an ``O_EXCL`` lease file with an expiry) for the lease of the key:
+that supports build leases (``redis://``: ``SET NX PX`` with a random token that
+renew and release check; ``file://``: an ``O_EXCL`` lease file with an expiry) for the lease of the key:
 
 * taken: this process builds, renewing the lease every third of its TTL while it does,
   publishes the entry, then releases the lease;

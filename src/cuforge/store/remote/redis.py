@@ -252,24 +252,24 @@ class RedisBackend(RemoteBackend):
         return f"{self._prefix}lease:{kind}:{key}"
 
     def lease(self, kind: str, key: str, ttl: float, holder: str) -> tuple[int | None, str]:
-        """``INCR`` the namespace's fencing counter, then ``SET lease:<kind>:<key> "<token>
-        <holder>" NX PX <ttl>`` (and ``GET`` it, in the same round trip): Redis expires
-        a dead holder's lease by itself."""
+        """``SET lease:<kind>:<key> "<token> <holder>" NX PX <ttl>`` (and ``GET`` it, in the
+        same round trip): Redis expires a dead holder's lease by itself. The token is 56
+        random bits, which the renew and release scripts compare: only the holder can
+        extend or drop its lease. (No shared counter: a value anyone can overwrite, e.g.
+        with garbage, must not be able to stop every lease.)"""
         name = self._lease_key(kind, key)
-        counter = f"{self._prefix}lease-token"
         px = max(1, int(ttl * 1000))
+        token = int.from_bytes(os.urandom(7), "big") or 1
+        value = f"{token} {holder}"
 
         def work(conn):
-            conn.send_command("INCR", counter)
-            token = conn.read_response()
-            value = f"{token} {holder}"
             conn.send_packed_command(
                 conn.pack_commands([("SET", name, value, "NX", "PX", px), ("GET", name)])
             )
             taken = conn.read_response()
             current = conn.read_response()
             if taken:
-                return int(token), holder
+                return token, holder
             text = current.decode("utf-8", "replace") if isinstance(current, bytes) else ""
             return None, text.partition(" ")[2]
 
