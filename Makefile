@@ -1,7 +1,9 @@
 # cuforge: the two commands a fresh machine needs.
 #   make demo   create or reuse .venv, install cuforge, run the main job
 #   make test   create or reuse .venv, install cuforge with its test extras, run ruff and pytest
-#   make test-fast   the same without the slow tests (PyTorch extension builds): the edit loop
+#   make test-integrations   the integrations with heavy systems (torch builds, CuTe DSL,
+#                    cuda.compute, Ray, Triton): CI runs it after make test
+#   make test-fast   make test without the slow tests: the edit loop
 #   make test-cu12   NVRTC 12 from pip wheels, in a second venv (.venv-cu12, cuforge[cu12])
 #   make test-jax    jax[cpu] in its own folder (.jax-site, pip --target), tests/jax_adapter only
 #   make test-s3     s3:// against a real S3 server (moto), boto3 + moto[server] in .venv-s3
@@ -10,7 +12,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: demo test test-fast test-cu12 test-jax test-s3 lint format bench clean
+.PHONY: demo test test-integrations test-fast test-cu12 test-jax test-s3 lint format bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -30,15 +32,24 @@ $(VENV)/.installed-test: $(BUILD_INPUTS) | $(PY)
 demo: $(VENV)/.installed
 	$(PY) -m cuforge.demo
 
+# The integrations whose tests drive heavy systems (PyTorch extension builds and
+# torch.compile, the CuTe DSL, cuda.compute, Ray, Triton) have their own target, which
+# .ci/run calls after `make test`: the edit loop stays fast, CI still runs them all.
+INTEGRATION_TESTS := tests/torch tests/cute tests/cccl tests/triton_cache \
+	tests/aot/test_ray_executor.py tests/aot/test_python_entries.py tests/aot/test_extension.py
+
 test: $(VENV)/.installed-test
 	$(PY) -m ruff check setup.py src tests bench
 	$(PY) -m ruff format --check setup.py src tests bench
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(addprefix --ignore=,$(INTEGRATION_TESTS)) $(PYTEST_ARGS)
+
+test-integrations: $(VENV)/.installed-test
+	$(PY) -m pytest -q $(INTEGRATION_TESTS) $(PYTEST_ARGS)
 
 test-fast: $(VENV)/.installed-test
 	$(PY) -m ruff check setup.py src tests bench
 	$(PY) -m ruff format --check setup.py src tests bench
-	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not slow" $(addprefix --ignore=,$(INTEGRATION_TESTS)) $(PYTEST_ARGS)
 
 # CUDA 12: cuforge[cu12] (cuda-bindings 12, NVRTC 12 and its header wheels) in its own venv;
 # tests/test_cuda12.py hides the CUDA 13 toolkit from discovery. The wheels download once.
