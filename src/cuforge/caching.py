@@ -308,7 +308,7 @@ class Cache:
             if problem is None:
                 from cuforge.store.disk import DiskStore
 
-                disk = DiskStore(self.directory, self.max_bytes, telemetry=self.telemetry)
+                disk = DiskStore(self.layout, self.max_bytes, telemetry=self.telemetry)
                 tiers.append(disk)
                 disk_root = disk.root
             else:
@@ -661,9 +661,19 @@ def _describe(remote: object) -> str:
     return getattr(remote, "tier", type(remote).__name__)
 
 
+# caches rebuilt from their arguments in this process (a build worker is sent the same
+# cache with every task: it opens its tiers, and reads the disk tier's journal, once)
+_rebuilt: dict[tuple, Cache] = {}
+
+
 def _rebuild(args: dict) -> Cache:
-    args = dict(args)
-    return Cache(args.pop("directory"), **args)
+    key = tuple(sorted((name, os.fspath(v) if isinstance(v, os.PathLike) else v)
+                       for name, v in args.items()))  # fmt: skip
+    cache = _rebuilt.get(key)
+    if cache is None:
+        rest = dict(args)
+        cache = _rebuilt[key] = Cache(rest.pop("directory"), **rest)
+    return cache
 
 
 # ---------------------------------------------------------------------- the default cache

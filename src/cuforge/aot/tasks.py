@@ -132,7 +132,18 @@ def task_cache(cache: Cache | None, root: str, **changes: Any) -> Cache:
     cache = resolve(cache)
     if cache.base_dir is None:
         changes.setdefault("base_dir", root)
-    return cache.replace(**changes) if changes else cache
+    if not changes:
+        return cache
+    if "directory" in changes:  # a private dir per task: nothing to share
+        return cache.replace(**changes)
+    # one variant per (root, changes), kept by the cache: the tasks of a build share its
+    # tiers (one journal read, one memory tier) instead of opening them once per task
+    memo = cache.memo("aot.task_caches")
+    key = (root, tuple(sorted(changes.items())))
+    found = memo.get(key)
+    if found is None:
+        found = memo[key] = cache.replace(**changes)
+    return found
 
 
 def run_task(
