@@ -150,6 +150,61 @@ def _listed(value: Any) -> list[str]:
     return [os.fspath(v) for v in value]
 
 
+#: files that name the release of a system header root (CCCL, the CUDA runtime headers):
+#: such a root is identified by these files' contents, not hashed file by file
+_VERSION_FILES = (
+    "cuda/std/__cccl/version.h",
+    "cub/version.cuh",
+    "thrust/version.h",
+    "cuda_runtime_api.h",
+)
+#: path parts of an installed Python package (a header wheel: cuda-cccl, nvidia-*)
+_PACKAGE_PARTS = ("site-packages", "dist-packages")
+#: header_digest's per-process memo: (code, where NVRTC looks) -> a scan still to re-check
+_SCAN_MEMO_MAX = 256
+_scan_memo: dict[tuple, _Scanned] = {}
+
+
+class _Scanned:
+    """One :func:`header_digest` result and what it depends on: the user headers' digests,
+    the paths whose appearance would change an include's resolution, and the version
+    files of the system roots."""
+
+    __slots__ = ("digests", "probes", "result")
+
+    def __init__(self, digests: dict[str, str], probes: list[str], result: bytes) -> None:
+        self.digests, self.probes, self.result = digests, probes, result
+
+    def holds(self) -> bool:
+        """True when re-scanning would give the same digest: every file has the digest it
+        had (one ``stat`` each while unchanged) and no probe exists now."""
+        for path, digest in self.digests.items():
+            if file_digest(path) != digest:
+                return False
+        return not any(os.path.lexists(p) for p in self.probes)
+
+
+def _system_identity(directory: str, toolkit: Sequence[str]) -> dict[str, str] | None:
+    """``{version file: path}`` of ``directory`` when it is a *system* header root: inside
+    the CUDA toolkit (:func:`cuforge.toolchain.locate.toolkit_include_dirs`, the toolkit
+    root) or inside an installed Python package (``site-packages``), and holding at least
+    one of :data:`_VERSION_FILES`. Headers under it are then identified by those files
+    (their releases), not hashed one by one -- the kernel pipeline's rule for the toolkit.
+    None: a user directory (every header read from it is hashed)."""
+    parts = directory.split(os.sep)
+    inside = any(part in _PACKAGE_PARTS for part in parts) or any(
+        directory == r or directory.startswith(r.rstrip(os.sep) + os.sep) for r in toolkit
+    )
+    if not inside:
+        return None
+    found = {}
+    for name in _VERSION_FILES:
+        path = os.path.join(directory, name)
+        if os.path.isfile(path):
+            found[name] = path
+    return found or None
+
+
 def header_digest(
     code: str, options: ProgramOptions, *, cwd: str | None = None
 ) -> tuple[bytes | None, str | None]:
@@ -157,7 +212,13 @@ def header_digest(
     NVRTC looks for them (the directory of ``options.name`` -- the working directory for a
     name without one --, then ``options.include_path``; ``options.pre_include`` first),
     by content: paths do not enter it, so the same headers in another checkout hit.
-    ``(None, reason)`` when the compile cannot be keyed."""
+    An include directory of the CUDA toolkit or of an installed package (CCCL's headers,
+    ``nvidia-*`` header wheels) that holds a release's version file is a *system* root:
+    its headers are not followed or hashed, its version files' contents enter the digest
+    instead. ``(None, reason)`` when the compile cannot be keyed.
+
+    Memoized per process: a repeat re-checks each user header with one ``stat`` and each
+    path that would change an include's resolution with one ``lstat``."""
     for opt in _PCH_OPTIONS:
         if getattr(options, opt, None):
             return (
@@ -168,25 +229,60 @@ def header_digest(
     name_dir = os.path.dirname(options.name or "")
     source_dir = os.path.join(base, name_dir) if name_dir else base
     include_dirs = [os.path.join(base, d) for d in _listed(options.include_path)]
+    pre_includes = _listed(getattr(options, "pre_include", None))
+    memo_key = (code, source_dir, tuple(include_dirs), tuple(pre_includes), base)
+    known = _scan_memo.get(memo_key)
+    if known is not None and known.holds():
+        return known.result, None
+    toolkit: list[str] = []
+    if include_dirs:
+        from cuforge.toolchain.locate import toolkit_include_dirs, toolkit_root
+
+        root = toolkit_root()
+        toolkit = [*toolkit_include_dirs(), *([root] if root else [])]
+    user_dirs, system_dirs, identities = [], [], []
+    for i, d in enumerate(include_dirs):
+        ident = _system_identity(d, toolkit)
+        if ident is None:
+            user_dirs.append(d)
+        else:
+            system_dirs.append(d)
+            identities.append((i, ident))
     scan = scan_includes(
         code,
         source_dir=source_dir,
-        include_dirs=include_dirs,
-        pre_includes=_listed(getattr(options, "pre_include", None)),
+        include_dirs=user_dirs,
+        system_dirs=system_dirs,
+        pre_includes=pre_includes,
     )
     if scan.uncacheable:
         return None, scan.uncacheable
     h = hashlib.sha256(b"cuforge-cuda-core-headers\0")
+    depends: dict[str, str] = {}
     digests = []
     for path in scan.headers:
         digest = file_digest(path)
         if digest is None:
             return None, f"the header {path} cannot be read"
         digests.append(digest)
+        depends[path] = digest
     for digest in sorted(digests):
         h.update(digest.encode() + b"\n")
     h.update(b"unresolved\0" + "\0".join(sorted(scan.unresolved)).encode())
-    return h.digest(), None
+    for i, ident in identities:
+        # the position in include_path and the release, not the path: another checkout or
+        # virtualenv with the same releases hits
+        for name, path in ident.items():
+            digest = file_digest(path)
+            if digest is None:
+                return None, f"the header {path} cannot be read"
+            depends[path] = digest
+            h.update(f"system\0{i}\0{name}\0{digest}\n".encode())
+    result = h.digest()
+    if len(_scan_memo) >= _SCAN_MEMO_MAX:
+        _scan_memo.clear()
+    _scan_memo[memo_key] = _Scanned(depends, list(scan.probes), result)
+    return result, None
 
 
 def _load(target_type: str, name: str):

@@ -183,6 +183,76 @@ def test_include_path_headers_are_keyed_where_cuda_core_refuses(cache, nvrtc_cal
     assert len(nvrtc_calls) == 2
 
 
+def _digest(code, include_path, cwd):
+    from cuda.core import ProgramOptions
+
+    from cuforge.cuda_core import header_digest
+
+    digest, why = header_digest(
+        code, ProgramOptions(arch=ARCH, include_path=include_path), cwd=str(cwd)
+    )
+    assert why is None
+    return digest
+
+
+def test_installed_header_roots_are_keyed_by_their_release_not_walked(tmp_path):
+    # an include dir of an installed package (CCCL's wheel) holding a release's version
+    # file is a system root: its headers are not followed or hashed (CCCL's ~430 headers
+    # cost ~0.25 s to scan in a fresh process); its version file is
+    user = tmp_path / "inc"
+    user.mkdir()
+    (user / "val.h").write_text("#define VAL 1\n")
+    root = tmp_path / "venv" / "site-packages" / "cuda" / "include"
+    (root / "cub").mkdir(parents=True)
+    (root / "cub" / "version.cuh").write_text("#define CUB_VERSION 300100\n")
+    (root / "cub" / "block.cuh").write_text('#include "detail.cuh"\n')
+    (root / "cub" / "detail.cuh").write_text("// detail\n")
+    code = '#include "val.h"\n#include <cub/block.cuh>\n' + TEMPLATE
+    dirs = [str(user), str(root)]
+    first = _digest(code, dirs, tmp_path)
+    (root / "cub" / "detail.cuh").write_text("// an edit inside the release: not looked at\n")
+    assert _digest(code, dirs, tmp_path) == first
+    (root / "cub" / "version.cuh").write_text("#define CUB_VERSION 300200\n")  # an upgrade
+    upgraded = _digest(code, dirs, tmp_path)
+    assert upgraded != first
+    (user / "val.h").write_text("#define VAL 2\n")  # a user header: by content
+    assert _digest(code, dirs, tmp_path) not in (first, upgraded)
+    # the same layout elsewhere (another checkout, another venv) hits: no paths in the key
+    other = tmp_path / "other"
+    import shutil
+
+    shutil.copytree(tmp_path / "inc", other / "inc")
+    shutil.copytree(tmp_path / "venv", other / "venv")
+    moved = [str(other / "inc"), str(other / "venv" / "site-packages" / "cuda" / "include")]
+    assert _digest(code, moved, other) == _digest(code, dirs, tmp_path)
+    # a directory outside the toolkit and installed packages is a user dir, even with a
+    # version file: every header it gives is hashed
+    vendored = tmp_path / "vendored"
+    shutil.copytree(root, vendored)
+    before = _digest(code, [str(user), str(vendored)], tmp_path)
+    (vendored / "cub" / "detail.cuh").write_text("// a vendored edit\n")
+    assert _digest(code, [str(user), str(vendored)], tmp_path) != before
+
+
+def test_repeated_digest_sees_a_shadowing_header_and_a_nested_edit(tmp_path):
+    # header_digest is memoized per process; the memo re-checks the headers it read and
+    # the paths whose appearance would change what an include finds
+    first_dir, second_dir = tmp_path / "a", tmp_path / "b"
+    first_dir.mkdir()
+    second_dir.mkdir()
+    (second_dir / "val.h").write_text('#include "more.h"\n')
+    (second_dir / "more.h").write_text("#define VAL 1\n")
+    dirs = [str(first_dir), str(second_dir)]
+    d1 = _digest(TEMPLATE, dirs, tmp_path)
+    assert _digest(TEMPLATE, dirs, tmp_path) == d1
+    (second_dir / "more.h").write_text("#define VAL 2\n")  # a header's header
+    d2 = _digest(TEMPLATE, dirs, tmp_path)
+    assert d2 != d1
+    (first_dir / "val.h").write_text("#define VAL 3\n")  # now found first: shadows b/val.h
+    d3 = _digest(TEMPLATE, dirs, tmp_path)
+    assert d3 not in (d1, d2)
+
+
 def test_pch_options_compile_uncached(cache, nvrtc_calls, tmp_path, caplog):
     from cuda.core import ProgramOptions
 
