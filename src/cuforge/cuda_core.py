@@ -191,9 +191,10 @@ def _system_identity(directory: str, toolkit: Sequence[str]) -> dict[str, str] |
     one of :data:`_VERSION_FILES`. Headers under it are then identified by those files
     (their releases), not hashed one by one -- the kernel pipeline's rule for the toolkit.
     None: a user directory (every header read from it is hashed)."""
-    parts = directory.split(os.sep)
+    real = os.path.realpath(directory)  # /usr/local/cuda/include -> /usr/local/cuda-13.0/...
+    parts = real.split(os.sep)
     inside = any(part in _PACKAGE_PARTS for part in parts) or any(
-        directory == r or directory.startswith(r.rstrip(os.sep) + os.sep) for r in toolkit
+        real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in toolkit
     )
     if not inside:
         return None
