@@ -1029,6 +1029,76 @@ def test_explain_remote_names_the_field_that_differs(tmp_path):
     assert "no entry named 'gemm'" in near["problem"], near
 
 
+def _remote_with_three(tmp_path, url: str) -> str:
+    """A writer fills ``url`` (the nearest entry differs from the miss in its arch alone);
+    returns the cache dir of a reader whose last build of "gemm" missed."""
+    writer = cuforge.Cache(str(tmp_path / "ci"), remotes=[url], memory=False)
+    _blob(writer, _FIELDS)
+    _blob(writer, {**_FIELDS, "arch": "sm_80", "dsl": "4.7.0"})
+    _blob(writer, {**_FIELDS, "arch": "sm_100a"}, name="other")
+    local = str(tmp_path / "dev")
+    _blob(cuforge.Cache(local, memory=False), {**_FIELDS, "arch": "sm_90"})
+    return local
+
+
+def test_explain_remote_lists_redis_by_scan(tmp_path, redis_server, monkeypatch):
+    """Redis keeps no index of names: explain --remote SCANs the namespace (no push index
+    needed), capped at SCAN_LIMIT keys, and says when the cap stopped it."""
+    from cuforge.cli.cache import _remote_entries
+    from cuforge.store.remote import redis as redis_backend
+    from cuforge.store.remote import sync
+    from tests.cli.conftest import Cli
+
+    local = _remote_with_three(tmp_path, redis_server.url)
+    doc = Cli(local).json("cache", "explain", "--remote", redis_server.url)
+    (near,) = doc["misses"][0]["nearest"]
+    assert near["problem"] is None and near["note"] is None, near
+    assert near["differs"] == ["arch sm_90a -> sm_90"], near
+
+    (remote,) = sync.open_targets([redis_server.url])
+    label, entries, problem, note = _remote_entries(remote)
+    assert problem is None and note is None and len(entries) == 3, (problem, note, entries)
+    redis_server.client().set(b"cuforge:other-ns:cute:" + b"a" * 64, b"x")  # another namespace
+    redis_server.client().set(b"cuforge:default:lease:cute:" + b"a" * 64, b"1 x")  # a lease
+    assert len(remote.backend.scan_keys()[0]) == 3
+    monkeypatch.setattr(redis_backend, "SCAN_LIMIT", 1)
+    label, entries, problem, note = _remote_entries(remote)
+    assert problem is None and "stopped after" in note and len(entries) < 3, (note, entries)
+
+
+def test_explain_remote_on_http_reads_the_push_index_and_says_so(tmp_path, nginx_server):
+    """HTTP has no listing: explain --remote reads the push index, and says so."""
+    import hashlib
+
+    from cuforge.explain import fields_of, recent_misses
+    from cuforge.store.base import Entry
+    from cuforge.store.remote import sync
+    from tests.cli.conftest import Cli
+
+    local = str(tmp_path / "dev")
+    _blob(cuforge.Cache(local, memory=False), {**_FIELDS, "arch": "sm_90"})  # a miss
+    (miss,) = recent_misses(local)
+    recorded = fields_of(local, "gemm", miss["key"])
+    # kernels pushed by `cuforge cache push` (its index lists the kinds it copies)
+    (remote,) = sync.open_targets([nginx_server.url])
+    pairs = []
+    for name, over in (("gemm", {"arch": "sm_90a"}), ("gemm", {"arch": "sm_80", "dsl": "x"}),
+                       ("other", {})):  # fmt: skip
+        fields = {**recorded, **over}
+        key = hashlib.sha256(repr((name, fields)).encode()).hexdigest()
+        meta = {"name": name, "key_fields": fields, "backend": "nvrtc", "output": "cubin"}
+        assert remote.put(Entry(key, "kernel", b"cubin", meta)) is not False
+        pairs.append(("kernel", key))
+    assert sync._write_index(remote, sync.DEFAULT_INDEX, pairs)
+
+    doc = Cli(local).json("cache", "explain", "--remote", nginx_server.url)
+    (near,) = doc["misses"][0]["nearest"]
+    assert near["differs"] == ["arch sm_90a -> sm_90"], near
+    assert "HTTP has no listing" in near["note"], near
+    text = Cli(local)("cache", "explain", "--remote", nginx_server.url).stdout
+    assert "push index" in text, text
+
+
 # ---------------------------------------------------------------- stable, for any kind
 
 _STABLE_HARNESS = """
