@@ -12,13 +12,22 @@ the generated code changes the key).
   :data:`PERTURBATIONS` (hash seed, HOME / XDG dirs, venv prefix, checkout path and cwd,
   build order, host name and pid, cache dir) give the same keys as a baseline process.
 
-Needs NVRTC (the cuda-toolkit wheels of the test extra): skips without it.
+The same design covers the other kinds, one table each: the Python fingerprint rules
+(:data:`FINGERPRINT_RULES`), cute, cccl, cuda.core's header digest, JAX and CuPy (their
+entry keys are pure functions of the framework's own key; no JAX or CuPy needed),
+Triton (:data:`TRITON_MUTATIONS`: Triton's own key as ``triton.compile`` computes it, no
+compile) and torch extensions (tests/torch/test_key_certification_torch.py, run by
+``make test-integrations``: it imports torch in every fresh process). :func:`check_stable`
+runs any kind's keys under every perturbation.
+
+The kernel rows need NVRTC (the cuda-toolkit wheels of the test extra): they skip without it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -1018,3 +1027,466 @@ def test_explain_remote_names_the_field_that_differs(tmp_path):
         "nearest"
     ]
     assert "no entry named 'gemm'" in near["problem"], near
+
+
+def _remote_with_three(tmp_path, url: str) -> str:
+    """A writer fills ``url`` (the nearest entry differs from the miss in its arch alone);
+    returns the cache dir of a reader whose last build of "gemm" missed."""
+    writer = cuforge.Cache(str(tmp_path / "ci"), remotes=[url], memory=False)
+    _blob(writer, _FIELDS)
+    _blob(writer, {**_FIELDS, "arch": "sm_80", "dsl": "4.7.0"})
+    _blob(writer, {**_FIELDS, "arch": "sm_100a"}, name="other")
+    local = str(tmp_path / "dev")
+    _blob(cuforge.Cache(local, memory=False), {**_FIELDS, "arch": "sm_90"})
+    return local
+
+
+def test_explain_remote_lists_redis_by_scan(tmp_path, redis_server, monkeypatch):
+    """Redis keeps no index of names: explain --remote SCANs the namespace (no push index
+    needed), capped at SCAN_LIMIT keys, and says when the cap stopped it."""
+    from cuforge.cli.cache import _remote_entries
+    from cuforge.store.remote import redis as redis_backend
+    from cuforge.store.remote import sync
+    from tests.cli.conftest import Cli
+
+    local = _remote_with_three(tmp_path, redis_server.url)
+    doc = Cli(local).json("cache", "explain", "--remote", redis_server.url)
+    (near,) = doc["misses"][0]["nearest"]
+    assert near["problem"] is None and near["note"] is None, near
+    assert near["differs"] == ["arch sm_90a -> sm_90"], near
+
+    (remote,) = sync.open_targets([redis_server.url])
+    label, entries, problem, note = _remote_entries(remote)
+    assert problem is None and note is None and len(entries) == 3, (problem, note, entries)
+    redis_server.client().set(b"cuforge:other-ns:cute:" + b"a" * 64, b"x")  # another namespace
+    redis_server.client().set(b"cuforge:default:lease:cute:" + b"a" * 64, b"1 x")  # a lease
+    assert len(remote.backend.scan_keys()[0]) == 3
+    monkeypatch.setattr(redis_backend, "SCAN_LIMIT", 1)
+    label, entries, problem, note = _remote_entries(remote)
+    assert problem is None and "stopped after" in note and len(entries) < 3, (note, entries)
+
+
+def test_explain_remote_on_http_reads_the_push_index_and_says_so(tmp_path, nginx_server):
+    """HTTP has no listing: explain --remote reads the push index, and says so."""
+    import hashlib
+
+    from cuforge.explain import fields_of, recent_misses
+    from cuforge.store.base import Entry
+    from cuforge.store.remote import sync
+    from tests.cli.conftest import Cli
+
+    local = str(tmp_path / "dev")
+    _blob(cuforge.Cache(local, memory=False), {**_FIELDS, "arch": "sm_90"})  # a miss
+    (miss,) = recent_misses(local)
+    recorded = fields_of(local, "gemm", miss["key"])
+    # kernels pushed by `cuforge cache push` (its index lists the kinds it copies)
+    (remote,) = sync.open_targets([nginx_server.url])
+    pairs = []
+    for name, over in (("gemm", {"arch": "sm_90a"}), ("gemm", {"arch": "sm_80", "dsl": "x"}),
+                       ("other", {})):  # fmt: skip
+        fields = {**recorded, **over}
+        key = hashlib.sha256(repr((name, fields)).encode()).hexdigest()
+        meta = {"name": name, "key_fields": fields, "backend": "nvrtc", "output": "cubin"}
+        assert remote.put(Entry(key, "kernel", b"cubin", meta)) is not False
+        pairs.append(("kernel", key))
+    assert sync._write_index(remote, sync.DEFAULT_INDEX, pairs)
+
+    doc = Cli(local).json("cache", "explain", "--remote", nginx_server.url)
+    (near,) = doc["misses"][0]["nearest"]
+    assert near["differs"] == ["arch sm_90a -> sm_90"], near
+    assert "HTTP has no listing" in near["note"], near
+    text = Cli(local)("cache", "explain", "--remote", nginx_server.url).stdout
+    assert "push index" in text, text
+
+
+# ---------------------------------------------------------------- stable, for any kind
+
+_STABLE_HARNESS = """
+import json, os, sys
+ROOT, ORDER = sys.argv[1], sys.argv[2]
+{code}
+LABELS = sorted(KEYS)[::-1] if ORDER == "reversed" else sorted(KEYS)
+print(json.dumps({{label: KEYS[label]() for label in LABELS}}, sort_keys=True))
+"""
+
+
+def check_stable(tmp_path, code: str, files: dict[str, str], *, pythonpath: str = "") -> None:
+    """Run ``code`` in a fresh process under each of :data:`PERTURBATIONS` (all at once)
+    and assert that each gives what a baseline process gives.
+
+    ``code`` defines ``KEYS``: label -> a function returning that input's key (JSON); it
+    reads ``ROOT``, the checkout holding ``files`` (also the cwd), and the harness calls the
+    functions in the order the perturbation asks ("build order" reverses it)."""
+    script = tmp_path / "stable_child.py"
+    script.write_text(_STABLE_HARNESS.format(code=code))
+    alias = tmp_path / "venv-alias"
+    if not alias.exists():
+        alias.symlink_to(sys.prefix)  # the same venv reached through another prefix path
+    homes = {
+        "HOME": str(tmp_path / "home2"),
+        "XDG_CACHE_HOME": str(tmp_path / "xdg-cache"),
+        "XDG_CONFIG_HOME": str(tmp_path / "xdg-config"),
+        "XDG_DATA_HOME": str(tmp_path / "xdg-data"),
+    }
+    hostname_ok = os.geteuid() == 0 and shutil.which("unshare") is not None
+    runs: dict[str, dict[str, Any]] = {
+        "baseline": {},
+        "PYTHONHASHSEED": dict(env={"PYTHONHASHSEED": "12345"}),
+        "HOME and XDG dirs": dict(env=homes),
+        "venv prefix": dict(python=str(alias / "bin" / os.path.basename(sys.executable))),
+        "checkout path and cwd": dict(root=str(tmp_path / "elsewhere" / "clone")),
+        "build order": dict(order="reversed"),
+        "host name and pid": dict(host="other-host") if hostname_ok else {},
+        "cache dir": dict(env={"CUFORGE_CACHE_DIR": str(tmp_path / "cache-other")}),
+    }
+    assert set(runs) - {"baseline"} == set(PERTURBATIONS)
+    for kw in runs.values():  # every checkout is written before any child reads one
+        _materialize(Call(files=files), kw.get("root", str(tmp_path / "checkout")))
+    procs = {}
+    for name, kw in runs.items():
+        root = kw.get("root", str(tmp_path / "checkout"))
+        environ = {k: v for k, v in os.environ.items() if not k.startswith("CUFORGE_")}
+        environ.update(
+            PYTHONPATH=os.pathsep.join(p for p in (SRC, pythonpath) if p),
+            PYTHONHASHSEED="0",
+            CUFORGE_CACHE_DIR=str(tmp_path / "cache-base"),
+        )
+        environ.update(kw.get("env", {}))
+        cmd = [kw.get("python", sys.executable), str(script), root, kw.get("order", "sorted")]
+        if "host" in kw:
+            cmd = [
+                "unshare",
+                "--uts",
+                "sh",
+                "-c",
+                f'hostname {kw["host"]} && exec "$@"',
+                "sh",
+                *cmd,
+            ]
+        procs[name] = subprocess.Popen(
+            cmd, cwd=root, env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+    got = {}
+    for name, proc in procs.items():
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, f"{name}: {err[-2000:]}"
+        got[name] = json.loads(out.strip().splitlines()[-1])
+    base = got.pop("baseline")
+    differ = {name: keys for name, keys in got.items() if keys != base}
+    assert not differ, f"keys changed under {sorted(differ)}: {differ} vs {base}"
+
+
+def _check_key_row(row: BlobMutation, monkeypatch, key: str = "<key>") -> None:
+    """A row of an adapter's table: its field and the entry key ``fields[key]`` differ."""
+    base, mutated = row.fields(monkeypatch)
+    if row.not_here is not None:
+        assert base.get(row.covers), row.not_here
+        return
+    assert mutated is not None, row.what
+    assert row.covers in base or row.covers in mutated, (
+        f"{row.covers!r} is not a key field: {sorted(base)}"
+    )
+    assert base[key] != mutated[key], f"{row.what} did not change the key"
+    assert base.get(row.covers) != mutated.get(row.covers), (
+        f"{row.what} changed the key but not the field {row.covers!r} it should"
+    )
+
+
+def _entry_key_labels(fn: Callable) -> set[str]:
+    """The labels of the field dict an adapter's ``entry_key`` passes to ``make_key``."""
+    import inspect
+
+    return set(re.findall(r'make_key\(KIND, \{"(\w+)":', inspect.getsource(fn)))
+
+
+# ---------------------------------------------------------------- adapters: JAX
+
+#: two JAX cache keys (``jit_<name>-<sha256>``: JAX's key covers the computation, the
+#: compile options, the backend and the jax / jaxlib versions; cuforge adds nothing)
+_JAX_KEY = "jit_f-" + "a" * 64
+
+
+def _jax_fields(key: str) -> dict:
+    from cuforge.jax import entry_key
+
+    return {"jax_key": key, "<key>": entry_key(key)}
+
+
+JAX_MUTATIONS: list[BlobMutation] = [
+    BlobMutation("jax_key", "one digit of JAX's key", lambda mp: (
+        _jax_fields(_JAX_KEY), _jax_fields(_JAX_KEY[:-1] + "b"))),
+    BlobMutation("jax_key", "another function name", lambda mp: (
+        _jax_fields(_JAX_KEY), _jax_fields(_JAX_KEY.replace("jit_f", "jit_g")))),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("row", JAX_MUTATIONS, ids=[f"{m.covers}:{m.what}" for m in JAX_MUTATIONS])
+def test_jax_key_is_sufficient(row, monkeypatch):
+    """Needs no JAX: the entry key is a pure function of JAX's key."""
+    _check_key_row(row, monkeypatch)
+
+
+def test_every_jax_key_field_has_a_mutation():
+    from cuforge.jax import entry_key
+
+    emitted = _entry_key_labels(entry_key)
+    assert emitted, "the source scan of cuforge.jax.entry_key found no field"
+    assert emitted <= {m.covers for m in JAX_MUTATIONS}, emitted
+
+
+# ---------------------------------------------------------------- adapters: CuPy
+
+#: a CuPy source reaching headers through the cwd, an ``include_dirs`` dir and a ``-I`` of
+#: the compile's options
+_CUPY_SOURCE = (
+    '#include "cwd.h"\n#include "v.h"\n#include "o.h"\nextern "C" __global__ void k() {}\n'
+)
+_CUPY_FILES = {"cwd.h": "#define C 1\n", "inc/v.h": "#define V 1\n", "opt/o.h": "#define O 1\n"}
+
+
+def _cupy_fields(name: str = "k.cubin", files: dict[str, str] | None = None) -> dict:
+    """CuPy's entry for ``name``: its key, and the headers ``save`` records (what ``load``
+    checks), in a fresh checkout holding ``files`` over the base ones."""
+    import tempfile
+
+    from cuforge import cupy as ccupy
+
+    root = tempfile.mkdtemp(prefix="cuforge-cert-cupy-")
+    try:
+        _materialize(Call(files={**_CUPY_FILES, **(files or {})}), root)
+        old = os.getcwd()
+        os.chdir(root)  # the cwd is one of the roots CuPy's headers are found in
+        token = ccupy._option_dirs.set(ccupy._split_option_dirs(["-I" + os.path.join(root, "opt")]))
+        try:
+            headers = ccupy.headers_of(_CUPY_SOURCE, [os.path.join(root, "inc")])
+        finally:
+            ccupy._option_dirs.reset(token)
+            os.chdir(old)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    key = ccupy.entry_key(name)
+    return {
+        "cupy_name": name,
+        "<key>": key,
+        "headers": json.dumps(headers),
+        "<load>": key + json.dumps(headers),
+    }
+
+
+CUPY_MUTATIONS: list[BlobMutation] = [
+    BlobMutation("cupy_name", "another CuPy kernel name (CuPy's name covers the source, the "
+                 "options, the arch, NVRTC and CuPy's own headers)", lambda mp: (
+        _cupy_fields(), _cupy_fields("k2.cubin"))),
+    BlobMutation("headers", "a header byte via the cwd", lambda mp: (
+        _cupy_fields(), _cupy_fields(files={"cwd.h": "#define C 2\n"}))),
+    BlobMutation("headers", "a header byte via include_dirs", lambda mp: (
+        _cupy_fields(), _cupy_fields(files={"inc/v.h": "#define V 2\n"}))),
+    BlobMutation("headers", "a header byte via -I in the compile's options", lambda mp: (
+        _cupy_fields(), _cupy_fields(files={"opt/o.h": "#define O 2\n"}))),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "row", CUPY_MUTATIONS, ids=[f"{m.covers}:{m.what}" for m in CUPY_MUTATIONS]
+)
+def test_cupy_key_is_sufficient(row, monkeypatch):
+    """Needs no CuPy. CuPy's ``load`` gets only the name, so a header edit cannot change
+    the key: it changes what ``save`` records, and ``load`` refuses an entry whose recorded
+    headers no longer hold (``<load>``: key and record, what decides a hit)."""
+    _check_key_row(row, monkeypatch, key="<key>" if row.covers == "cupy_name" else "<load>")
+
+
+def test_every_cupy_key_field_has_a_mutation():
+    from cuforge.cupy import entry_key
+
+    emitted = _entry_key_labels(entry_key) | {"headers"}
+    assert "cupy_name" in emitted, "the source scan of cuforge.cupy.entry_key found no field"
+    assert emitted <= {m.covers for m in CUPY_MUTATIONS}, emitted
+    assert json.loads(_cupy_fields()["headers"]), "no header was recorded"
+
+
+# ---------------------------------------------------------------- adapters: Triton
+
+
+def _triton_or_skip() -> None:
+    pytest.importorskip("triton", reason="Triton is not installed")
+    from cuforge import triton as ct
+
+    if not ct.supported():
+        pytest.skip(f"this Triton is outside cuforge.triton.SUPPORTED {ct.SUPPORTED}")
+
+
+def _triton_fields(
+    kernel: str = "add_kernel",
+    *,
+    constants: dict | None = None,
+    signature: dict | None = None,
+    attrs: dict | None = None,
+    arch: int = 90,
+    options: Any = None,
+) -> dict:
+    """cuforge.triton's key of compiling a tests/triton_cache kernel (no compile)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from cuforge.triton import key_of
+    from tests.triton_cache import kernels as K
+
+    src = ASTSource(K.KERNELS[kernel], signature or K.SIGNATURE, constants or {"BLOCK": 128}, attrs)
+    key, fields = key_of(src, GPUTarget("cuda", arch, 32), options)
+    return {**fields, "<key>": key}
+
+
+#: each field of Triton's backend options (CUDAOptions) and a value that must change the
+#: key (None: the generic flip of :func:`_flip`); a field with no row here fails
+TRITON_OPTIONS: dict[str, Any] = {
+    "num_warps": None, "num_ctas": None, "num_stages": None, "warp_size": 64, "maxnreg": 128,
+    "ptx_version": 84, "ptx_options": "-v", "ir_override": "/tmp/kernel.ttir",
+    "enable_fp_fusion": None, "enable_reflect_ftz": None, "launch_cooperative_grid": None,
+    "launch_pdl": None, "supported_fp8_dtypes": None, "deprecated_fp8_dot_operand_dtypes": None,
+    "default_dot_input_precision": "ieee", "allowed_dot_input_precisions": None,
+    "max_num_imprecise_acc_default": 0, "debug": None, "backend_name": "cuda2",
+    "sanitize_overflow": None, "arch": "sm80", "instrumentation_mode": "x",
+    "extern_libs": "another libdevice",
+}  # fmt: skip
+
+
+def _flip(value: Any) -> Any:
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value * 2 if value else 1
+    if isinstance(value, tuple):
+        return value[:-1] if value else ("x",)
+    raise AssertionError(f"no generic mutation of {value!r}: give one in TRITON_OPTIONS")
+
+
+def _triton_option(name: str) -> Callable[[Any], tuple[dict, dict]]:
+    def pair(monkeypatch):
+        import dataclasses
+        import tempfile
+
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler.compiler import make_backend
+
+        base = _triton_fields()
+        options = make_backend(GPUTarget("cuda", 90, 32)).parse_options({})
+        value = TRITON_OPTIONS[name]
+        if name == "extern_libs":  # the libraries' contents are keyed, not their paths
+            lib = os.path.join(tempfile.mkdtemp(prefix="cuforge-cert-"), "libdevice.bc")
+            with open(lib, "wb") as f:
+                f.write(b"another libdevice")
+            value = (("libdevice", lib),)
+        elif value is None:
+            value = _flip(getattr(options, name))
+        return base, _triton_fields(options=dataclasses.replace(options, **{name: value}))
+
+    return pair
+
+
+TRITON_MUTATIONS: list[BlobMutation] = [
+    BlobMutation("triton_version", "the Triton version", lambda mp: (_triton_fields(), None),
+                 not_here="one Triton per venv: the field records it (and triton_build the "
+                 "build's own key, which Triton's key covers)"),
+    BlobMutation("triton_build", "the Triton build", lambda mp: (_triton_fields(), None),
+                 not_here="one Triton per venv: the field records a digest of triton_key()"),
+    BlobMutation("source", "another kernel body", lambda mp: (
+        _triton_fields(), _triton_fields("mul_kernel"))),
+    BlobMutation("signature", "an argument's type", lambda mp: (
+        _triton_fields(), _triton_fields(signature={"x": "*fp16", "y": "*fp32", "out": "*fp32", "n": "i32"}))),
+    BlobMutation("constexpr:BLOCK", "a constexpr's value", lambda mp: (
+        _triton_fields(), _triton_fields(constants={"BLOCK": 256}))),
+    BlobMutation("attrs", "an argument's divisibility", lambda mp: (
+        _triton_fields(), _triton_fields(attrs={(0,): [["tt.divisibility", 16]]}))),
+    BlobMutation("target", "sm_90 -> sm_80", lambda mp: (_triton_fields(), _triton_fields(arch=80))),
+    BlobMutation("backend", "the backend's arch (its hash: ptxas and the arch)", lambda mp: (
+        _triton_fields(), _triton_fields(arch=80))),
+    BlobMutation("env", "TRITON_DISABLE_LINE_INFO=1 (a cache-invalidating variable)",
+                 lambda mp: (_triton_fields(), None), env={"TRITON_DISABLE_LINE_INFO": "1"}),
+    *[
+        BlobMutation("options_hash" if name == "extern_libs" else f"option:{name}",
+                     f"the option {name}", _triton_option(name))
+        for name in TRITON_OPTIONS
+    ],
+]  # fmt: skip
+
+_TRITON_CHILD = """
+import json
+from tests.test_key_certification import _triton_fields
+print(json.dumps(_triton_fields()))
+"""
+
+
+def _triton_child(env: dict[str, str]) -> dict:
+    from tests.child import run_python
+    from tests.conftest import ROOT
+
+    environ = dict(os.environ)
+    environ["PYTHONPATH"] = os.pathsep.join([SRC, ROOT])
+    environ.update(env)
+    return run_python(_TRITON_CHILD, environ, cwd=ROOT)
+
+
+@pytest.mark.parametrize(
+    "row", TRITON_MUTATIONS, ids=[f"{m.covers}:{m.what}" for m in TRITON_MUTATIONS]
+)
+def test_triton_key_is_sufficient(row, monkeypatch):
+    """Triton's own key, computed as ``triton.compile`` computes it (no compile)."""
+    _triton_or_skip()
+    if row.env is not None:
+        base, _ = row.fields(monkeypatch)
+        mutated = _triton_child(row.env)
+        row = BlobMutation(row.covers, row.what, lambda mp: (base, mutated))
+    _check_key_row(row, monkeypatch)
+
+
+def test_every_triton_key_field_has_a_mutation():
+    """A field cuforge.triton labels (or an option Triton's backend keys) with no row fails."""
+    import dataclasses
+
+    _triton_or_skip()
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import make_backend
+
+    options = make_backend(GPUTarget("cuda", 90, 32)).parse_options({})
+    missing = {f.name for f in dataclasses.fields(options)} - set(TRITON_OPTIONS)
+    assert not missing, f"Triton options with no row in TRITON_OPTIONS: {missing}"
+    emitted = set(_triton_fields()) - {"<key>"}
+    covered = {m.covers for m in TRITON_MUTATIONS} | {"triton_hash"}  # every row changes it
+    assert emitted <= covered, f"triton key fields with no mutation row: {emitted - covered}"
+
+
+# ---------------------------------------------------------------- adapters: stable
+
+_ADAPTERS_CHILD = """
+import importlib.util
+from cuforge import cupy as ccupy, jax as cjax
+
+def cupy():
+    token = ccupy._option_dirs.set(ccupy._split_option_dirs(["-I" + os.path.join(ROOT, "opt")]))
+    try:
+        return [ccupy.entry_key("k.cubin"), ccupy.headers_of(SOURCE, [os.path.join(ROOT, "inc")])]
+    finally:
+        ccupy._option_dirs.reset(token)
+
+def triton():
+    if importlib.util.find_spec("triton") is None:
+        return None
+    from tests.test_key_certification import _triton_fields
+    return _triton_fields()
+
+SOURCE = {source!r}
+KEYS = {{
+    "a": lambda: cjax.entry_key("jit_f-" + "a" * 64),
+    "b": cupy,
+    "c": triton,
+}}
+"""
+
+
+def test_adapter_keys_are_stable(tmp_path):
+    """The JAX, CuPy and Triton keys (and CuPy's header record) under each perturbation."""
+    from tests.conftest import ROOT
+
+    code = _ADAPTERS_CHILD.format(source=_CUPY_SOURCE)
+    check_stable(tmp_path, code, _CUPY_FILES, pythonpath=ROOT)

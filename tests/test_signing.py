@@ -110,6 +110,21 @@ def test_a_reader_cannot_forge_an_entry_another_reader_accepts(tmp_path):
     assert reader_b.get(key_of(4), kind="kernel") is not None
 
 
+def test_the_entry_message_is_the_length_prefixed_fields():
+    """The signed bytes never change across versions (stored entries stay valid): the
+    domain and each field, each after its length (4 bytes, little endian)."""
+
+    def frame(part: bytes) -> bytes:
+        return len(part).to_bytes(4, "little") + part
+
+    fields = ("v1-abc", "kernel", "a" * 64, "b" * 64)
+    want = b"".join(frame(p) for p in (b"cuforge-remote-ed25519-v1", *(f.encode() for f in fields)))
+    assert signing.entry_message(*fields) == want
+    assert signing.entry_message("ns", "k", "é", "") == b"".join(
+        frame(p) for p in (b"cuforge-remote-ed25519-v1", b"ns", b"k", "é".encode(), b"")
+    )
+
+
 def test_replay_under_another_key_is_refused(tmp_path):
     keys, ring = _keys(tmp_path, "ci")
     writer = _tier(tmp_path, signer=keys["ci"])

@@ -44,7 +44,17 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any
 
-__all__ = ["KIND", "SUPPORTED", "enable", "disable", "is_enabled", "hook_problem", "backend"]
+__all__ = [
+    "KIND",
+    "SUPPORTED",
+    "enable",
+    "disable",
+    "is_enabled",
+    "hook_problem",
+    "backend",
+    "entry_key",
+    "headers_of",
+]
 
 KIND = "cupy"
 #: CuPy versions whose private hook this module was written against: [low, high)
@@ -178,6 +188,12 @@ def _headers_hold(recorded: Any, include_dirs: Sequence[str]) -> bool:
     return True
 
 
+def entry_key(name: str) -> str:
+    """The cuforge entry key of CuPy's kernel name ``name`` (a pure function of it; the
+    user headers are checked at load against what :func:`headers_of` recorded)."""
+    return blobcache.make_key(KIND, {"cupy_name": name})[0]
+
+
 def backend(cache: Cache | None = None, include_dirs: Sequence[str] = ()) -> Any:
     """A CuPy ``KernelCacheBackend`` over ``cache`` (default: :func:`cuforge.default_cache`
     at each call); ``include_dirs``: where the sources' user headers are found besides the
@@ -187,9 +203,7 @@ def backend(cache: Cache | None = None, include_dirs: Sequence[str] = ()) -> Any
     dirs = [os.fspath(d) for d in include_dirs]
 
     class CuforgeKernelCacheBackend(KernelCacheBackend):
-        @staticmethod
-        def entry_key(name: str) -> str:
-            return blobcache.make_key(KIND, {"cupy_name": name})[0]
+        entry_key = staticmethod(entry_key)
 
         def load(self, name: str) -> bytes | None:
             c = resolve(cache)

@@ -36,7 +36,15 @@ from cuforge.caching import Cache, resolve
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["KIND", "SUPPORTED", "enable", "disable", "is_enabled", "hook_problem"]
+__all__ = [
+    "KIND",
+    "SUPPORTED",
+    "enable",
+    "disable",
+    "is_enabled",
+    "hook_problem",
+    "entry_key",
+]
 
 KIND = "jax"
 #: JAX versions whose private hook this module was written against: [low, high)
@@ -69,6 +77,12 @@ def hook_problem() -> str | None:
     return None
 
 
+def entry_key(key: str) -> str:
+    """The cuforge entry key of JAX's cache key ``key`` (a pure function of it: cuforge adds
+    nothing, so nothing machine-specific enters the key)."""
+    return blobcache.make_key(KIND, {"jax_key": key})[0]
+
+
 def _adapter_class() -> type:
     from jax._src.compilation_cache_interface import CacheInterface
 
@@ -79,9 +93,7 @@ def _adapter_class() -> type:
             self._cache = cache
             self._path = pathlib.Path(str(resolve(cache).directory or "cuforge"))
 
-        @staticmethod
-        def entry_key(key: str) -> str:
-            return blobcache.make_key(KIND, {"jax_key": key})[0]
+        entry_key = staticmethod(entry_key)
 
         def get(self, key: str) -> bytes | None:
             cache = resolve(self._cache)

@@ -94,9 +94,28 @@ def _framed(domain: bytes, *fields: str) -> bytes:
     )
 
 
+#: the first frame of every entry message (its domain), framed once
+_ENTRY_FRAME = len(_ENTRY_DOMAIN).to_bytes(4, "little") + _ENTRY_DOMAIN
+
+
 def entry_message(ns: str, kind: str, key: str, sha256: str) -> bytes:
-    """What an entry's signature covers: the exact namespace, kind, key and entry digest."""
-    return _framed(_ENTRY_DOMAIN, ns, kind, key, sha256)
+    """What an entry's signature covers: the exact namespace, kind, key and entry digest
+    (``_framed(_ENTRY_DOMAIN, ns, kind, key, sha256)``, spelled out: it runs on every
+    verified hit)."""
+    a, b, c, d = ns.encode(), kind.encode(), key.encode(), sha256.encode()
+    return b"".join(
+        (
+            _ENTRY_FRAME,
+            len(a).to_bytes(4, "little"),
+            a,
+            len(b).to_bytes(4, "little"),
+            b,
+            len(c).to_bytes(4, "little"),
+            c,
+            len(d).to_bytes(4, "little"),
+            d,
+        )
+    )
 
 
 def bundle_message(index_sha256: str) -> bytes:

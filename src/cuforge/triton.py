@@ -63,6 +63,7 @@ __all__ = [
     "SUPPORTED",
     "ENV_LINE",
     "prune_materialized",
+    "key_of",
 ]
 
 #: the Triton versions whose cache-manager protocol this module was written against
@@ -206,6 +207,29 @@ def _labeled_fields(src: Any, backend: Any, options: Any, env_vars: Any) -> dict
             fields[f"option:{name}"] = str(value)
     fields["options_hash"] = str(options.hash())
     return fields
+
+
+def key_of(
+    src: Any, target: Any, options: Any = None, env_vars: dict[str, str] | None = None
+) -> tuple[str, dict[str, str]]:
+    """(cuforge entry key, labeled key fields) of ``triton.compile(src, target=target,
+    options=options)``, computed as Triton keys it and without compiling: Triton's own key
+    (its build, the source, the backend, the options, the cache-invalidating environment),
+    hashed and named as Triton names its cache manager, under kind ``triton``. ``options``:
+    a dict (parsed by the backend, as ``compile`` does) or the backend's parsed options
+    object; ``env_vars``: default the cache-invalidating variables set in this process."""
+    from triton._C.libtriton import get_cache_invalidating_env_vars
+    from triton.compiler import compiler as _compiler
+
+    backend = _compiler.make_backend(target)
+    if options is None or isinstance(options, dict):
+        options = backend.parse_options(dict(options or {}, **src.parse_options()))
+    env = get_cache_invalidating_env_vars() if env_vars is None else env_vars
+    get_key = getattr(_compiler.get_cache_key, "__wrapped__", _compiler.get_cache_key)
+    digest = hashlib.sha256(get_key(src, backend, options, env).encode("utf-8")).hexdigest()
+    fields = _labeled_fields(src, backend, options, env)
+    fields["triton_hash"] = _base32(digest)
+    return make_key("triton", {"triton_hash": fields["triton_hash"]})[0], fields
 
 
 # ---------------------------------------------------------------------- the manager

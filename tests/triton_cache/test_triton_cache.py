@@ -174,6 +174,21 @@ def test_a_miss_is_explained_by_labeled_fields(cache, enabled):
     assert not any(os.sep + "home" + os.sep in v for v in fields.values())
 
 
+def test_key_of_is_the_key_a_compile_stores_under(cache, enabled):
+    """cuforge.triton.key_of (what tests/test_key_certification.py certifies) computes the
+    entry key and fields a real compile stores, without compiling."""
+    from triton.compiler import ASTSource
+
+    from tests.triton_cache.kernels import KERNELS, SIGNATURE, TARGET
+
+    compile_kernel(block=64)
+    (info,) = [i for i in cache.iterate() if i.meta.get("name") == "add_kernel"]
+    key, fields = ct.key_of(ASTSource(KERNELS["add_kernel"], SIGNATURE, {"BLOCK": 64}), TARGET)
+    assert key == info.key
+    assert fields == info.meta["key_fields"]
+    assert enabled.compiles == 1
+
+
 def test_cache_ls_lists_triton_entries_by_kernel_name(cache, enabled):
     compile_kernel("mul_kernel")
     out = subprocess.run(

@@ -453,6 +453,8 @@ def run_explain(args: argparse.Namespace) -> int:
         for r in reasons:
             print(f"    {r}")
         for near in m.get("nearest", ()):
+            if near.get("note"):
+                print(f"    {near['source']}: ({near['note']})")
             if near.get("problem"):
                 print(f"    {near['source']}: {near['problem']}")
             elif not near["differs"]:
@@ -464,8 +466,9 @@ def run_explain(args: argparse.Namespace) -> int:
     return 0
 
 
-#: (label, entries as (key, kind, meta), or why none could be listed)
-_Listed = tuple[str, list[tuple[str, str, dict]], str | None]
+#: (label, entries as (key, kind, meta), why none could be listed or None, a note on how
+#: they were listed or None)
+_Listed = tuple[str, list[tuple[str, str, dict]], str | None, str | None]
 
 
 def _explain_sources(args: argparse.Namespace) -> list[_Listed] | None:
@@ -490,15 +493,31 @@ def _explain_sources(args: argparse.Namespace) -> list[_Listed] | None:
 
 def _remote_entries(remote: Any) -> _Listed:
     """A remote's entries with their meta, through its backend's listing (a shared dir's
-    files), else the push index `cuforge cache push` writes there."""
+    files; a Redis ``SCAN`` of the namespace, capped), else the push index `cuforge cache
+    push` writes there (HTTP has no listing)."""
     from cuforge.store.remote import sync
 
     label = sync.describe(remote)
-    lister = getattr(sync._backend_of(remote), "keys", None)
+    backend = sync._backend_of(remote)
+    lister = getattr(backend, "keys", None)
+    scan = getattr(backend, "scan_keys", None)
+    note = None
     try:
-        pairs = lister() if callable(lister) else sync.read_index(remote)
+        if callable(scan):
+            pairs, capped = scan()
+            if capped is not None:
+                note = (
+                    f"listed by SCAN, stopped after {capped} keys: a nearer entry may be among "
+                    "the keys not scanned"
+                )
+        elif callable(lister):
+            pairs = lister()
+        else:
+            pairs = sync.read_index(remote)
+            if getattr(backend, "schemes", ())[:1] == ("http",):
+                note = "HTTP has no listing: candidates come from the push index only"
     except (OSError, ValueError) as exc:
-        return label, [], f"cannot be listed: {exc}"
+        return label, [], f"cannot be listed: {exc}", note
     if pairs is None:
         return (
             label,
@@ -507,13 +526,14 @@ def _remote_entries(remote: Any) -> _Listed:
                 "cannot be listed (its backend has no listing, and it holds no push index: "
                 "`cuforge cache push` writes one)"
             ),
+            note,
         )
     found = []
     for kind, key in pairs:
         entry = remote.get(key, kind=kind)
         if entry is not None and not entry.meta.get("push_index"):
             found.append((key, kind, entry.meta))
-    return label, found, None
+    return label, found, None, note
 
 
 def _bundle_entries(path: str) -> _Listed:
@@ -522,9 +542,9 @@ def _bundle_entries(path: str) -> _Listed:
     try:
         bundle = BundleStore(path)
     except (OSError, BundleError) as exc:
-        return f"bundle {path}", [], f"cannot be read: {exc}"
+        return f"bundle {path}", [], f"cannot be read: {exc}", None
     try:
-        return f"bundle {path}", [(i.key, i.kind, i.meta) for i in bundle.iterate()], None
+        return f"bundle {path}", [(i.key, i.kind, i.meta) for i in bundle.iterate()], None, None
     finally:
         bundle.close()
 
@@ -538,13 +558,13 @@ def _add_nearest(root: str, misses: list[dict], sources: list[_Listed]) -> None:
         name, key = str(m.get("name", "")), str(m.get("key", ""))
         fields = fields_of(root, name, key)
         rows = []
-        for label, entries, problem in sources:
+        for label, entries, problem, note in sources:
             if problem is None and fields is None:
                 problem = "the miss's key fields are no longer in this cache's history"
             near = None if problem else nearest_entry(name, fields or {}, entries)
             if problem is None and near is None:
                 problem = f"no entry named {name!r} with its key fields"
-            rows.append({"source": label, "problem": problem, **(near or {})})
+            rows.append({"source": label, "problem": problem, "note": note, **(near or {})})
         m["nearest"] = rows
 
 

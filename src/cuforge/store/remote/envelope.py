@@ -36,6 +36,8 @@ from cuforge.store.remote.base import DEFAULT_MAX_BYTES, DamagedValue
 
 TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs ~10 ms
 if TYPE_CHECKING:  # pragma: no cover
+    from typing import Any
+
     from cuforge.signing import Keyring, SigningKey
     from cuforge.store.base import Entry
 
@@ -165,6 +167,18 @@ def check_head(head, total: int, kind: str, key: str, max_bytes: int | None = No
     return end
 
 
+#: cuforge.signing once a keyring was used (imported on the first verify, not per hit)
+_signing: Any = None
+
+
+def _load_signing() -> Any:
+    global _signing
+    from cuforge import signing
+
+    _signing = signing
+    return signing
+
+
 def open_envelope(
     data: bytes,
     *,
@@ -200,13 +214,14 @@ def open_envelope(
             raise Rejected("bad signature (written with another key?)", trust=True)
     signer = None
     if keyring is not None:
-        from cuforge.signing import Untrusted, entry_message
-
+        signing = _signing or _load_signing()
         try:
             signer = keyring.check(
-                header.get("ed25519"), header.get("kid"), entry_message(ns, kind, key, digest)
+                header.get("ed25519"),
+                header.get("kid"),
+                signing.entry_message(ns, kind, key, digest),
             )
-        except Untrusted as exc:
+        except signing.Untrusted as exc:
             raise Rejected(exc.reason, trust=True) from None
     from cuforge.store.disk import CorruptEntry, decode_entry
 

@@ -248,6 +248,40 @@ class RedisBackend(RemoteBackend):
     # ------------------------------------------------------------------ build leases
     supports_leases = True
 
+    def scan_keys(self, limit: int | None = None) -> tuple[list[tuple[str, str]], int | None]:
+        """``(kind, key)`` of the entries of this namespace, found by ``SCAN MATCH
+        cuforge:{namespace}:*`` (``cuforge cache explain --remote``: Redis keeps no index of
+        names), looking at ``limit`` keys at most (default :data:`SCAN_LIMIT`); and, when the
+        scan stopped at that cap before the end, how many keys it looked at (else None). Leases and names that are not an entry's are left out. The whole
+        scan takes at most ``timeout``, like any call."""
+        from cuforge.layout import is_entry_key
+        from cuforge.store.base import ENTRY_KINDS
+
+        limit = SCAN_LIMIT if limit is None else max(1, limit)
+        prefix = self._prefix.encode("utf-8")
+        pattern = b"".join(b"\\" + bytes([c]) if c in b"*?[]\\" else bytes([c]) for c in prefix)
+
+        def work(conn):
+            cursor, seen, found = b"0", 0, []
+            while True:
+                count = max(1, min(1000, limit - seen))
+                conn.send_command("SCAN", cursor, "MATCH", pattern + b"*", "COUNT", count)
+                reply = conn.read_response()
+                if not (isinstance(reply, list) and len(reply) == 2):
+                    raise RemoteError(f"remote cache {self.describe()}: SCAN answered {reply!r}")
+                cursor, names = reply
+                for raw in names:
+                    seen += 1
+                    kind, sep, key = raw[len(prefix) :].decode("utf-8", "replace").partition(":")
+                    if sep and kind in ENTRY_KINDS and is_entry_key(key):
+                        found.append((kind, key))
+                if cursor in (b"0", 0, "0"):
+                    return found, None
+                if seen >= limit:
+                    return found, seen
+
+        return self._call("SCAN", "*", "", work)
+
     def _lease_key(self, kind: str, key: str) -> str:
         return f"{self._prefix}lease:{kind}:{key}"
 
@@ -314,6 +348,10 @@ _RELEASE = (
     "if v and string.sub(v, 1, #ARGV[1]) == ARGV[1] then "
     "return redis.call('DEL', KEYS[1]) end return 0"
 )
+
+
+#: how many keys :meth:`RedisBackend.scan_keys` looks at, at most
+SCAN_LIMIT = 5000
 
 
 def _cut(conn, fired: list) -> None:
