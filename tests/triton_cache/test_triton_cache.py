@@ -223,12 +223,10 @@ from triton.backends.nvidia.driver import CudaUtils
 from triton.runtime.build import compile_module_from_src
 assert CudaUtils().load_binary is not None
 assert compile_module_from_src({LAUNCHER_SRC!r}, "__triton_launcher").answer() == 42
-log = os.environ["CC_LOG"]
-builds = [l for l in open(log)] if os.path.exists(log) else []
-builds = [l for l in builds if "-shared" in l.split()]
+from tests.triton_cache.kernels import c_builds
 cache = cuforge.default_cache()
 print(json.dumps({{"compiles": counter.compiles, "hits": counter.hits, "digests": digests,
-                  "counters": dict(cache.counters), "c_builds": len(builds)}}))
+                  "counters": dict(cache.counters), "c_builds": c_builds(os.environ["CC_LOG"])}}))
 """
 )
 
@@ -237,18 +235,14 @@ print(json.dumps({{"compiles": counter.compiles, "hits": counter.hits, "digests"
 def c_compiler(tmp_path_factory):
     """A ``CC`` that logs each invocation (to ``$CC_LOG``) and runs the real compiler, and
     what a child needs to load a libcuda (a stub without a driver)."""
-    import shutil
-
     from tests.libcuda_stub import child_env_or_skip
+    from tests.triton_cache.kernels import logging_cc
 
-    real = os.environ.get("CC") or shutil.which("gcc") or shutil.which("clang")
-    if real is None:
-        pytest.skip("no C compiler (gcc or clang) for Triton's native modules")
-    libcuda = child_env_or_skip(tmp_path_factory)
-    wrapper = tmp_path_factory.mktemp("cc") / "cc"
-    wrapper.write_text(f'#!/bin/sh\necho "$@" >> "$CC_LOG"\nexec {real} "$@"\n')
-    wrapper.chmod(0o755)
-    return {"CC": str(wrapper), **libcuda}
+    try:
+        cc = logging_cc(tmp_path_factory.mktemp("cc") / "cc")
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+    return {"CC": cc, **child_env_or_skip(tmp_path_factory)}
 
 
 @pytest.mark.parametrize("shared", ["dir", "redis"])
@@ -299,7 +293,8 @@ def test_a_damaged_native_module_entry_is_rebuilt_not_loaded(
         open(path, "wb").write(bytes(raw))
         ct.enable(cache.replace())
         assert compile_module_from_src(src, "cuforge_probe").answer() == 43
-        builds = [line for line in open(tmp_path / "cc.log") if "-shared" in line.split()]
-        assert len(builds) == 2
+        from tests.triton_cache.kernels import c_builds
+
+        assert c_builds(tmp_path / "cc.log") == 2
     finally:
         ct.disable()
