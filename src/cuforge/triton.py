@@ -72,6 +72,7 @@ __all__ = [
     "ENV_LINE",
     "prune_materialized",
     "native_fields",
+    "path_free_config",
 ]
 
 #: the Triton versions whose cache-manager protocol this module was written against
@@ -135,6 +136,7 @@ def enable(cache: Cache | None = None, *, binary_only: bool = False) -> bool:
     _state["cache"] = cache
     _state["binary_only"] = bool(binary_only)
     _install_key_recorder()
+    _install_native_key()
     triton.knobs.cache.manager_class = CacheManager
     return True
 
@@ -188,6 +190,61 @@ def _install_key_recorder() -> None:
 
     get_cache_key.__wrapped__ = original  # type: ignore[attr-defined]
     _compiler.get_cache_key = get_cache_key
+
+
+def _install_native_key() -> None:
+    """Triton >= 3.7 keys a native module by its C source *and* the include and library
+    dirs it passes, absolute paths of the Triton install and of libcuda: the same module
+    would miss from another venv or home dir. While this cache manager is Triton's, wrap
+    ``triton.runtime.build._get_cache_manager`` to key those dirs path-free
+    (:func:`path_free_config`); Triton <= 3.6 keys the source and platform only."""
+    try:
+        from triton.runtime import build
+    except ImportError:
+        return
+    original = getattr(build, "_get_cache_manager", None)
+    if original is None or getattr(original, "_cuforge_path_free", False):
+        return
+
+    def _get_cache_manager(src, config):
+        if triton.knobs.cache.manager_class is CacheManager:
+            config = path_free_config(config)
+        return original(src, config=config)
+
+    _get_cache_manager.__wrapped__ = original  # type: ignore[attr-defined]
+    _get_cache_manager._cuforge_path_free = True  # type: ignore[attr-defined]
+    build._get_cache_manager = _get_cache_manager
+
+
+def path_free_config(config: dict) -> dict:
+    """Triton's native-module build config with the dirs inside the Triton package written
+    ``<triton>/<relative path>`` (their contents are Triton's: ``triton_version`` keys them)
+    and libcuda's dirs ``<libcuda>`` (the module links ``libcuda.so.1`` by its soname); any
+    other dir stays as it is."""
+    import sys as _sys
+
+    root = os.path.dirname(os.path.realpath(triton.__file__))
+    libcuda: list[str] = []
+    driver = _sys.modules.get("triton.backends.nvidia.driver")
+    try:
+        if driver is not None:
+            libcuda = [os.path.realpath(d) for d in driver.libcuda_dirs()]
+    except Exception:  # noqa: BLE001 - no libcuda found: nothing to rewrite
+        libcuda = []
+
+    def rewrite(path: str) -> str:
+        real = os.path.realpath(path)
+        if real == root or real.startswith(root + os.sep):
+            return "<triton>/" + os.path.relpath(real, root).replace(os.sep, "/")
+        if real in libcuda:
+            return "<libcuda>"
+        return path
+
+    out = dict(config)
+    for name in ("include_dirs", "library_dirs"):
+        if out.get(name):
+            out[name] = [rewrite(str(d)) for d in out[name]]
+    return out
 
 
 def _labeled_fields(src: Any, backend: Any, options: Any, env_vars: Any) -> dict[str, str]:

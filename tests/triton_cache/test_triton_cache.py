@@ -298,3 +298,22 @@ def test_a_damaged_native_module_entry_is_rebuilt_not_loaded(
         assert c_builds(tmp_path / "cc.log") == 2
     finally:
         ct.disable()
+
+
+def test_native_module_keys_hold_no_path_of_the_triton_install():
+    import triton
+    from triton.backends.nvidia import driver
+
+    root = os.path.dirname(os.path.realpath(triton.__file__))
+    config = {
+        "language": ["c"],
+        "include_dirs": [os.path.join(root, "backends", "nvidia", "include"), "/opt/custom"],
+        "library_dirs": [os.path.join(root, "backends", "nvidia", "lib")],
+        "libraries": ["libcuda.so.1"],
+        "ccflags": None,
+    }
+    out = ct.path_free_config(config)
+    assert out["include_dirs"] == ["<triton>/backends/nvidia/include", "/opt/custom"]
+    assert out["library_dirs"] == ["<triton>/backends/nvidia/lib"]
+    assert out["libraries"] == ["libcuda.so.1"] and config["include_dirs"][0].startswith(root)
+    assert hasattr(driver, "libcuda_dirs")
