@@ -27,7 +27,8 @@ What happens (see docs/triton.md):
   manager (its ``cuda_utils`` helper; on Triton <= 3.6 also one ``__triton_launcher`` per
   kernel signature) are entries of kind ``triton`` too, keyed by Triton's key of the C
   source and by the C compiler's, Python's and the platform's identity
-  (:func:`native_fields`): a fresh machine's first launch runs no C compiler. They are
+  (:func:`native_fields`; on Triton 3.7+ the install's dirs enter Triton's key path-free,
+  :func:`path_free_config`): a fresh machine's first launch runs no C compiler. They are
   native code loaded into the process: served only as checksummed (and, when signing is
   on, signed) entries, like the cubins. Autotune results stay in Triton's own cache dir.
 

@@ -388,7 +388,7 @@ def _backend_class():
                 inductor_key = key.rsplit("::", 1)[-1].split(":", 1)[0]
                 fields = dict(_recent_fields.get(inductor_key) or {})
                 fields.update(_context_fields())
-                fields["inductor_key"] = key
+                fields["inductor_key"] = inductor_key
                 cache.record_build(_explain_name(short), entry.key, fields, [entry])
             cache.count(f"inductor:{self.class_name}:put")
 
