@@ -513,7 +513,7 @@ class CacheManager(_TritonCacheManager):
                 [Entry(ckey, "triton", pack({filename: data}), meta)],
             )
             path = _materialize(cache, ckey, {filename: data})[filename]
-        except OSError as exc:
+        except (OSError, ValueError) as exc:
             _log.warning(
                 "cuforge: could not store Triton's native module %r (%s); Triton's own cache "
                 "keeps it",
