@@ -10,6 +10,13 @@
     PYTHONPATH=src python3 bench/triton_cache.py --json $OUT/triton.json
 
 Figures are ratios against (b), measured in the same run (docs/benchmarks.md).
+
+``--breakdown`` also says where each case's fresh process spends its time (imports, cuforge's
+enable, Triton's cache-manager calls, ``triton.compile``, the C compiler builds of Triton's
+native modules, their loads, the cubin load and launcher set-up, every subprocess by program,
+Triton's own hit/compile counts); times are inclusive (a row can contain another):
+
+    PYTHONPATH=src python3 bench/triton_cache.py --only vecadd --breakdown --repeat 1
 """
 
 from __future__ import annotations
@@ -28,9 +35,12 @@ BLOCK = """
 import time, json
 t0 = time.perf_counter()
 import torch
+MARK("import torch")
 if USE_CUFORGE:
     from cuforge.torch import compile_cache
     assert compile_cache.enable()
+    MARK("import cuforge.torch.compile_cache + enable")
+HOOK()
 class Block(torch.nn.Module):
     def __init__(self, d=1024, heads=16):
         super().__init__()
@@ -45,21 +55,125 @@ torch.manual_seed(0)
 model = Block().cuda().half().eval()
 x = torch.randn(8, 256, 1024, device="cuda", dtype=torch.half)
 torch.cuda.synchronize()
+MARK("model on the GPU")
 t1 = time.perf_counter()
 with torch.no_grad():
     out = torch.compile(model)(x)
 torch.cuda.synchronize()
 t2 = time.perf_counter()
-print(json.dumps({"first_output_s": t2 - t1, "process_s": t2 - t0}))
+MARK("first compiled output")
+print(json.dumps({"first_output_s": t2 - t1, "process_s": t2 - t0, "breakdown": REPORT()}))
+"""
+
+# without --breakdown: no-ops; with it, BREAKDOWN_CODE below
+NO_BREAKDOWN = """
+def MARK(label): pass
+def HOOK(): pass
+def REPORT(): return None
+"""
+
+BREAKDOWN_CODE = """
+import time as _time
+_T = [_time.perf_counter()]
+_ROWS = {}
+_DEPTH = [0]
+
+
+def _add(label, seconds):
+    row = _ROWS.setdefault(label, [0, 0.0])
+    row[0] += 1
+    row[1] += seconds
+
+
+def MARK(label):
+    now = _time.perf_counter()
+    _add("phase: " + label, now - _T[0])
+    _T[0] = now
+
+
+def _wrap(owner, name, label, guard=False):
+    original = getattr(owner, name, None)
+    if original is None or getattr(original, "_bench_wrapped", False):
+        return
+
+    def wrapper(*args, **kwargs):
+        if guard and _DEPTH[0]:
+            return original(*args, **kwargs)
+        tag = label(args) if callable(label) else label
+        _DEPTH[0] += guard
+        start = _time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _add(tag, _time.perf_counter() - start)
+            _DEPTH[0] -= guard
+
+    wrapper._bench_wrapped = True
+    setattr(owner, name, wrapper)
+
+
+def _program(args):
+    import os
+    cmd = args[0] if args else "?"
+    first = cmd if isinstance(cmd, str) else (cmd[0] if cmd else "?")
+    return "subprocess: " + os.path.basename(str(first).split()[0])
+
+
+def HOOK():
+    import subprocess
+    import triton
+    import triton.compiler
+    import triton.runtime.build as build
+    import triton.runtime.cache as tcache
+    from triton.compiler import compiler
+
+    for name in ("run", "call", "check_call", "check_output"):
+        _wrap(subprocess, name, _program, guard=True)
+    _wrap(build, "_build", "C compiler build of a native module (Triton's _build)")
+    _wrap(build, "_load_module_from_path", "native module load (.so import)")
+    _wrap(triton.compiler, "compile", "triton.compile (key, cache lookup, load; compile on a miss)")
+    _wrap(tcache, "triton_key", "triton_key() (hash of Triton's own files)")
+    _wrap(compiler.CompiledKernel, "_init_handles", "CompiledKernel._init_handles (cubin load + launcher)")
+    try:
+        from triton.backends.nvidia import driver as nv
+        _wrap(nv.CudaUtils, "__init__", "CudaUtils() (cuda_utils module: build or cache)")
+        if hasattr(nv, "CudaLauncher"):
+            _wrap(nv.CudaLauncher, "__init__", "CudaLauncher() (launcher module: build or cache)")
+    except ImportError:
+        pass
+    managers = [tcache.FileCacheManager]
+    try:
+        import cuforge.triton as ct
+        managers.append(ct.CacheManager)
+    except ImportError:
+        pass
+    for cls in managers:
+        for method in ("get_group", "get_file", "put", "put_group"):
+            _wrap(cls, method, "cache: " + cls.__module__.split(".")[0] + " " + method)
+    hits = [0, 0]
+
+    def listener(*, src, metadata, metadata_group, times, cache_hit):
+        hits[0 if cache_hit else 1] += 1
+        _ROWS["triton listener: count = hits, seconds = compiles"] = [hits[0], float(hits[1])]
+
+    if getattr(triton.knobs.compilation, "listener", None) is None:
+        triton.knobs.compilation.listener = listener
+
+
+def REPORT():
+    return {k: {"count": v[0], "seconds": v[1]} for k, v in _ROWS.items()}
 """
 
 VECADD = """
 import time, json
 t0 = time.perf_counter()
 import torch, triton, triton.language as tl
+MARK("import torch + triton")
 if USE_CUFORGE:
     import cuforge.triton
     assert cuforge.triton.enable()
+    MARK("import cuforge.triton + enable")
+HOOK()
 @triton.jit
 def add_kernel(x, y, out, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -68,13 +182,18 @@ def add_kernel(x, y, out, n, BLOCK: tl.constexpr):
 n = 1 << 20
 x = torch.rand(n, device="cuda"); y = torch.rand(n, device="cuda"); out = torch.empty_like(x)
 torch.cuda.synchronize()
+MARK("tensors on the GPU")
 t1 = time.perf_counter()
 add_kernel[(triton.cdiv(n, 1024),)](x, y, out, n, BLOCK=1024)
 torch.cuda.synchronize()
 t2 = time.perf_counter()
+MARK("first call to launch")
 assert torch.allclose(out, x + y)
-print(json.dumps({"first_output_s": t2 - t1, "process_s": t2 - t0}))
+print(json.dumps({"first_output_s": t2 - t1, "process_s": t2 - t0, "breakdown": REPORT()}))
 """
+
+
+BREAKDOWN = [False]
 
 
 def run(code: str, dirs: dict[str, str], use_cuforge: bool, remote: str | None) -> dict:
@@ -90,7 +209,8 @@ def run(code: str, dirs: dict[str, str], use_cuforge: bool, remote: str | None) 
         env["CUFORGE_REMOTE"] = remote
     if use_cuforge:  # Inductor's compile workers are other processes
         env["TRITON_CACHE_MANAGER"] = "cuforge.triton:CacheManager"
-    program = f"USE_CUFORGE = {use_cuforge!r}\n" + textwrap.dedent(code)
+    helpers = BREAKDOWN_CODE if BREAKDOWN[0] else NO_BREAKDOWN
+    program = f"USE_CUFORGE = {use_cuforge!r}\n" + helpers + textwrap.dedent(code)
     # a file, not ``python -c``: ``@triton.jit`` reads its function's source from a file
     script = os.path.join(os.path.dirname(dirs["cuforge"]), "bench_child.py")
     with open(script, "w") as f:
@@ -138,7 +258,13 @@ def main() -> int:
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--only", choices=("block", "vecadd"))
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="print where each case's fresh process spends its time (inclusive rows)",
+    )
     args = parser.parse_args()
+    BREAKDOWN[0] = args.breakdown
     # cuforge's bytecode, as an installed package has it (pip compiles it at install time)
     import compileall
 
@@ -154,6 +280,14 @@ def main() -> int:
             print(
                 f"{name:26s} {case:15s} {r['first_output_s']:8.3f} s  {r['x_own_warm']:.2f}x own warm"
             )
+    if args.breakdown:
+        for name, cases in out.items():
+            for case, r in cases.items():
+                best = min(r["runs"], key=lambda run: run["first_output_s"])
+                print(f"\n{name} / {case} (the best run: {best['first_output_s']:.3f} s)")
+                rows = sorted((best.get("breakdown") or {}).items(), key=lambda kv: kv[0])
+                for label, row in rows:
+                    print(f"  {row['seconds']:8.3f} s  x{row['count']:<4d} {label}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)

@@ -23,8 +23,14 @@ What happens (see docs/triton.md):
   stores the group when Triton calls ``put_group``; the miss is explained by labeled fields
   (``cuforge cache explain triton:<kernel>``).
 * A corrupt or truncated entry is deleted and the kernel recompiled; never served.
-* Files Triton caches outside a kernel group (its C launcher ``.so``, autotune results)
-  are machine-local: they stay in Triton's own cache dir (``TRITON_CACHE_DIR``), untouched.
+* The native Python modules Triton builds with the C compiler and caches through the same
+  manager (its ``cuda_utils`` helper; on Triton <= 3.6 also one ``__triton_launcher`` per
+  kernel signature) are entries of kind ``triton`` too, keyed by Triton's key of the C
+  source and by the C compiler's, Python's and the platform's identity
+  (:func:`native_fields`; on Triton 3.7+ the install's dirs enter Triton's key path-free,
+  :func:`path_free_config`): a fresh machine's first launch runs no C compiler. They are
+  native code loaded into the process: served only as checksummed (and, when signing is
+  on, signed) entries, like the cubins. Autotune results stay in Triton's own cache dir.
 
 Supported: Triton 3.4 to 3.8 (tested on 3.6.0 on an H100 and on 3.8.0 on the CPU). On another version :func:`enable` warns
 once and leaves Triton's own cache in place; the ``TRITON_CACHE_MANAGER`` route falls back
@@ -38,6 +44,9 @@ import hashlib
 import logging
 import os
 import shutil
+import subprocess
+import sys
+import sysconfig
 import time
 import uuid
 from typing import TYPE_CHECKING
@@ -64,6 +73,8 @@ __all__ = [
     "ENV_LINE",
     "prune_materialized",
     "key_of",
+    "native_fields",
+    "path_free_config",
 ]
 
 #: the Triton versions whose cache-manager protocol this module was written against
@@ -81,6 +92,9 @@ _state: dict[str, Any] = {"cache": None, "binary_only": False, "warned": False}
 #: Triton's cache key (as the manager receives it) -> labeled fields, for explain
 _recent_fields: dict[str, dict[str, str]] = {}
 _original_get_cache_key: list = []
+#: the file name suffix of the native Python modules Triton builds (``cuda_utils``, launchers)
+_EXT_SUFFIX = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+_native_identity: dict[str, str] = {}
 
 
 def _version() -> tuple[int, ...]:
@@ -124,6 +138,7 @@ def enable(cache: Cache | None = None, *, binary_only: bool = False) -> bool:
     _state["cache"] = cache
     _state["binary_only"] = bool(binary_only)
     _install_key_recorder()
+    _install_native_key()
     triton.knobs.cache.manager_class = CacheManager
     return True
 
@@ -177,6 +192,61 @@ def _install_key_recorder() -> None:
 
     get_cache_key.__wrapped__ = original  # type: ignore[attr-defined]
     _compiler.get_cache_key = get_cache_key
+
+
+def _install_native_key() -> None:
+    """Triton >= 3.7 keys a native module by its C source *and* the include and library
+    dirs it passes, absolute paths of the Triton install and of libcuda: the same module
+    would miss from another venv or home dir. While this cache manager is Triton's, wrap
+    ``triton.runtime.build._get_cache_manager`` to key those dirs path-free
+    (:func:`path_free_config`); Triton <= 3.6 keys the source and platform only."""
+    try:
+        from triton.runtime import build
+    except ImportError:
+        return
+    original = getattr(build, "_get_cache_manager", None)
+    if original is None or getattr(original, "_cuforge_path_free", False):
+        return
+
+    def _get_cache_manager(src, config):
+        if triton.knobs.cache.manager_class is CacheManager:
+            config = path_free_config(config)
+        return original(src, config=config)
+
+    _get_cache_manager.__wrapped__ = original  # type: ignore[attr-defined]
+    _get_cache_manager._cuforge_path_free = True  # type: ignore[attr-defined]
+    build._get_cache_manager = _get_cache_manager
+
+
+def path_free_config(config: dict) -> dict:
+    """Triton's native-module build config with the dirs inside the Triton package written
+    ``<triton>/<relative path>`` (their contents are Triton's: ``triton_version`` keys them)
+    and libcuda's dirs ``<libcuda>`` (the module links ``libcuda.so.1`` by its soname); any
+    other dir stays as it is."""
+    import sys as _sys
+
+    root = os.path.dirname(os.path.realpath(triton.__file__))
+    libcuda: list[str] = []
+    driver = _sys.modules.get("triton.backends.nvidia.driver")
+    try:
+        if driver is not None:
+            libcuda = [os.path.realpath(d) for d in driver.libcuda_dirs()]
+    except Exception:  # noqa: BLE001 - no libcuda found: nothing to rewrite
+        libcuda = []
+
+    def rewrite(path: str) -> str:
+        real = os.path.realpath(path)
+        if real == root or real.startswith(root + os.sep):
+            return "<triton>/" + os.path.relpath(real, root).replace(os.sep, "/")
+        if real in libcuda:
+            return "<libcuda>"
+        return path
+
+    out = dict(config)
+    for name in ("include_dirs", "library_dirs"):
+        if out.get(name):
+            out[name] = [rewrite(str(d)) for d in out[name]]
+    return out
 
 
 def _labeled_fields(src: Any, backend: Any, options: Any, env_vars: Any) -> dict[str, str]:
@@ -276,10 +346,18 @@ class CacheManager(_TritonCacheManager):
         path = self._group.get(filename)
         if path is not None:
             return path
+        if not self._direct and _is_native(filename):
+            path = self._native_lookup(filename)
+            if path is not None:
+                return path
         return self._file_cache().get_file(filename)
 
     def put(self, data: Any, filename: str, binary: bool = True) -> str:
         if self._building is None:
+            if not self._direct and _is_native(filename) and isinstance(data, bytes):
+                path = self._native_store(filename, data)
+                if path is not None:
+                    return path
             return self._file_cache().put(data, filename, binary)
         raw = data if isinstance(data, bytes) else str(data).encode("utf-8")
         _check_filename(filename)
@@ -399,6 +477,77 @@ class CacheManager(_TritonCacheManager):
         self._group = paths
         return dict(paths)
 
+    # native modules Triton builds with the C compiler (cuda_utils, __triton_launcher)
+    def _native_key(self, filename: str) -> tuple[str, dict[str, str]]:
+        fields = native_fields()
+        fields["triton_hash"] = self.key
+        fields["module"] = filename
+        return make_key("triton", fields)[0], fields
+
+    def _native_lookup(self, filename: str) -> str | None:
+        cache = self.cache
+        ckey, _ = self._native_key(filename)
+        entry, tier = cache.get_with_tier(ckey, kind="triton")
+        if entry is None:
+            cache.count("triton:native_misses")
+            return None
+        source = "remote" if tier and tier.startswith("remote") else tier or "disk"
+        try:
+            if entry.kind != "triton":
+                raise ValueError(f"the entry is of kind {entry.kind!r}, not 'triton'")
+            files = unpack(entry.payload)
+            if list(files) != [filename]:
+                raise ValueError(f"the entry holds {sorted(files)}, not just {filename!r}")
+            path = _materialize(cache, ckey, files)[filename]
+        except Exception as exc:  # noqa: BLE001 - stored bytes that do not load: rebuild
+            cache.count("triton:load_errors")
+            _log.warning(
+                "cuforge: the cached native module %r (key %s, from the %s tier) could not be "
+                "loaded (%s: %s); it is deleted and Triton builds it again",
+                filename,
+                ckey[:12],
+                source,
+                type(exc).__name__,
+                exc,
+            )
+            cache.delete(ckey)
+            return None
+        cache.count(f"triton:native_{source}")
+        cache.verbose(f"cuforge: triton module {filename} {source} hit key {ckey[:12]}")
+        return path
+
+    def _native_store(self, filename: str, data: bytes) -> str | None:
+        cache = self.cache
+        ckey, fields = self._native_key(filename)
+        name = filename[: -len(_EXT_SUFFIX)] if filename.endswith(_EXT_SUFFIX) else filename
+        meta = {
+            "name": name,
+            "backend": "triton",
+            "native_module": True,
+            "key_fields": fields,
+            "files": {filename: len(data)},
+            "triton_version": triton.__version__,
+            "triton_key": self.key,
+        }
+        try:
+            cache.record_build(
+                f"triton-module:{name}",
+                ckey,
+                fields,
+                [Entry(ckey, "triton", pack({filename: data}), meta)],
+            )
+            path = _materialize(cache, ckey, {filename: data})[filename]
+        except (OSError, ValueError) as exc:
+            _log.warning(
+                "cuforge: could not store Triton's native module %r (%s); Triton's own cache "
+                "keeps it",
+                filename,
+                exc,
+            )
+            return None
+        cache.count("triton:native_built")
+        return path
+
     def _release(self) -> None:
         flight, self._flight = self._flight, None
         if flight is not None:
@@ -410,6 +559,54 @@ class CacheManager(_TritonCacheManager):
             self._release()
         except Exception:  # noqa: BLE001 - never raise from a finalizer
             pass
+
+
+def _is_native(filename: str) -> bool:
+    return filename.endswith(_EXT_SUFFIX) or filename.endswith(".so")
+
+
+def _compiler_identity() -> str:
+    """The C compiler Triton would build with (``CC``, else gcc, else clang, as Triton's
+    ``_build`` picks it) and the first line of its ``--version``; a custom
+    ``triton.knobs.build.impl`` is named by its qualified name."""
+    build = getattr(triton, "knobs", None) and getattr(triton.knobs, "build", None)
+    impl = getattr(build, "impl", None) if build is not None else None
+    if impl is not None:
+        return f"impl:{getattr(impl, '__module__', '?')}.{getattr(impl, '__qualname__', '?')}"
+    cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("clang") or ""
+    if not cc:
+        return "none"
+    try:
+        out = subprocess.run(
+            [cc, "--version"], capture_output=True, text=True, timeout=30, check=False
+        ).stdout
+        version = out.strip().splitlines()[0] if out.strip() else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        version = "unknown"
+    return f"{os.path.basename(cc)}: {version}"
+
+
+def native_fields() -> dict[str, str]:
+    """The labeled key fields of a native module Triton builds, besides Triton's own key of
+    its C source (``triton_hash``) and its file name: the C compiler, the Python ABI, the
+    platform and C library, and the Triton version (whose headers the source includes).
+    No path enters them. Computed once per process (the compiler's ``--version`` is one
+    subprocess)."""
+    if not _native_identity:
+        libc = ""
+        try:
+            libc = os.confstr("CS_GNU_LIBC_VERSION") or ""
+        except (ValueError, OSError, AttributeError):
+            pass
+        _native_identity.update(
+            {
+                "cc": _compiler_identity(),
+                "python": f"{sys.implementation.cache_tag} {_EXT_SUFFIX}",
+                "platform": f"{sys.platform} {os.uname().machine} {libc}".strip(),
+                "triton_version": triton.__version__,
+            }
+        )
+    return dict(_native_identity)
 
 
 def _check_filename(name: str) -> None:

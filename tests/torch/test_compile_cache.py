@@ -50,12 +50,49 @@ def _machine(tmp_path, label: str, remote: str) -> dict:
 
 
 @pytest.mark.slow
-def test_a_model_compiled_on_machine_a_is_loaded_on_b_without_codegen(tmp_path):
+def test_a_model_compiled_on_machine_a_is_loaded_on_b_without_codegen(tmp_path, redis_server):
+    # A writes to a shared dir and to a real redis-server; one B reads each (3 processes,
+    # not 4: torch's import and dynamo are most of each one's time)
     shared = tmp_path / "shared"
     shared.mkdir()
-    a = _machine(tmp_path, "a", f"file://{shared}")
+    a = _machine(tmp_path, "a", f"file://{shared},{redis_server.url}")
     assert a["miss"] >= 1 and a["hit"] == 0, a
-    b = _machine(tmp_path, "b", f"file://{shared}")
-    assert b["miss"] == 0 and b["hit"] == a["miss"], b
-    assert b["out"] == pytest.approx(a["out"])
-    assert b["counters"].get("inductor:RemoteFxGraphCache:remote", 0) >= 1, b["counters"]
+    for label, remote in (("b-dir", f"file://{shared}"), ("b-redis", redis_server.url)):
+        b = _machine(tmp_path, label, remote)
+        assert b["miss"] == 0 and b["hit"] == a["miss"], (label, b)
+        assert b["out"] == pytest.approx(a["out"])
+        assert b["counters"].get("inductor:RemoteFxGraphCache:remote", 0) >= 1, b["counters"]
+
+
+@pytest.mark.slow
+def test_an_fx_graph_miss_is_explained_by_the_field_that_changed(cache, tmp_path, monkeypatch):
+    import torch
+    import torch._inductor.config as inductor_config
+
+    import cuforge.triton
+    from cuforge.explain import last_miss
+    from cuforge.torch import compile_cache
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    assert compile_cache.enable(cache)
+    try:
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 4))
+        with torch.no_grad():
+            torch.compile(model)(torch.randn(8, 16))
+        torch._dynamo.reset()
+        with torch.no_grad(), inductor_config.patch(max_autotune_gemm_backends="ATEN"):
+            torch.compile(model)(torch.randn(8, 16))
+    finally:
+        compile_cache.disable()
+        cuforge.triton.disable()
+        torch._dynamo.reset()
+    record = last_miss("inductor:FxGraph:0/0")
+    assert record is not None
+    assert "inductor_config[max_autotune_gemm_backends] added" in record["reasons"], record
+    (info,) = [i for i in cache.iterate() if i.meta.get("cache") == "RemoteFxGraphCache"][:1]
+    fields = compile_cache.fields_from_debug_lines(
+        ["[abc] torch_version: \x00\x01", "[def] gm: a\nb", "[ghi] fx_kwargs[x]: 0x7f00aa11bb"]
+    )
+    assert fields["torch_version"] == "hash abc" and fields["gm"] == "hash def"
+    assert fields["fx_kwargs[x]"] == "hash ghi", fields
+    assert info.kind == "inductor"

@@ -56,3 +56,30 @@ class CompileCounter:
     def install(self) -> CompileCounter:
         triton.knobs.compilation.listener = self
         return self
+
+
+def logging_cc(path) -> str:
+    """Write at ``path`` a ``CC`` that appends each invocation's arguments to ``$CC_LOG`` and
+    runs the real compiler (``CC``, else gcc, else clang); returns ``path`` as a str, or
+    raises RuntimeError when there is no C compiler. Count builds with :func:`c_builds`."""
+    import os
+    import shutil
+
+    real = os.environ.get("CC") or shutil.which("gcc") or shutil.which("clang")
+    if real is None:
+        raise RuntimeError("no C compiler (gcc or clang) for Triton's native modules")
+    with open(path, "w") as f:
+        f.write(f'#!/bin/sh\necho "$@" >> "$CC_LOG"\nexec {real} "$@"\n')
+    os.chmod(path, 0o755)
+    return str(path)
+
+
+def c_builds(log) -> int:
+    """How many builds (``-shared`` links, not ``--version`` probes) a :func:`logging_cc`
+    log holds."""
+    import os
+
+    if not os.path.exists(log):
+        return 0
+    with open(log) as f:
+        return sum(1 for line in f if "-shared" in line.split())

@@ -33,7 +33,9 @@ print(json.dumps({{"compiles": counter.compiles, "hits": counter.hits, "digests"
 """
 
 
-def _machine(tmp_path, label: str, names: list[str], remote: str | None, **env: str) -> dict:
+def _machine(
+    tmp_path, label: str, names: list[str], remote: str | None, _code: str = MACHINE, **env: str
+) -> dict:
     home = tmp_path / label
     overrides = {
         "CUFORGE_CACHE_DIR": str(home / "cuforge"),
@@ -44,7 +46,7 @@ def _machine(tmp_path, label: str, names: list[str], remote: str | None, **env: 
     if remote:
         overrides["CUFORGE_REMOTE"] = remote
     home.mkdir(parents=True, exist_ok=True)
-    code = f"NAMES = {names!r}\n" + MACHINE
+    code = f"NAMES = {names!r}\n" + _code
     return run_python(code, child_env(**overrides), timeout=240, cwd=str(home))
 
 
@@ -212,3 +214,121 @@ def test_an_unsupported_triton_version_keeps_tritons_own_cache(monkeypatch, capl
         assert ct.enable(cache) is False
     assert triton.knobs.cache.manager_class is None
     assert caplog.text.count("not a version cuforge.triton supports") == 1
+
+
+# -- the native modules Triton builds with the C compiler ---------------------------------------
+
+# a Python C module like the launcher Triton <= 3.6 builds per kernel signature through
+# triton.runtime.build.compile_module_from_src (the same call, the same cache manager)
+LAUNCHER_SRC = r"""
+#include <Python.h>
+static PyObject* answer(PyObject* self, PyObject* args) { return PyLong_FromLong(42); }
+static PyMethodDef methods[] = {{"answer", answer, METH_NOARGS, NULL}, {NULL, NULL, 0, NULL}};
+static struct PyModuleDef mod = {PyModuleDef_HEAD_INIT, "__triton_launcher", NULL, -1, methods};
+PyMODINIT_FUNC PyInit___triton_launcher(void) { return PyModule_Create(&mod); }
+"""
+
+# one "machine" of a fresh process: the kernels, Triton's driver helper (cuda_utils, built
+# by the driver itself) and a launcher-like module; C compiler builds counted by CC's log
+NATIVE_MACHINE = (
+    MACHINE.split("cache = cuforge.default_cache()")[0]
+    + f"""
+import os
+from triton.backends.nvidia.driver import CudaUtils
+from triton.runtime.build import compile_module_from_src
+assert CudaUtils().load_binary is not None
+assert compile_module_from_src({LAUNCHER_SRC!r}, "__triton_launcher").answer() == 42
+from tests.triton_cache.kernels import c_builds
+cache = cuforge.default_cache()
+print(json.dumps({{"compiles": counter.compiles, "hits": counter.hits, "digests": digests,
+                  "counters": dict(cache.counters), "c_builds": c_builds(os.environ["CC_LOG"])}}))
+"""
+)
+
+
+@pytest.fixture(scope="module")
+def c_compiler(tmp_path_factory):
+    """A ``CC`` that logs each invocation (to ``$CC_LOG``) and runs the real compiler, and
+    what a child needs to load a libcuda (a stub without a driver)."""
+    from tests.libcuda_stub import child_env_or_skip
+    from tests.triton_cache.kernels import logging_cc
+
+    try:
+        cc = logging_cc(tmp_path_factory.mktemp("cc") / "cc")
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+    return {"CC": cc, **child_env_or_skip(tmp_path_factory)}
+
+
+@pytest.mark.parametrize("shared", ["dir", "redis"])
+def test_machine_b_builds_nothing_neither_kernels_nor_native_modules(
+    tmp_path, request, c_compiler, shared
+):
+    if shared == "redis":
+        remote = request.getfixturevalue("redis_server").url
+    else:
+        (tmp_path / "shared").mkdir()
+        remote = f"file://{tmp_path / 'shared'}"
+
+    def machine(label: str) -> dict:
+        home = tmp_path / label
+        home.mkdir(parents=True, exist_ok=True)
+        env = {**c_compiler, "CC_LOG": str(home / "cc.log")}
+        return _machine(tmp_path, label, ["add_kernel"], remote, **env, _code=NATIVE_MACHINE)
+
+    a = machine("a")
+    assert a["compiles"] == 1 and a["c_builds"] == 2, a
+    assert a["counters"].get("triton:native_built") == 2, a["counters"]
+    b = machine("b")
+    assert b["compiles"] == 0 and b["hits"] == 1, b
+    assert b["c_builds"] == 0, b
+    assert b["counters"].get("triton:native_remote") == 2, b["counters"]
+    assert b["digests"] == a["digests"]
+
+
+def test_a_damaged_native_module_entry_is_rebuilt_not_loaded(
+    tmp_path, cache, c_compiler, monkeypatch
+):
+    """A native module entry whose bytes fail their checksum is deleted and rebuilt by Triton's
+    C compiler, never loaded."""
+    from triton.runtime.build import compile_module_from_src
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-own"))
+    monkeypatch.setenv("CC", c_compiler["CC"])
+    monkeypatch.setenv("CC_LOG", str(tmp_path / "cc.log"))
+    assert ct.enable(cache)
+    try:
+        src = LAUNCHER_SRC.replace("42", "43").replace("__triton_launcher", "cuforge_probe")
+        assert compile_module_from_src(src, "cuforge_probe").answer() == 43
+        (info,) = [i for i in cache.iterate() if i.meta.get("name") == "cuforge_probe"]
+        assert info.meta["native_module"] and "cc" in info.meta["key_fields"]
+        path = cache.layout.entry_path(info.key)
+        raw = bytearray(open(path, "rb").read())
+        raw[len(raw) // 2] ^= 0xFF
+        open(path, "wb").write(bytes(raw))
+        ct.enable(cache.replace())
+        assert compile_module_from_src(src, "cuforge_probe").answer() == 43
+        from tests.triton_cache.kernels import c_builds
+
+        assert c_builds(tmp_path / "cc.log") == 2
+    finally:
+        ct.disable()
+
+
+def test_native_module_keys_hold_no_path_of_the_triton_install():
+    import triton
+    from triton.backends.nvidia import driver
+
+    root = os.path.dirname(os.path.realpath(triton.__file__))
+    config = {
+        "language": ["c"],
+        "include_dirs": [os.path.join(root, "backends", "nvidia", "include"), "/opt/custom"],
+        "library_dirs": [os.path.join(root, "backends", "nvidia", "lib")],
+        "libraries": ["libcuda.so.1"],
+        "ccflags": None,
+    }
+    out = ct.path_free_config(config)
+    assert out["include_dirs"] == ["<triton>/backends/nvidia/include", "/opt/custom"]
+    assert out["library_dirs"] == ["<triton>/backends/nvidia/lib"]
+    assert out["libraries"] == ["libcuda.so.1"] and config["include_dirs"][0].startswith(root)
+    assert hasattr(driver, "libcuda_dirs")

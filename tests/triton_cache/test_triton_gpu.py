@@ -68,3 +68,51 @@ def test_torch_compile_on_machine_b_runs_no_triton_compile(tmp_path):
     assert b["compiles"] == 0, (a, b)
     assert _remote_triton_entries(shared) == stored, "B compiled a kernel A had not stored"
     assert b["out"] == pytest.approx(a["out"], rel=1e-3, abs=1e-3)
+
+
+# the issue's Triton benchmark as a test: a @triton.jit launch in a fresh process
+VECADD = f"""
+import json, os, sys
+sys.path.insert(0, {ROOT!r})
+import torch, triton
+import cuforge, cuforge.triton as ct
+from tests.triton_cache.kernels import CompileCounter, add_kernel, c_builds
+counter = CompileCounter().install()
+assert ct.enable()
+n = 1 << 16
+x = torch.rand(n, device="cuda"); y = torch.rand(n, device="cuda"); out = torch.empty_like(x)
+add_kernel[(triton.cdiv(n, 1024),)](x, y, out, n, BLOCK=1024)
+torch.cuda.synchronize()
+assert torch.allclose(out, x + y)
+print(json.dumps({{"compiles": counter.compiles, "hits": counter.hits,
+                  "c_builds": c_builds(os.environ["CC_LOG"]),
+                  "counters": dict(cuforge.default_cache().counters)}}))
+"""
+
+
+@pytest.mark.gpu
+def test_a_triton_launch_on_machine_b_builds_nothing(tmp_path):
+    """B (fresh Triton and cuforge dirs, the same remote): no kernel compile and no C
+    compiler run (Triton's cuda_utils and, on Triton <= 3.6, its launcher come from cuforge)."""
+    from tests.triton_cache.kernels import logging_cc
+
+    cc = logging_cc(tmp_path / "cc")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    runs = {}
+    for label in ("a", "b"):
+        home = tmp_path / label
+        home.mkdir()
+        env = child_env(
+            CUFORGE_CACHE_DIR=str(home / "cuforge"),
+            CUFORGE_REMOTE=f"file://{shared}",
+            TRITON_CACHE_DIR=str(home / "triton"),
+            TRITON_HOME=str(home),
+            CC=cc,
+            CC_LOG=str(home / "cc.log"),
+        )
+        runs[label] = run_python(VECADD, env, timeout=600, cwd=str(home))
+    a, b = runs["a"], runs["b"]
+    assert a["compiles"] == 1 and a["c_builds"] >= 1, a
+    assert b["compiles"] == 0 and b["hits"] == 1, b
+    assert b["c_builds"] == 0, b

@@ -26,6 +26,18 @@ for the FX graph and AOTAutograd caches it holds a base64 pickle that torch unpi
 would from its own local or remote cache. cuforge unpickles nothing. Bytes that fail the
 entry checksum (or the signature, when required) are a miss: torch recompiles.
 
+**Explain**: the key stays Inductor's, but a stored FX graph or AOTAutograd entry is
+recorded with labeled fields for ``cuforge cache explain``: torch's own description of its
+key (the ``debug_lines`` that ``compiled_fx_graph_hash`` / ``autograd_cache_key`` return:
+one line per component, ``[hash] label: value``; a long, multi-line or path-holding value is
+shown by its hash), plus the torch and Triton versions and the CUDA arch when CUDA is up.
+An entry's explain name is ``inductor:<FxGraph|AOTAutograd>:<compile id>`` (dynamo's
+compile id, e.g. ``0/0``), so the same program's graphs line up across runs (a forward and a
+backward graph share a name; explain compares with the nearest earlier key of the name). Autotune
+entries carry no fields (torch gives their keys no description), and torch 2.14's
+``autograd_cache_key`` returns no debug lines, so an AOTAutograd miss names only the
+versions, the arch and ``inductor_key``.
+
 Triton kernels compiled by Inductor go through :mod:`cuforge.triton` (enabled too, when
 Triton is installed and supported).
 
@@ -41,6 +53,8 @@ and leaves torch's caches as they are.
 from __future__ import annotations
 
 import logging
+import re
+import sys
 from typing import TYPE_CHECKING
 
 from cuforge.blobcache import make_key
@@ -50,7 +64,7 @@ from cuforge.store.base import Entry
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any
 
-__all__ = ["enable", "disable", "supported", "SUPPORTED"]
+__all__ = ["enable", "disable", "supported", "SUPPORTED", "fields_from_debug_lines"]
 
 #: ``(low, high)``: the torch versions this module patches (low <= version < high)
 SUPPORTED = ((2, 6), (2, 15))
@@ -67,8 +81,31 @@ _FLAGS = (
     ("torch._functorch.config", ("enable_remote_autograd_cache",)),
 )
 
+#: torch's key functions that also return a description of the key (debug lines)
+_HASHERS = (
+    ("torch._inductor.codecache", "compiled_fx_graph_hash"),
+    ("torch._functorch._aot_autograd.autograd_cache", "autograd_cache_key"),
+)
+#: the caches whose entries are explained (their keys come from _HASHERS)
+_EXPLAINED = {"RemoteFxGraphCache": "FxGraph", "RemoteAOTAutogradCache": "AOTAutograd"}
+#: a value longer than this (or multi-line, or holding a path) is shown by its hash
+_SHORT = 120
+_DEBUG_LINE = re.compile(r"\[([^\]]*)\] ([^:]+): (.*)", re.DOTALL)
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]{6,}")
+#: the config modules whose flags torch's debug lines list one by one
+_CONFIG_MODULES = {
+    "inductor_config": "torch._inductor.config",
+    "aot_config": "torch._functorch.config",
+    "functorch_config": "torch._functorch.config",
+}
+_CONFIG_PREFIXES = tuple(f"{name}[" for name in _CONFIG_MODULES)
+
 _log = logging.getLogger("cuforge")
 _state: dict[str, Any] = {"cache": None, "saved": None, "warned": False}
+#: Inductor key -> labeled fields from torch's debug lines (for explain)
+_recent_fields: dict[str, dict[str, str]] = {}
+#: (module, name, original) of the wrapped key functions
+_wrapped: list = []
 
 
 def _torch_version() -> tuple[int, int]:
@@ -128,6 +165,7 @@ def enable(cache: Cache | None = None, *, triton: bool = True) -> bool:
         config = importlib.import_module(module)
         for flag in flags:
             setattr(config, flag, True)
+    _install_key_recorders()
     _pin_ptxas()
     if triton:
         try:
@@ -177,6 +215,119 @@ def disable() -> None:
             setattr(importlib.import_module(where), name, value)
     _state["saved"] = None
     _state["cache"] = None
+    while _wrapped:
+        module, name, original = _wrapped.pop()
+        setattr(module, name, original)
+
+
+def _install_key_recorders() -> None:
+    """Wrap torch's key functions (unchanged keys) to keep their description of each key."""
+    if _wrapped:
+        return
+    import importlib
+
+    for module_name, name in _HASHERS:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        original = getattr(module, name, None)
+        if original is None or getattr(original, "_cuforge_recorder", False):
+            continue
+        _wrapped.append((module, name, original))
+        setattr(module, name, _recorder(original))
+
+
+def _recorder(original: Any) -> Any:
+    def hashed(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        try:
+            key, lines = result
+            if len(_recent_fields) > 1024:
+                _recent_fields.clear()
+            _recent_fields[str(key)] = fields_from_debug_lines(lines)
+        except Exception:  # noqa: BLE001 - explain fields are best effort; the key stands
+            pass
+        return result
+
+    hashed.__wrapped__ = original  # type: ignore[attr-defined]
+    hashed._cuforge_recorder = True  # type: ignore[attr-defined]
+    return hashed
+
+
+def fields_from_debug_lines(lines: Any) -> dict[str, str]:
+    """Labeled fields from torch's description of an Inductor key (``[hash] label: value``
+    lines): the value where it is short, printable, on one line and holds no path or
+    address, else its hash. The config flags (``inductor_config[...]``, hundreds) are one
+    ``config`` digest of them all plus each flag whose value is not its default."""
+    import hashlib
+
+    fields: dict[str, str] = {}
+    config = hashlib.sha256()
+    for line in lines or ():
+        match = _DEBUG_LINE.fullmatch(str(line))
+        if match is None:
+            continue
+        digest, label, value = match.groups()
+        label = label.strip()
+        if label.startswith(_CONFIG_PREFIXES):
+            config.update(f"{label}={digest};".encode())
+            if _is_default(label, value):
+                continue
+        if (
+            len(value) > _SHORT
+            or not value.isprintable()
+            or "/" in value
+            or "\\" in value
+            or _ADDRESS.search(value)
+        ):
+            value = f"hash {digest}"
+        fields[label] = value
+    if fields:
+        fields["config"] = config.hexdigest()[:16]
+    return fields
+
+
+def _is_default(label: str, value: str) -> bool:
+    """Whether a ``<config>[flag]`` line shows the flag's default value."""
+    import importlib
+
+    prefix, _, rest = label.partition("[")
+    module = _CONFIG_MODULES.get(prefix)
+    if module is None or not rest.endswith("]"):
+        return False
+    try:
+        entry = importlib.import_module(module)._config.get(rest[:-1])
+    except Exception:  # noqa: BLE001 - torch's private config internals: treat as changed
+        return False
+    return entry is not None and str(entry.default) == value
+
+
+def _context_fields() -> dict[str, str]:
+    """The torch and Triton versions and the CUDA arch (only when CUDA is already up)."""
+    import torch
+
+    fields = {"torch_version": torch.__version__}
+    triton = sys.modules.get("triton")
+    if triton is not None:
+        fields["triton_version"] = str(getattr(triton, "__version__", "?"))
+    try:
+        if torch.cuda.is_initialized():
+            major, minor = torch.cuda.get_device_capability()
+            fields["cuda_arch"] = f"sm_{major}{minor}"
+    except Exception:  # noqa: BLE001 - no device: no arch field
+        pass
+    return fields
+
+
+def _explain_name(short: str) -> str:
+    try:
+        from torch._guards import CompileContext
+
+        compile_id = str(CompileContext.current_compile_id() or "?")
+    except Exception:  # noqa: BLE001 - torch's private API; the name falls back
+        compile_id = "?"
+    return f"inductor:{short}:{compile_id}"
 
 
 def _factory(class_name: str):
@@ -227,7 +378,18 @@ def _backend_class():
                 "cache": self.class_name,
                 "arch": "",
             }
-            cache.put(Entry(self._key(key), "inductor", bytes(data), meta))
+            entry = Entry(self._key(key), "inductor", bytes(data), meta)
+            short = _EXPLAINED.get(self.class_name)
+            if short is None:
+                cache.put(entry)
+            else:
+                # the backend's key is Inductor's with a prefix ("pt2:fx-graph-v1::<key>",
+                # ":c1" after it for FX graphs)
+                inductor_key = key.rsplit("::", 1)[-1].split(":", 1)[0]
+                fields = dict(_recent_fields.get(inductor_key) or {})
+                fields.update(_context_fields())
+                fields["inductor_key"] = inductor_key
+                cache.record_build(_explain_name(short), entry.key, fields, [entry])
             cache.count(f"inductor:{self.class_name}:put")
 
     _made.append(CuforgeBackend)
