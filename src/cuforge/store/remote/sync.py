@@ -39,6 +39,8 @@ from __future__ import annotations
 import os
 import time
 
+from cuforge.store.base import ENTRY_KINDS
+
 TYPE_CHECKING = False  # typing costs ~10 ms to import; annotations are strings here
 if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Callable, Sequence
@@ -71,8 +73,8 @@ INDEX_KIND = "manifest"
 DEFAULT_INDEX = "default"
 #: an index keeps at most this many (kind, key) pairs (the newest); ~80 bytes each
 MAX_INDEX_ENTRIES = 50_000
-#: copy order: what manifests point at first, manifests last
-_ORDER = {"kernel": 0, "object": 0, "module": 0, "manifest": 1}
+#: copy order over every entry kind: what manifests point at first, manifests last
+_ORDER = {kind: int(kind == "manifest") for kind in ENTRY_KINDS}
 #: the entry ``cuforge doctor`` writes and reads back (a key no compile produces)
 PROBE_KEY = "c0ffee" + "0" * 58
 PROBE_PAYLOAD = b"cuforge doctor probe v1"
