@@ -331,7 +331,7 @@ def test_disable_cache_and_disable_file_cache(cuda_env, tmp_path):
         cuda_env,
         str(tmp_path),
     )
-    assert out["fenced"][:2] == ["cuda.compute", "cccl/reduce_into"] and out["fenced"][2]
+    assert out["fenced"][:2] == ["cuda.compute", "cccl/make_reduce_into"] and out["fenced"][2]
     assert out["off"]["source"] == "compiled"
     assert (out["mem1"]["source"], out["mem2"]["source"]) == ("compiled", "memory")
     assert out["entries"] == []
