@@ -34,7 +34,7 @@ empty local cache dir where the row says so:
 (2), (3) and (4) run under ``CUFORGE_FENCE=error``: a compile there would fail the run, so
 each is checked to serve the batch with 0 compiles. Reported: (1)-(4), the ratios
 (2)/(4) and (3)/(4) (goal <= 1.2), and where the warm process's time goes: interpreter
-start, ``import cuforge``, CUDA context creation (+ allocations), the cache work (every
+start, ``import cuforge`` (and ``cuda.compute``), CUDA context creation (+ allocations), the cache work (every
 compile call, each a hit), the launches (module loads included) and the synchronize.
 
 **Size** (``--size-only``, or always at the end): the recorded bundle (what the service used)
@@ -47,7 +47,6 @@ each for every arch of ``--grid-archs`` (sm_80, sm_90, sm_100 by default), built
 from __future__ import annotations
 
 import argparse
-import glob
 import importlib.util
 import json
 import os
@@ -133,6 +132,37 @@ if LAUNCH:
     X, Y = alloc(8 * N), alloc(8 * N)
 T_CONTEXT = time.time()
 
+cccl_note = CONFIG.get("cccl_note", "")
+cccl = None
+if CONFIG.get("cccl"):  # its import counts as import time, not cache work
+    try:
+        import numpy as np
+        import cuda.compute as cc
+        import cuforge.cccl as cccl
+    except Exception as exc:  # noqa: BLE001 - the benchmark runs without it
+        cccl_note = f"cuda.compute not usable here ({type(exc).__name__}: {exc}): skipped"
+        cccl = None
+
+T_IMPORTS = time.time()
+
+def make_cccl(arch):
+    if LAUNCH:
+        cap = 10 * d.device_attribute(75, 0) + d.device_attribute(76, 0)
+    else:
+        cap = int(arch.split("_")[1].rstrip("a"))
+    P = cc.ProxyArray
+    def red(dt):
+        return dict(d_in=P(dt), d_out=P(dt), op=cc.OpKind.PLUS, h_init=np.zeros(1, dt),
+                    compute_capability=cap)
+    cccl.make_reduce_into(**red(np.int32))
+    cccl.make_reduce_into(**red(np.float32))
+    cccl.make_reduce_into(**red(np.float64))
+    cccl.make_unary_transform(d_in=P(np.float32), d_out=P(np.float32), op=sq,
+                              compute_capability=cap)
+    cccl.make_radix_sort(d_in_keys=P(np.int32), d_out_keys=P(np.int32), d_in_values=None,
+                         d_out_values=None, order=cc.SortOrder.DESCENDING,
+                         compute_capability=cap)
+
 ready = []  # (kernel, grid, block, args)
 archs = CONFIG.get("archs") or [ARCH]
 for arch in archs:
@@ -146,32 +176,9 @@ for arch in archs:
         prog = cuforge.compile(CUB[algo], name=f"{algo}.cu", name_expressions=(expr,), arch=arch)
         if LAUNCH:
             ready.append((prog.kernel(expr), (N + block - 1) // block, block, (X, Y, N)))
-cccl_note = CONFIG.get("cccl_note", "")
-if CONFIG.get("cccl"):
-    try:
-        import numpy as np
-        import cuda.compute as cc
-        import cuforge.cccl as cccl
-    except Exception as exc:  # noqa: BLE001 - the benchmark runs without it
-        cccl_note = f"cuda.compute not usable here ({type(exc).__name__}: {exc}): skipped"
-    else:
-        if LAUNCH:
-            cap = 10 * d.device_attribute(75, 0) + d.device_attribute(76, 0)
-        else:
-            cap = int(ARCH.split("_")[1].rstrip("a"))
-        P = cc.ProxyArray
-        def red(dt):
-            return dict(d_in=P(dt), d_out=P(dt), op=cc.OpKind.PLUS, h_init=np.zeros(1, dt),
-                        compute_capability=cap)
-        cccl.make_reduce_into(**red(np.int32))
-        cccl.make_reduce_into(**red(np.float32))
-        cccl.make_reduce_into(**red(np.float64))
-        cccl.make_unary_transform(d_in=P(np.float32), d_out=P(np.float32), op=sq,
-                                  compute_capability=cap)
-        cccl.make_radix_sort(d_in_keys=P(np.int32), d_out_keys=P(np.int32), d_in_values=None,
-                             d_out_values=None, order=cc.SortOrder.DESCENDING,
-                             compute_capability=cap)
-        cccl_note = "5 cuda.compute algorithms built (not launched)"
+    if cccl is not None:
+        make_cccl(arch)
+        cccl_note = "5 cuda.compute algorithms built per arch (not launched)"
 T_CACHE = time.time()
 for kernel, grid, block, args in ready:
     kernel[grid, block](*args)
@@ -180,8 +187,8 @@ if LAUNCH:
     d.call("cuCtxSynchronize")
 T_END = time.time()
 print(json.dumps({
-    "start": T_START, "import": T_IMPORT - T_START, "context": T_CONTEXT - T_IMPORT,
-    "cache": T_CACHE - T_CONTEXT, "launch": T_LAUNCH - T_CACHE, "sync": T_END - T_LAUNCH,
+    "start": T_START, "import": T_IMPORT - T_START + T_IMPORTS - T_CONTEXT,
+    "context": T_CONTEXT - T_IMPORT, "cache": T_CACHE - T_IMPORTS, "launch": T_LAUNCH - T_CACHE, "sync": T_END - T_LAUNCH,
     "end": T_END, "compiles": cuforge.default_cache().counters["compiles"],
     "launched": len(ready), "cccl": cccl_note,
 }))
@@ -404,9 +411,7 @@ def _measure(args, work, base, rec, lock, url, site) -> dict:
             raise SystemExit(f"the {name} row compiled {bad} kernels: the warm set is incomplete")
     med = {k: _median(v, "total") for k, v in rows.items()}
     phases = ("interpreter", "import", "context", "cache", "launch", "sync")
-    breakdown = {
-        k: {p: _median(v, p) for p in phases} for k, v in rows.items() if k != "cold"
-    }
+    breakdown = {k: {p: _median(v, p) for p in phases} for k, v in rows.items() if k != "cold"}
     breakdown["prefetch"]["prefetch"] = _median(rows["prefetch"], "prefetch")
     return {
         "median_seconds": med,
@@ -427,7 +432,7 @@ def _grid(args, work, base, warm) -> dict:
     config = {
         "jit": [[t, b] for t in GRID_DTYPES for b in BLOCKS],
         "cub": CUB_GRID,
-        "cccl": False,
+        "cccl": json.loads(base["SVC_CONFIG"])["cccl"],  # the same 5 algorithms, every arch
         "archs": archs,
     }
     grid_env = dict(base, SVC_CONFIG=json.dumps(config), SVC_ARCH=archs[0])
@@ -437,13 +442,14 @@ def _grid(args, work, base, warm) -> dict:
     out = _service(work, _env(work, **grid_env, CUFORGE_CACHE_DIR=cache, CUFORGE_RECORD=lock))
     bundle = os.path.join(work, "grid.cfb")
     _cli(work, _env(work, CUFORGE_CACHE_DIR=cache), "build", "--lock", lock, "--bundle", bundle)
-    variants = len(config["jit"]) * len(archs) + len(CUB_GRID) * len(archs)
+    ncccl = 5 if config["cccl"] else 0
+    variants = (len(config["jit"]) + len(CUB_GRID) + ncccl) * len(archs)
     print(f"grid: {variants} variants over {', '.join(archs)} ({out['compiles']} compiles, "
           f"{time.time() - t0:.1f} s)", flush=True)  # fmt: skip
     return {
         "grid_variants": variants,
         "grid_archs": archs,
-        "recorded_variants": len(JIT_DTYPES) * len(BLOCKS) + len(CUB_USED),
+        "recorded_variants": len(JIT_DTYPES) * len(BLOCKS) + len(CUB_USED) + ncccl,
         "grid_bundle_bytes": _size(bundle),
         "size_ratio_recorded_vs_grid": _size(warm) / _size(bundle),
     }
@@ -458,7 +464,9 @@ def _report(r: dict) -> None:
         print(f"time from process start to the {what}, median of {r['runs']} "
               f"({r['cold_runs']} for no cache); {r['launched']} launches")  # fmt: skip
         print(f"  (1) no cache          {m['cold']:8.3f} s   {r['ratio_cold_vs_warm']:7.1f}x warm")
-        print(f"  (2) warm-set wheel    {m['wheel']:8.3f} s   {r['ratio_wheel_vs_warm']:7.2f}x warm")
+        print(
+            f"  (2) warm-set wheel    {m['wheel']:8.3f} s   {r['ratio_wheel_vs_warm']:7.2f}x warm"
+        )
         print(
             f"  (3) prefetch + serve  {m['prefetch']:8.3f} s   "
             f"{r['ratio_prefetch_vs_warm']:7.2f}x warm "

@@ -586,7 +586,10 @@ def _lookup_or_compile(
                 request, cache, base, base_digest, result_type, started
             ),
             offline_error=lambda: _offline_miss(
-                request, CompileCall._make(call), cache, base_digest,
+                request,
+                CompileCall._make(call),
+                cache,
+                base_digest,
                 " (built with caching off)",
             ),  # fmt: skip
         )
