@@ -31,7 +31,8 @@ empty local cache dir where the row says so:
    ``file://`` dir (the report says which);
 4. *warm*: the anchor: a fully warm local cache dir.
 
-(2), (3) and (4) run under ``CUFORGE_FENCE=error``: a compile there would fail the run, so
+Python bytecode is cached as for installed packages (``PYTHONDONTWRITEBYTECODE`` is dropped
+for the children; the recording run writes it). (2), (3) and (4) run under ``CUFORGE_FENCE=error``: a compile there would fail the run, so
 each is checked to serve the batch with 0 compiles. Reported: (1)-(4), the ratios
 (2)/(4) and (3)/(4) (goal <= 1.2), and where the warm process's time goes: interpreter
 start, ``import cuforge`` (and ``cuda.compute``), CUDA context creation (+ allocations), the cache work (every
@@ -201,6 +202,9 @@ print(json.dumps({
 
 def _env(work: str, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CUFORGE_")}
+    # as installed packages are: bytecode cached (the recording writes it), else every row
+    # pays for compiling the Python modules it imports, and the rows import different sets
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in [SRC, extra.pop("PYTHONPATH", ""), os.environ.get("PYTHONPATH", "")] if p
     )
