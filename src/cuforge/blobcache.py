@@ -59,6 +59,7 @@ __all__ = [
     "OfflineBuildError",
     "OfflineMissError",
     "get_or_build",
+    "fence_uncached",
     "make_key",
     "pack",
     "unpack",
