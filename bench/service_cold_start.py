@@ -279,7 +279,9 @@ def _remote(work: str, choice: str) -> tuple[str, str, subprocess.Popen | None]:
         return "redis (loopback redis-server)", f"redis://127.0.0.1:{port}/0", proc
     path = os.path.join(work, "remote")
     os.makedirs(path, mode=0o700, exist_ok=True)
-    why = "no redis-server" if not server else "no redis-py"
+    why = (
+        "--remote file" if choice == "file" else "no redis-server" if not server else "no redis-py"
+    )
     return f"file:// ({why} here)", f"file://{path}", None
 
 
