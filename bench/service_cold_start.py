@@ -1,8 +1,9 @@
 """Cold start of a multi-kernel "service" (issue 23's benchmark), and the size of its
 recorded warm set against the full grid a manifest would enumerate.
 
-    # the GPU machine: the whole benchmark
-    python bench/service_cold_start.py --runs 5 [--json out.json]
+    # the GPU machine (the size needs no GPU: --skip-size saves its ~312 compiles there)
+    python setup.py build_ext --inplace     # the C launcher, as an installed cuforge has it
+    PYTHONPATH=src python bench/service_cold_start.py --runs 5 --cold-runs 2 --skip-size
     # any machine (no GPU): compile for an explicit arch, launch nothing
     python bench/service_cold_start.py --compile-only --arch sm_90 --runs 3
     # the size ratio only (compiles, no GPU needed)
