@@ -36,7 +36,8 @@ demo: $(VENV)/.installed
 # torch.compile, the CuTe DSL, cuda.compute, Ray, Triton) have their own target, which
 # .ci/run calls after `make test`: the edit loop stays fast, CI still runs them all.
 INTEGRATION_TESTS := tests/torch tests/cute tests/cccl tests/triton_cache \
-	tests/aot/test_ray_executor.py tests/aot/test_python_entries.py tests/aot/test_extension.py
+	tests/aot/test_ray_executor.py tests/aot/test_python_entries.py tests/aot/test_extension.py \
+	tests/test_record_systems.py
 
 test: $(VENV)/.installed-test
 	$(PY) -m ruff check setup.py src tests bench

@@ -111,6 +111,41 @@ def test_blob_builds_cached_and_uncached(cache):
     assert len(built) == 1
 
 
+def test_builds_with_caching_off_are_fenced_too(cache, capsys, monkeypatch):
+    off = cache.replace(enabled=False)
+    built = []
+
+    def build():
+        built.append(1)
+        return {"a.bin": b"x"}
+
+    with cuforge.fence("error"):
+        with pytest.raises(CompileAfterFenceError) as info:
+            _compile(off, 4)
+        assert (info.value.system, info.value.name) == ("kernel", "k.cu")
+        assert info.value.key and "[[kernel]]" in info.value.manifest_entry
+        k = cuforge.jit(SCALE, "scale", arch="sm_80", cache=off)
+        with pytest.raises(CompileAfterFenceError) as info:
+            k.specialize(T="float", BLOCK=32)
+        assert info.value.system == "cuforge.jit"
+        with pytest.raises(CompileAfterFenceError) as info:
+            blobcache.get_or_build("cccl", "reduce", {"arch": "sm_90"}, build, dict, cache=off)
+        assert (info.value.system, info.value.name) == ("cuda.compute", "reduce")
+        monkeypatch.setenv("CUFORGE_DISABLE_CACHE", "1")  # the default cache, off
+        assert not cuforge.default_cache().enabled
+        with pytest.raises(CompileAfterFenceError):
+            cuforge.compile(SRC, name="k.cu", defines={"TILE": 5})
+    assert off.counters["compiles"] == 0 and built == []  # nothing was compiled
+    with cuforge.fence("warn"):  # each key once, and it builds every time (nothing cached)
+        for _ in range(2):
+            _compile(off, 4)
+            blobcache.get_or_build("cccl", "reduce", {"arch": "sm_90"}, build, dict, cache=off)
+    err = capsys.readouterr().err
+    assert err.count("compile after the fence: kernel 'k.cu'") == 1
+    assert err.count("compile after the fence: cuda.compute 'reduce'") == 1
+    assert off.counters["compiles"] == 2 and len(built) == 2
+
+
 def test_triton_compile_outside_cuforge(capsys, tmp_path, monkeypatch):
     triton = pytest.importorskip("triton")
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))

@@ -59,6 +59,7 @@ __all__ = [
     "OfflineBuildError",
     "OfflineMissError",
     "get_or_build",
+    "fence_uncached",
     "make_key",
     "pack",
     "unpack",
@@ -336,6 +337,15 @@ def _build_and_store(cache: Cache, kind, name, key, recorded, build, load, meta,
         entry_meta.update(meta)
     cache.record_build(name, key, recorded, [Entry(key, kind, pack(files), entry_meta)])
     return _done(cache, kind, name, value, "compiled", key, recorded, None, seconds, started)
+
+
+def fence_uncached(cache: Cache, kind: str, name: str, fields: dict[str, str], why: str) -> None:
+    """Ask the compile fence (:mod:`cuforge.fencing`) about a ``kind`` build of ``name``
+    that runs outside :func:`get_or_build` (an integration that calls its system directly,
+    e.g. with caching off): reported in ``warn`` mode, CompileAfterFenceError in ``error``
+    mode (then the caller builds nothing). ``why``: why it is not looked up."""
+    key, recorded = make_key(kind, fields)
+    _fence(cache, kind, name, key, recorded, why)
 
 
 def _fence(cache: Cache, kind, name, key, recorded, why: str) -> None:

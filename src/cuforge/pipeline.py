@@ -576,7 +576,23 @@ def _lookup_or_compile(
                 request, CompileCall._make(strict), cache, base_digest,
                 " (CUFORGE_DISABLE_CACHE is set)",
             )  # fmt: skip
-        return _compile_and_store(request, cache, base, base_digest, result_type, started)
+        # nothing to look up, but still the one build path: the compile fence and the
+        # recorder see a compile whether or not it is cached
+        return cache.build_once(
+            base_digest,
+            what=request.name,
+            lookup=lambda: None,
+            build=lambda: _compile_and_store(
+                request, cache, base, base_digest, result_type, started
+            ),
+            offline_error=lambda: _offline_miss(
+                request,
+                CompileCall._make(call),
+                cache,
+                base_digest,
+                " (built with caching off)",
+            ),  # fmt: skip
+        )
     return cache.build_once(
         base_digest,
         what=request.name,

@@ -309,6 +309,13 @@ def test_disable_cache_and_disable_file_cache(cuda_env, tmp_path):
         def entries(d):
             return [f for _, _, fs in os.walk(os.path.join(d, "v1", "entries")) for f in fs]
         os.environ["CUFORGE_DISABLE_CACHE"] = "1"
+        import cuforge
+        with cuforge.fence("error"):  # caching off is no way around the fence
+            try:
+                cccl.make_reduce_into(**reduce_args())
+                fenced = None
+            except cuforge.CompileAfterFenceError as exc:
+                fenced = [exc.system, exc.name, exc.key]
         cccl.make_reduce_into(**reduce_args())
         off = last()
         del os.environ["CUFORGE_DISABLE_CACHE"]
@@ -318,12 +325,13 @@ def test_disable_cache_and_disable_file_cache(cuda_env, tmp_path):
         cccl.clear_memo()
         cccl.make_reduce_into(**reduce_args())
         mem2 = last()
-        emit({"off": off, "mem1": mem1, "mem2": mem2,
+        emit({"off": off, "mem1": mem1, "mem2": mem2, "fenced": fenced,
               "entries": entries(os.environ["CUFORGE_CACHE_DIR"])})
         """,
         cuda_env,
         str(tmp_path),
     )
+    assert out["fenced"][:2] == ["cuda.compute", "cccl/make_reduce_into"] and out["fenced"][2]
     assert out["off"]["source"] == "compiled"
     assert (out["mem1"]["source"], out["mem2"]["source"]) == ("compiled", "memory")
     assert out["entries"] == []

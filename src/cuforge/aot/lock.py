@@ -158,6 +158,8 @@ def prefetch(
     cache = resolve(cache)
     records = read_lock(os.fspath(lock))
     local = cache.replace(remotes=(), bundles=())
+    # read past the disk tier: a remote hit would be promoted into it, then put again
+    far = cache.replace(disk=False)
     wanted = lock_keys(records)
     report = LockReport()
     for i, (kind, key, name) in enumerate(wanted, 1):
@@ -165,7 +167,7 @@ def prefetch(
         if _find(local, kind, key) is not None:
             report.copied += 1
         else:
-            entry = _find(cache, kind, key)
+            entry = _find(far, kind, key)
             if entry is None:
                 where = "missing"
                 report.missing.append(f"{kind} {name} {key[:16]}")

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from cuforge.arch import ArchError, normalize_arch
 
 # loaded with the module: `import cuforge.cccl` is the import cost, the first call is not
-from cuforge.blobcache import BlobResult, get_or_build, make_key
+from cuforge.blobcache import BlobResult, fence_uncached, get_or_build, make_key
 from cuforge.caching import Cache, resolve
 from cuforge.cccl._key import key_fields
 from cuforge.fingerprint import UnstableKeyError
@@ -190,6 +190,8 @@ def _call(name: str, original: Callable, signature: Any, args: tuple, kwargs: di
     if fields is None:  # no device and no compute_capability: the factory explains
         return original(*args, **kwargs)
     if not cache.enabled and not cache.offline:  # cuda.compute exactly as it is
+        # ... but a compile after the fence is reported (or refused) all the same
+        fence_uncached(cache, KIND, f"cccl/{name}", fields, "is built with caching off")
         value = original(*args, **kwargs)
         _local.last = BlobResult(value, "compiled", "", fields, "CUFORGE_DISABLE_CACHE is set")
         return value
