@@ -714,6 +714,21 @@ def _dispatch_keys(device_types) -> list[str]:
     return keys
 
 
+def _dynamo_disabled(fn, torch):
+    """``fn`` run with Dynamo off (``torch.compiler.disable(fn, recursive=True)``), as torch's
+    own custom_op runs its kernels: a kernel called eagerly inside a compiled region is never
+    traced. torch._dynamo is imported on the first call (it is heavy), not at registration."""
+    wrapped = None
+
+    def run(*args, **kwargs):
+        nonlocal wrapped
+        if wrapped is None:
+            wrapped = torch.compiler.disable(fn, recursive=True)
+        return wrapped(*args, **kwargs)
+
+    return run
+
+
 _OP_TYPE = None
 
 
@@ -726,8 +741,6 @@ def _op_type():
     import torch
     from torch._library import autograd as torch_autograd
     from torch._library.custom_ops import CustomOpDef
-
-    disable_dynamo = getattr(torch, "_disable_dynamo", None)
 
     class CuforgeOp(CustomOpDef):
         """A torch custom op registered the cheap way (docs/custom_ops.md, "Cost per call").
@@ -784,8 +797,7 @@ def _op_type():
                     bump(tuple(args[i] if i < n else kwargs[names[i]] for i in mutated))
                     return result
 
-            if disable_dynamo is not None:  # as torch's custom_op: Dynamo never traces the kernel
-                run = disable_dynamo(run, recursive=True)
+            run = _dynamo_disabled(run, torch)
             for key in keys:
                 self._lib.impl(self._name, run, key)
 
