@@ -372,12 +372,14 @@ def _out_like_fake(out_like, parsed, qualname: str, returns: int):
         def fake_one(*args, **kwargs):
             return empty_like(bind(args, kwargs)[i0], memory_format=contiguous)
 
+        fake_one._cuforge_like = tuple(index)  # the kernel-mode impl allocates the same itself
         return fake_one
 
     def fake_many(*args, **kwargs):
         values = bind(args, kwargs)
         return tuple(empty_like(values[i], memory_format=contiguous) for i in index)
 
+    fake_many._cuforge_like = tuple(index)
     return fake_many
 
 
@@ -408,22 +410,42 @@ def _kernel_impl(kernel, args, inputs, outputs, parsed, alloc, grid, block, shar
     n_out = len(outputs)
     label = f"custom_op over kernel {getattr(kernel, 'name', kernel)!r}"
     fixed = None if (grid_fn or block_fn or shm_fn) else (grid, block, shared_mem)
+    # outputs from out_like: allocated here from the bound values (no second bind, no call)
+    like = getattr(alloc, "_cuforge_like", None)
+    if like is not None:  # (input position, made contiguous above)
+        like = [(i, i in readonly) for i in like]
+    n_in = len(inputs)
+    if like is not None:
+        import torch
+
+        empty_like, contiguous = torch.empty_like, torch.contiguous_format
 
     def impl(*call_args, **call_kwargs):
-        values = bind(call_args, call_kwargs)
+        if len(call_args) == n_in and not call_kwargs:
+            values = list(call_args)
+        else:
+            values = bind(call_args, call_kwargs)
         for i in readonly:
             t = values[i]
             if not t.is_contiguous():
                 values[i] = t.contiguous()
         if n_out:
-            outs = alloc(*call_args, **call_kwargs)
-            if n_out == 1:
-                outs = (outs,)
-            elif not isinstance(outs, (tuple, list)) or len(outs) != n_out:
-                raise CustomOpError(
-                    f"{label}: the fake allocates the outputs {outputs} here, so it must return "
-                    f"{n_out} tensors, not {type(outs).__name__} {outs!r}"
-                )
+            if like is not None:
+                # a read-only input is contiguous by now: preserve_format (the default, and
+                # faster to ask for) then gives a contiguous output too
+                outs = [
+                    empty_like(values[i]) if ro else empty_like(values[i], memory_format=contiguous)
+                    for i, ro in like
+                ]
+            else:
+                outs = alloc(*call_args, **call_kwargs)
+                if n_out == 1:
+                    outs = (outs,)
+                elif not isinstance(outs, (tuple, list)) or len(outs) != n_out:
+                    raise CustomOpError(
+                        f"{label}: the fake allocates the outputs {outputs} here, so it must "
+                        f"return {n_out} tensors, not {type(outs).__name__} {outs!r}"
+                    )
             kargs = [values[j] if is_input else outs[j] for is_input, j in plan]
         else:
             outs = ()
@@ -432,7 +454,10 @@ def _kernel_impl(kernel, args, inputs, outputs, parsed, alloc, grid, block, shar
             kernel[fixed](*kargs)
         else:
             g = grid_fn(*kargs) if grid_fn else grid
-            g, empty = _normalize_dims(g)
+            if type(g) is int:
+                empty = g == 0
+            else:
+                g, empty = _normalize_dims(g)
             if not empty:
                 b = block_fn(*kargs) if block_fn else block
                 s = shm_fn(*kargs) if shm_fn else shared_mem
