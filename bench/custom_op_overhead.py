@@ -17,7 +17,8 @@ synchronize):
 * ``torch's own custom_op``: the same launcher through ``torch.library.custom_op`` (the
   registration cuforge used before issue 25: three Python layers per call more);
 * ``torch.compile``: the launcher op, and the in-place kernel op, inside
-  ``torch.compile(fullgraph=True)`` functions;
+  ``torch.compile(fullgraph=True)`` functions, and the launcher op under
+  ``torch.compile(mode="reduce-overhead")`` (torch's CUDA graphs);
 * ``CUDA graph replay``: ten op calls captured once, replayed (per op call);
 
 and the peer rows of bench/_peers.py (raw ``cuda.bindings`` ``cuLaunchKernel`` -- the anchor
@@ -108,6 +109,10 @@ def main() -> int:
     compiled_inplace = torch.compile(inplace, fullgraph=True)
     out.zero_()
     torch.testing.assert_close(compiled_inplace(a, b, out), ref)
+    # torch.compile's CUDA graphs: the compiled region is replayed, Python runs once per call
+    graphed = torch.compile(lambda x, y: launcher_op(x, y, 0.5), mode="reduce-overhead")
+    for _ in range(3):
+        torch.testing.assert_close(graphed(a, b), ref)
 
     graph = torch.cuda.CUDAGraph()
     side = torch.cuda.Stream()
@@ -137,6 +142,7 @@ def main() -> int:
         ("torch's own `torch.library.custom_op`, same launcher", lambda: torch_op(a, b, 0.5)),
         ("torch.compile(fullgraph=True), launcher op", lambda: compiled(a, b)),
         ("torch.compile(fullgraph=True), in-place kernel op", lambda: compiled_inplace(a, b, out)),
+        ('torch.compile(mode="reduce-overhead"), launcher op', lambda: graphed(a, b)),
         ("CUDA graph replay (per op, 10 per graph)", graph.replay),
     ]
     peers, notes = _peers.peer_rows(torch, cuforge)
