@@ -566,6 +566,13 @@ def test_register_autograd_and_fake_on_the_lean_op():
 
     x = torch.ones(4, requires_grad=True)
     assert not torch._C._dispatch_has_kernel_for_dispatch_key(q, "Autograd")
+    # no autograd formula yet: a call that autograd would need one for says so (no silent
+    # backward); without grad it runs
+    with pytest.raises(RuntimeError, match="'x' requires grad but the op has no autograd"):
+        scale(x, 3.0)
+    with torch.no_grad():
+        assert scale(x, 3.0).tolist() == [3.0] * 4
+    assert scale(x.detach(), 3.0).tolist() == [3.0] * 4
 
     def setup_context(ctx, inputs, output):
         ctx.alpha = inputs[1]

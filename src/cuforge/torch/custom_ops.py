@@ -790,9 +790,9 @@ def _op_type():
         Python autograd kernel, a Python ADInplaceOrView kernel (for mutating ops) and a
         checking wrapper around the device kernel: three Python layers per call (measured
         about 5-12 us of CPU time more per call). Here the autograd kernel is registered
-        only by :meth:`register_autograd`; until then an input that requires grad meets
-        torch's autograd fallback, which warns at backward that the op has no autograd
-        formula."""
+        only by :meth:`register_autograd`; until then an op that returns tensors raises at
+        the call when grad mode is on and a Tensor input requires grad (torch's autograd
+        fallback would only warn at backward and leave the gradient out)."""
 
         def _register_to_dispatcher(self, tags) -> None:
             tags = [t for t in tags if t is not torch.Tag.pt2_compliant_tag]
@@ -834,9 +834,38 @@ def _op_type():
                     bump(tuple(args[i] if i < n else kwargs[names[i]] for i in mutated))
                     return result
 
+            if parsed.returns:
+                run = self._no_silent_backward(run, parsed)
             run = _dynamo_disabled(run, torch)
             for key in keys:
                 self._lib.impl(self._name, run, key)
+
+        def _no_silent_backward(self, fn, parsed):
+            """``fn``, raising when it would return tensors that autograd cannot
+            differentiate: grad mode on and a Tensor input requiring grad reach the device
+            kernel only when no autograd kernel is registered (one registered by
+            :meth:`register_autograd` runs the kernel with grad mode off). torch's autograd
+            fallback would only warn at backward and leave the gradient out."""
+            tensors = tuple(i for i, a in enumerate(parsed.arguments) if str(a.type) == "Tensor")
+            if not tensors:
+                return fn
+            grad_enabled = torch.is_grad_enabled
+            qualname = self._qualname
+
+            def run(*args, **kwargs):
+                if grad_enabled():
+                    n = len(args)
+                    for i in tensors:
+                        if i < n and args[i].requires_grad:
+                            raise RuntimeError(
+                                f"custom op {qualname}: argument {parsed.arguments[i].name!r} "
+                                "requires grad but the op has no autograd formula; register one "
+                                "with op.register_autograd(backward, setup_context=...), or call "
+                                "it under torch.no_grad() / on .detach()ed tensors"
+                            )
+                return fn(*args, **kwargs)
+
+            return run
 
     _OP_TYPE = CuforgeOp
     return CuforgeOp
