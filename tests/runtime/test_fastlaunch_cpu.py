@@ -330,7 +330,9 @@ def test_launch_ex_takes_the_prebuilt_config(env):
     state, launcher, layout, mock, slow, fail = _setup(
         env, ["float* y", "const float* x", "float a", "int n"]
     )
+    assert state.launch_entry() == "cuLaunchKernel"
     state.set_launch_ex(ctypes.cast(mock.cuLaunchKernelEx, ctypes.c_void_p).value)
+    assert state.launch_entry() == "cuLaunchKernelEx"
     ex = ctypes.c_int.in_dll(mock, "ex_calls").value
     calls = ctypes.c_int.in_dll(mock, "calls").value
     assert launcher(FakeTensor(0x1000), FakeTensor(0x2000), 2.0, 5) is None

@@ -271,6 +271,10 @@ static PyObject* State_set_launch_ex(State* self, PyObject* arg) {
     Py_RETURN_NONE;
 }
 
+static PyObject* State_launch_entry(State* self, PyObject* unused) {
+    return PyUnicode_FromString(self->launch_ex != NULL ? "cuLaunchKernelEx" : "cuLaunchKernel");
+}
+
 /* set_torch_stream(addr): torch's current stream through aoti_torch_get_current_cuda_stream
    (0: through the raw_stream callable again) */
 static PyObject* State_set_torch_stream(State* self, PyObject* arg) {
@@ -300,6 +304,8 @@ static PyMethodDef State_methods[] = {
     {"set_device", (PyCFunction)State_set_device, METH_VARARGS, "set_device(dev, func, shm_ok)"},
     {"set_launch_ex", (PyCFunction)State_set_launch_ex, METH_O,
      "launch through cuLaunchKernelEx at this address (0: cuLaunchKernel)"},
+    {"launch_entry", (PyCFunction)State_launch_entry, METH_NOARGS,
+     "the driver entry point launches go through"},
     {"disable", (PyCFunction)State_disable, METH_NOARGS, "send every launch to the slow path"},
     {"set_torch", (PyCFunction)State_set_torch, METH_VARARGS, "enable torch tensors"},
     {"set_cupy", (PyCFunction)State_set_cupy, METH_VARARGS, "enable CuPy arrays"},
