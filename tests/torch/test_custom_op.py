@@ -605,3 +605,24 @@ def test_mutated_argument_passed_by_keyword_is_bumped():
     v = out._version
     op_of(q)(x, out=out)
     assert out.tolist() == [1.0] * 3 and out._version > v
+
+
+def test_kernel_impl_is_generated_straight_line_and_keyword_only_schemas_still_work(prog):
+    rec = RecordingKernel(prog.kernel("saxpy"))
+    op = custom_op(qual("saxpy"), rec, mutates_args=("y",), grid=1, block=32, device_types="cpu")
+    assert "def impl(y, x, a, n):" in op._init_fn._cuforge_source
+    rec2 = RecordingKernel(prog.kernel("saxpy"))
+    kw = custom_op(
+        qual("saxpy"),
+        rec2,
+        schema="(Tensor(a!) y, Tensor x, *, float a, SymInt n) -> ()",
+        mutates_args=("y",),
+        grid=lambda y, x, a, n: (n + 31) // 32,
+        block=32,
+        device_types="cpu",
+    )
+    assert not hasattr(kw._init_fn, "_cuforge_source")  # the general impl takes keywords
+    y, x = torch.zeros(40), torch.ones(40)
+    kw(y, x, a=2.0, n=40)
+    ((config, args),) = rec2.launches
+    assert config == (2, 32, 0) and args[0] is y and args[1] is x and args[2:] == (2.0, 40)

@@ -468,6 +468,85 @@ def _kernel_impl(kernel, args, inputs, outputs, parsed, alloc, grid, block, shar
             return outs[0]
         return tuple(outs)
 
+    names = [a.name for a in inputs]
+    if any(a.kwarg_only for a in parsed.arguments) or [a.name for a in parsed.arguments] != names:
+        return impl  # a schema= with keyword-only arguments or other names: the general impl
+    ns = {
+        "_cf_kernel": kernel,
+        "_cf_alloc": alloc,
+        "_cf_grid": grid,
+        "_cf_block": block,
+        "_cf_shm": shared_mem,
+        "_cf_fixed": fixed,
+        "_cf_normalize": _normalize_dims,
+        "_cf_error": CustomOpError,
+        "_cf_label": label,
+        "_cf_outputs": outputs,
+    }
+    return _generate_impl(ns, names, args, outputs, plan, readonly, like, fixed, n_out) or impl
+
+
+def _generate_impl(ns, names, args, outputs, plan, readonly, like, fixed, n_out):
+    """The kernel-mode implementation as straight-line Python for this op (the general
+    ``impl`` with its loops unrolled: ~1 us less per call); None when a name cannot be a
+    Python parameter."""
+    out_names = [f"_cf_out{j}" for j in range(n_out)]
+    if not all(n.isidentifier() and not keyword.iskeyword(n) for n in names):
+        return None
+    if len(set(names)) != len(names) or any(n.startswith("_cf_") for n in names):
+        return None
+    lines = [f"def impl({', '.join(names)}):"]
+    for i in readonly:
+        n = names[i]
+        lines.append(f"    if not {n}.is_contiguous(): {n} = {n}.contiguous()")
+    if n_out:
+        if like is not None:
+            import torch
+
+            ns["_cf_empty_like"] = torch.empty_like
+            ns["_cf_contiguous"] = torch.contiguous_format
+            for j, (i, ro) in enumerate(like):
+                fmt = "" if ro else ", memory_format=_cf_contiguous"
+                lines.append(f"    {out_names[j]} = _cf_empty_like({names[i]}{fmt})")
+        else:
+            lines.append(f"    _cf_outs = _cf_alloc({', '.join(names)})")
+            if n_out == 1:
+                lines.append(f"    {out_names[0]} = _cf_outs")
+            else:
+                lines.append(
+                    f"    if not isinstance(_cf_outs, (tuple, list)) or len(_cf_outs) != {n_out}:"
+                )
+                lines.append(
+                    "        raise _cf_error(f'{_cf_label}: the fake allocates the outputs "
+                    "{_cf_outputs} here, so it must return "
+                    f"{n_out} tensors, not {{type(_cf_outs).__name__}} {{_cf_outs!r}}')"
+                )
+                lines.append(f"    {', '.join(out_names)}, = _cf_outs")
+    kargs = ", ".join(names[j] if is_input else out_names[j] for is_input, j in plan)
+    ret = "None" if n_out == 0 else out_names[0] if n_out == 1 else f"({', '.join(out_names)},)"
+    if fixed is not None:
+        lines.append(f"    _cf_kernel[_cf_fixed]({kargs})")
+    else:
+        grid, block, shm = ns["_cf_grid"], ns["_cf_block"], ns["_cf_shm"]
+        lines.append(f"    _cf_g = _cf_grid({kargs})" if callable(grid) else "    _cf_g = _cf_grid")
+        lines += [
+            "    if type(_cf_g) is int:",
+            "        if _cf_g == 0:",
+            f"            return {ret}",
+            "    else:",
+            "        _cf_g, _cf_empty = _cf_normalize(_cf_g)",
+            "        if _cf_empty:",
+            f"            return {ret}",
+        ]
+        b = f"_cf_block({kargs})" if callable(block) else "_cf_block"
+        sh = f"_cf_shm({kargs})" if callable(shm) else "_cf_shm"
+        lines.append(f"    _cf_kernel[_cf_g, {b}, {sh}]({kargs})")
+    lines.append(f"    return {ret}")
+    source = "\n".join(lines) + "\n"
+    code = compile(source, f"<cuforge custom_op impl: {ns['_cf_label']}>", "exec")
+    exec(code, ns)  # noqa: S102 - our own generated source, names checked above
+    impl = ns["impl"]
+    impl._cuforge_source = source
     return impl
 
 
