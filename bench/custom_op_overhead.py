@@ -28,8 +28,8 @@ CuPy, a torch op, Triton) in the same rounds.
 Prints a markdown table.
 """
 
-from __future__ import annotations
-
+# no `from __future__ import annotations`: torch.library.custom_op reads the launchers'
+# hints, which name a Tensor imported inside main()
 import argparse
 import json
 import sys
