@@ -867,14 +867,15 @@ def _op_type():
         -- the Python function, registered directly for the device's dispatch key, which
         bumps the version counter of each tensor it writes. torch's own ``custom_op`` adds a
         Python autograd kernel, a Python ADInplaceOrView kernel (for mutating ops) and a
-        checking wrapper around the device kernel: three Python layers per call (measured
-        about 4.5 us of CPU time more per call on the dev machine: bench/custom_op_cpu.py). Here the autograd kernel is registered
-        only by :meth:`register_autograd`; until then an op that returns tensors raises at
-        the call when grad mode is on and a Tensor input requires grad (torch's autograd
-        fallback would only warn at backward and leave the gradient out)."""
+        checking wrapper around the device kernel: three Python layers per call (about
+        4.5 us more CPU time per call on the dev machine: bench/custom_op_cpu.py). Here the
+        autograd kernel is registered only by :meth:`register_autograd`; until then an op
+        that returns tensors raises at the call when grad mode is on and a Tensor input
+        requires grad (torch's autograd fallback would only warn at backward and leave the
+        gradient out)."""
 
-        def _register_to_dispatcher(self, tags) -> None:
-            tags = [t for t in tags if t is not torch.Tag.pt2_compliant_tag]
+        def _register_to_dispatcher(self, tags=()) -> None:
+            tags = [t for t in tags or () if t is not torch.Tag.pt2_compliant_tag]
             self._lib.define(self._name + self._schema, tags=[torch.Tag.pt2_compliant_tag, *tags])
             self._opoverload = getattr(getattr(torch.ops, self._namespace), self._name).default
             self._cuforge_autograd = False
