@@ -1,26 +1,41 @@
 """What a cuforge kernel costs per call as a torch custom op (GPU).
 
-    python bench/custom_op_overhead.py [--runs 5] [--calls 2000]
+    PYTHONPATH=src python3 bench/custom_op_overhead.py [--repeats 15] [--calls 1000] [--json out.json]
 
 One tiny kernel (muladd on 4096 floats: launch-bound, so the figures are overhead), called
-five ways in one process, host time per call (median of --runs runs of --calls calls, each
-run ending in a synchronize):
+several ways in one process, host time per call (median of --repeats rounds of --calls
+back-to-back calls, every row once per round, interleaved; each sample ends in a
+synchronize):
 
-* ``kernel``: the plain ``cuforge.Kernel`` launch with a preallocated output -- the anchor;
+* ``kernel``: the plain ``cuforge.Kernel`` launch with a preallocated output -- the anchor of
+  the "× kernel" column (issue 25's goals: eager op <= 2×, under torch.compile <= 3×);
+* ``empty_like + kernel``: the same with the output allocated per call, as an out-of-place
+  op must;
 * ``op, kernel mode``: ``custom_op(..., kernel, outputs=..., out_like=...)`` called eagerly;
+* ``op, kernel mode, in place``: the same kernel as an op that writes a passed-in tensor;
 * ``op, launcher mode``: ``custom_op`` over a typed Python launcher, called eagerly;
-* ``torch.compile``: the launcher op inside a ``torch.compile(fullgraph=True)`` function;
-* ``CUDA graph replay``: ten op calls captured once, replayed (per op call).
+* ``torch's own custom_op``: the same launcher through ``torch.library.custom_op`` (the
+  registration cuforge used before issue 25: three Python layers per call more);
+* ``torch.compile``: the launcher op, and the in-place kernel op, inside
+  ``torch.compile(fullgraph=True)`` functions, and the launcher op under
+  ``torch.compile(mode="reduce-overhead")`` (torch's CUDA graphs);
+* ``CUDA graph replay``: ten op calls captured once, replayed (per op call);
 
-Prints a markdown table; every figure is also given as a ratio to the anchor.
+and the peer rows of bench/_peers.py (raw ``cuda.bindings`` ``cuLaunchKernel`` -- the anchor
+of the "× raw" column --, the raw METH_FASTCALL floor, cuforge ``k[1, 32]``, cuda.core,
+CuPy, a torch op, Triton) in the same rounds.
+
+Prints a markdown table.
 """
 
-from __future__ import annotations
-
+# no `from __future__ import annotations`: torch.library.custom_op reads the launchers'
+# hints, which name a Tensor imported inside main()
 import argparse
-import statistics
-import time
+import json
+import sys
 import uuid
+
+import _peers
 
 SOURCE = r"""
 extern "C" __global__ void muladd(int numel, const float* a, const float* b, float c,
@@ -31,22 +46,11 @@ extern "C" __global__ void muladd(int numel, const float* a, const float* b, flo
 """
 
 
-def per_call_us(fn, calls: int, runs: int, sync) -> float:
-    samples = []
-    for _ in range(runs):
-        sync()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        sync()
-        samples.append((time.perf_counter() - t0) / calls * 1e6)
-    return statistics.median(samples)
-
-
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--calls", type=int, default=2000)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=15, help="rounds (samples) per row")
+    parser.add_argument("--calls", type=int, default=1000, help="calls per timed sample")
+    parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
 
     import torch
@@ -55,17 +59,17 @@ def main() -> int:
     import cuforge
     from cuforge.torch import custom_op
 
+    if not torch.cuda.is_available():
+        print("bench/custom_op_overhead.py needs a CUDA GPU", file=sys.stderr)
+        return 2
     n = 4096
     k = cuforge.compile(SOURCE, name="custom_op_bench.cu").kernel("muladd")
     ns = f"cuforge_bench_{uuid.uuid4().hex[:8]}"
+    grid = lambda numel, a, b, c, result: (numel + 255) // 256  # noqa: E731
     kernel_op = custom_op(
-        f"{ns}::muladd_k",
-        k,
-        outputs=("result",),
-        out_like="a",
-        grid=lambda numel, a, b, c, result: (numel + 255) // 256,
-        block=256,
+        f"{ns}::muladd_k", k, outputs=("result",), out_like="a", grid=grid, block=256
     )
+    inplace_op = custom_op(f"{ns}::muladd_i", k, mutates_args=("result",), grid=grid, block=256)
 
     @custom_op(f"{ns}::muladd_l", out_like="a")
     def launcher_op(a: Tensor, b: Tensor, c: float) -> Tensor:
@@ -74,17 +78,41 @@ def main() -> int:
         k[(numel + 255) // 256, 256](numel, a, b, c, result)
         return result
 
+    @torch.library.custom_op(f"{ns}::muladd_t", mutates_args=())
+    def torch_op(a: Tensor, b: Tensor, c: float) -> Tensor:
+        result = torch.empty_like(a)
+        numel = a.numel()
+        k[(numel + 255) // 256, 256](numel, a, b, c, result)
+        return result
+
+    torch_op.register_fake(lambda a, b, c: torch.empty_like(a))
+
     a = torch.randn(n, device="cuda")
     b = torch.randn(n, device="cuda")
     out = torch.empty_like(a)
     launch = k[(n + 255) // 256, 256]
     ref = a * b + 0.5
     launch(n, a, b, 0.5, out)
-    for result in (out, kernel_op(n, a, b, 0.5), launcher_op(a, b, 0.5)):
+    for result in (out, kernel_op(n, a, b, 0.5), launcher_op(a, b, 0.5), torch_op(a, b, 0.5)):
         torch.testing.assert_close(result, ref)
+    out.zero_()
+    inplace_op(n, a, b, 0.5, out)
+    torch.testing.assert_close(out, ref)
 
     compiled = torch.compile(lambda x, y: launcher_op(x, y, 0.5), fullgraph=True)
     torch.testing.assert_close(compiled(a, b), ref)
+
+    def inplace(x, y, r):
+        inplace_op(n, x, y, 0.5, r)
+        return r
+
+    compiled_inplace = torch.compile(inplace, fullgraph=True)
+    out.zero_()
+    torch.testing.assert_close(compiled_inplace(a, b, out), ref)
+    # torch.compile's CUDA graphs: the compiled region is replayed, Python runs once per call
+    graphed = torch.compile(lambda x, y: launcher_op(x, y, 0.5), mode="reduce-overhead")
+    for _ in range(3):
+        torch.testing.assert_close(graphed(a, b), ref)
 
     graph = torch.cuda.CUDAGraph()
     side = torch.cuda.Stream()
@@ -99,21 +127,58 @@ def main() -> int:
     graph.replay()
     torch.testing.assert_close(g_out, ref)
 
-    sync = torch.cuda.synchronize
-    c, r = args.calls, args.runs
+    def alloc_and_launch():
+        r = torch.empty_like(a)
+        launch(n, a, b, 0.5, r)
+
+    anchor = "kernel `f(n, a, b, c, out)`, bound launcher (anchor)"
     rows = [
-        ("kernel (anchor)", per_call_us(lambda: launch(n, a, b, 0.5, out), c, r, sync)),
-        ("op, kernel mode", per_call_us(lambda: kernel_op(n, a, b, 0.5), c, r, sync)),
-        ("op, launcher mode", per_call_us(lambda: launcher_op(a, b, 0.5), c, r, sync)),
-        ("torch.compile(fullgraph=True)", per_call_us(lambda: compiled(a, b), c, r, sync)),
-        ("CUDA graph replay (per op)", per_call_us(graph.replay, c // 10, r, sync) / 10),
+        (anchor, lambda: launch(n, a, b, 0.5, out)),
+        ("kernel `k[16, 256](n, a, b, c, out)`", lambda: k[16, 256](n, a, b, 0.5, out)),
+        ("empty_like + kernel", alloc_and_launch),
+        ("op, kernel mode (allocates the output)", lambda: kernel_op(n, a, b, 0.5)),
+        ("op, kernel mode, in place", lambda: inplace_op(n, a, b, 0.5, out)),
+        ("op, launcher mode (allocates the output)", lambda: launcher_op(a, b, 0.5)),
+        ("torch's own `torch.library.custom_op`, same launcher", lambda: torch_op(a, b, 0.5)),
+        ("torch.compile(fullgraph=True), launcher op", lambda: compiled(a, b)),
+        ("torch.compile(fullgraph=True), in-place kernel op", lambda: compiled_inplace(a, b, out)),
+        ('torch.compile(mode="reduce-overhead"), launcher op', lambda: graphed(a, b)),
+        ("CUDA graph replay (per op, 10 per graph)", graph.replay),
     ]
-    anchor = rows[0][1]
-    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, median of {r} runs of {c}")
-    print("| call | us per call | vs kernel |")
-    print("|---|---|---|")
-    for label, us in rows:
-        print(f"| {label} | {us:.2f} | {us / anchor:.2f}x |")
+    peers, notes = _peers.peer_rows(torch, cuforge)
+    samples = _peers.measure(rows + peers, args.calls, args.repeats, torch.cuda.synchronize)
+    samples["CUDA graph replay (per op, 10 per graph)"] = [
+        t / 10 for t in samples["CUDA graph replay (per op, 10 per graph)"]
+    ]
+    med = _peers.medians(samples)
+    raw, plain = med.get(_peers.RAW), med[anchor]
+    print(
+        f"\ntorch.custom_op overhead on {torch.cuda.get_device_name()}: median host µs per call "
+        f"over {args.repeats} interleaved rounds of {args.calls} calls (torch {torch.__version__}, "
+        f"Python {sys.version.split()[0]})\n"
+    )
+    print("| call | µs / call | × kernel | × raw cuLaunchKernel |")
+    print("|---|---:|---:|---:|")
+    for label, _ in rows + peers:
+        t = med[label]
+        print(f"| {label} | {t:.2f} | {t / plain:.2f}× | {_peers.ratio(t, raw)} |")
+    for label, note in notes.items():
+        print(f"| {label} | - | - | {note} |")
+    print()
+    goals = (
+        ("op, kernel mode (allocates the output)", 2.0),
+        ("op, kernel mode, in place", 2.0),
+        ("op, launcher mode (allocates the output)", 2.0),
+        ("torch.compile(fullgraph=True), launcher op", 3.0),
+        ("torch.compile(fullgraph=True), in-place kernel op", 3.0),
+    )
+    for label, goal in goals:
+        print(f"{label} / kernel = {med[label] / plain:.2f} (goal <= {goal}, issue 25)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(
+                {"gpu": torch.cuda.get_device_name(), "medians": med, "notes": notes}, f, indent=1
+            )
     return 0
 
 

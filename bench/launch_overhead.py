@@ -8,7 +8,9 @@ over several rounds (every row once per round, interleaved), and its ratio to a 
 
 Rows: cuforge ``k[grid, block](...)`` (constant and computed grids, torch tensors and CuPy
 arrays), the launcher bound once, the C launcher as before issue 25 (torch tensors read
-through four method calls, the stream through a Python call, ``__getitem__`` in Python), the
+through four method calls, the stream through a Python call, ``__getitem__`` in Python,
+``cuLaunchKernel``), today's C launcher through ``cuLaunchKernel`` instead of
+``cuLaunchKernelEx`` (``fastpath.use_launch_ex = False``), the
 pure-Python fast path, the raw anchors (cuda.bindings, ctypes, and the METH_FASTCALL C
 floor), cuda.core, CuPy, a torch op, a torch C++ extension and Triton. The goals of issue 25
 are printed under the table.
@@ -290,12 +292,12 @@ def main() -> int:
     if c_path:
         # the C launcher as before issue 25: four tensor method calls per tensor, the stream
         # through a Python call, k[grid, block] through a Python __getitem__
-        fastpath.use_torch_abi = False
+        fastpath.use_torch_abi = fastpath.use_launch_ex = False
         try:
             kb = kernel_mod.Kernel(prog, "saxpy")
             kb[1, 32](y, x, a, n)
         finally:
-            fastpath.use_torch_abi = True
+            fastpath.use_torch_abi = fastpath.use_launch_ex = True
         getitem = kernel_mod.Kernel._getitem
         run(
             "cuforge `k[1, 32](...)`, C launcher before issue 25",
@@ -304,6 +306,20 @@ def main() -> int:
         )
         kb_bound = kb[1, 32]
         run("cuforge bound launcher, before issue 25", lambda: kb_bound(y, x, a, n))
+        # today's C launcher, but through cuLaunchKernel: what cuLaunchKernelEx saves
+        fastpath.use_launch_ex = False
+        try:
+            kc = kernel_mod.Kernel(prog, "saxpy")
+            kc[1, 32](y, x, a, n)
+        finally:
+            fastpath.use_launch_ex = True
+        run(
+            "cuforge `k[1, 32](...)` through cuLaunchKernel (no Ex)",
+            lambda: kc[1, 32](y, x, a, n),
+            "fastpath.use_launch_ex = False",
+        )
+        kc_bound = kc[1, 32]
+        run("cuforge bound launcher through cuLaunchKernel (no Ex)", lambda: kc_bound(y, x, a, n))
     run(
         "cuforge `k(grid=1, block=32, args=(...))`",
         lambda: k(grid=1, block=32, args=(y, x, a, n)),
@@ -517,6 +533,11 @@ def main() -> int:
             ("cuforge `k[16, 256](...)`", row("cuforge `k[16, 256]"), "goal <= 0.85"),
             ("cuforge bound launcher", bound_t, "goal <= 0.80, issue 25"),
             ("METH_FASTCALL floor", floor_t, "the floor"),
+            (
+                "METH_FASTCALL floor, cuLaunchKernelEx",
+                row("raw C launcher (METH_FASTCALL -> cuLaunchKernelEx)"),
+                "the floor of cuforge's C launcher",
+            ),
         ):
             if t:
                 print(f"{label} / raw = {t / raw:.2f} ({goal})")

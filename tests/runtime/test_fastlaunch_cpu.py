@@ -325,6 +325,46 @@ def test_the_c_launcher_has_one_entry_cuLaunchKernel(env):
     assert ctypes.c_void_p.in_dll(mock, "last_stream").value == 0xABC0
 
 
+def test_launch_ex_takes_the_prebuilt_config(env):
+    module, _ = env
+    state, launcher, layout, mock, slow, fail = _setup(
+        env, ["float* y", "const float* x", "float a", "int n"]
+    )
+    assert state.launch_entry() == "cuLaunchKernel"
+    state.set_launch_ex(ctypes.cast(mock.cuLaunchKernelEx, ctypes.c_void_p).value)
+    assert state.launch_entry() == "cuLaunchKernelEx"
+    ex = ctypes.c_int.in_dll(mock, "ex_calls").value
+    calls = ctypes.c_int.in_dll(mock, "calls").value
+    assert launcher(FakeTensor(0x1000), FakeTensor(0x2000), 2.0, 5) is None
+    assert ctypes.c_int.in_dll(mock, "ex_calls").value == ex + 1
+    assert ctypes.c_int.in_dll(mock, "calls").value == calls + 1  # the stand-in Ex forwards
+    assert _last(mock, layout) == layout.struct.pack(0x1000, 0x2000, 2.0, 5)
+    assert list((ctypes.c_uint * 7).in_dll(mock, "last_dims")) == [2, 3, 4, 128, 1, 1, 0]
+    assert ctypes.c_void_p.in_dll(mock, "last_stream").value == 0xABC0
+    # a launcher with its own stream and shared memory: the config carries both
+    fixed = module.Launcher(state, ("cfg",), 5, 1, 1, 64, 2, 1, 256, 256, 0x7700)
+    assert fixed(FakeTensor(0x3000), FakeTensor(0x4000), -1.5, 7) is None
+    assert ctypes.c_int.in_dll(mock, "ex_calls").value == ex + 2
+    assert list((ctypes.c_uint * 7).in_dll(mock, "last_dims")) == [5, 1, 1, 64, 2, 1, 256]
+    assert ctypes.c_void_p.in_dll(mock, "last_stream").value == 0x7700
+    assert _last(mock, layout) == layout.struct.pack(0x3000, 0x4000, -1.5, 7)
+    # the checks stay: a wrong argument goes to the slow path, nothing is launched
+    assert launcher(FakeTensor(0x1000, dtype="f16"), FakeTensor(0x2000), 2.0, 5) == "slow"
+    assert ctypes.c_int.in_dll(mock, "ex_calls").value == ex + 2
+    # a driver error goes to fail, as with cuLaunchKernel
+    ctypes.c_int.in_dll(mock, "result").value = 700
+    try:
+        assert launcher(FakeTensor(0x1000), FakeTensor(0x2000), 2.0, 5) == "failed"
+    finally:
+        ctypes.c_int.in_dll(mock, "result").value = 0
+    assert fail == [700]
+    assert ctypes.c_int.in_dll(mock, "ex_calls").value == ex + 3
+    state.set_launch_ex(0)  # back to cuLaunchKernel
+    assert launcher(FakeTensor(0x1000), FakeTensor(0x2000), 2.0, 5) is None
+    assert ctypes.c_int.in_dll(mock, "ex_calls").value == ex + 3
+    assert ctypes.c_int.in_dll(mock, "calls").value == calls + 4
+
+
 # -- torch tensors read through torch's C shim ----------------------------------------------
 
 CUDA = 1  # the stand-in shim's CUDA device type

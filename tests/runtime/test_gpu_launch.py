@@ -354,6 +354,48 @@ def test_side_stream_ordering(saxpy_prog):
     assert _rel(z, 2 * ref) < 1e-6
 
 
+@pytest.mark.parametrize("use_ex", [True, False], ids=["cuLaunchKernelEx", "cuLaunchKernel"])
+def test_c_launcher_entry_points(saxpy_prog, use_ex):
+    """The C launcher goes through cuLaunchKernelEx (a CUlaunchConfig pre-built per launcher)
+    where the driver has it, else cuLaunchKernel: both land the same results, on torch's
+    current stream, on an explicit stream, bound or not."""
+    from cuforge.runtime import driver as drv_mod
+    from cuforge.runtime import fastpath
+    from cuforge.runtime.kernel import Kernel
+
+    fastpath.use_launch_ex = use_ex
+    try:
+        k = Kernel(saxpy_prog, "saxpy")
+        n = 5000
+        x = torch.randn(n, device="cuda")
+        y = torch.randn(n, device="cuda")
+        ref = y.double()
+        k[(n + 255) // 256, 256](y, x, 1.0, n)
+        ref = ref + x.double()
+    finally:
+        fastpath.use_launch_ex = True
+    if k._state is None:
+        pytest.skip("no C launcher here")
+    has_ex = drv_mod.driver().launch_ex is not None
+    want = "cuLaunchKernelEx" if use_ex and has_ex else "cuLaunchKernel"
+    assert k._state.launch_entry() == want
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            y.mul_(1.0)  # queued ahead of the kernel on the side stream
+        f = k[(n + 255) // 256, 256]
+        f(y, x, 2.0, n)  # torch's current stream: side
+        ref = ref + 2.0 * x.double()
+    torch.cuda.current_stream().wait_stream(side)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    k[(n + 255) // 256, 256, 0, s](y, x, -0.5, n)
+    ref = ref - 0.5 * x.double()
+    torch.cuda.synchronize()
+    assert _rel(y, ref) < 1e-6
+
+
 def test_torch_tensors_through_torchs_c_shim(saxpy_prog):
     """The C launcher reads CUDA tensors and torch's stream through torch's C shim (issue
     25): what it reads equals the methods, offset views land at their own address, and

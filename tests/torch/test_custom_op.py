@@ -523,3 +523,106 @@ def test_cuforge_jit_executor_is_a_kernel_and_the_template_is_refused():
     assert op(x, 2.0, 5).dtype == torch.float64
     with pytest.raises(CustomOpError, match=r"cuforge.jit kernel.*k.compile.*k.specialize"):
         custom_op(qual("scale"), k, outputs=("out",), out_like="x", grid=1, block=128)
+
+
+# -- the lean registration (docs/custom_ops.md, "Cost per call") ----------------------------
+
+
+def test_registration_is_lean_and_still_a_custom_op_def(prog):
+    from torch._library.custom_ops import CustomOpDef
+
+    rec = RecordingKernel(prog.kernel("saxpy"))
+    q = qual("saxpy")
+    op = custom_op(q, rec, mutates_args=("y",), grid=1, block=32, device_types="cpu")
+    assert isinstance(op, CustomOpDef)  # opcheck, register_* take it
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    assert has(q, "CPU")
+    # no per-call Python autograd / ADInplaceOrView kernels until autograd is asked for
+    assert not torch._C._dispatch_has_kernel_for_dispatch_key(q, "Autograd")
+    assert not has(q, "ADInplaceOrView")
+    y, x = torch.zeros(8), torch.ones(8)
+    before = y._version
+    assert op(y, x, 2.0, 8) is None
+    assert y._version > before  # the write is visible to autograd's saved-tensor checks
+    assert x._version == 0  # a read-only input is not bumped
+    assert len(rec.launches) == 1
+    with torch.inference_mode():  # inference tensors have no version counter: no error
+        yi, xi = torch.zeros(8), torch.ones(8)
+        op(yi, xi, 2.0, 8)
+    assert len(rec.launches) == 2
+    # the fake still runs under FakeTensorMode and in torch.compile tracing
+    results = torch.library.opcheck(op, (torch.zeros(8), torch.ones(8), 2.0, 8))
+    assert all(v == "SUCCESS" for v in results.values()), results
+
+
+def test_register_autograd_and_fake_on_the_lean_op():
+    q = qual("scale")
+    calls = []
+
+    @custom_op(q, out_like="x", device_types="cpu")
+    def scale(x: torch.Tensor, alpha: float) -> torch.Tensor:
+        calls.append(alpha)
+        return x * alpha
+
+    x = torch.ones(4, requires_grad=True)
+    assert not torch._C._dispatch_has_kernel_for_dispatch_key(q, "Autograd")
+    # no autograd formula yet: a call that autograd would need one for says so (no silent
+    # backward); without grad it runs
+    with pytest.raises(RuntimeError, match="'x' requires grad but the op has no autograd"):
+        scale(x, 3.0)
+    with torch.no_grad():
+        assert scale(x, 3.0).tolist() == [3.0] * 4
+    assert scale(x.detach(), 3.0).tolist() == [3.0] * 4
+
+    def setup_context(ctx, inputs, output):
+        ctx.alpha = inputs[1]
+
+    scale.register_autograd(lambda ctx, g: (g * ctx.alpha, None), setup_context=setup_context)
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(q, "Autograd")
+    (grad,) = torch.autograd.grad(scale(x, 3.0).sum(), x)
+    assert grad.tolist() == [3.0] * 4
+    # register_fake replaces the fake: the next trace uses it
+    seen = []
+
+    @scale.register_fake
+    def _(x, alpha):
+        seen.append(alpha)
+        return torch.empty_like(x)
+
+    compiled = torch.compile(lambda t: scale(t, 2.0), fullgraph=True, backend="eager")
+    assert compiled(torch.ones(4)).tolist() == [2.0] * 4
+    assert seen and calls[-1] == 2.0
+
+
+def test_mutated_argument_passed_by_keyword_is_bumped():
+    q = qual("fill")
+
+    @custom_op(q, mutates_args=("out",), device_types="cpu")
+    def fill(x: torch.Tensor, out: torch.Tensor) -> None:
+        out.numpy()[:] = x.numpy()  # a write torch does not see, as a kernel's
+
+    x, out = torch.ones(3), torch.zeros(3)
+    v = out._version
+    op_of(q)(x, out=out)
+    assert out.tolist() == [1.0] * 3 and out._version > v
+
+
+def test_kernel_impl_is_generated_straight_line_and_keyword_only_schemas_still_work(prog):
+    rec = RecordingKernel(prog.kernel("saxpy"))
+    op = custom_op(qual("saxpy"), rec, mutates_args=("y",), grid=1, block=32, device_types="cpu")
+    assert "def impl(y, x, a, n):" in op._init_fn._cuforge_source
+    rec2 = RecordingKernel(prog.kernel("saxpy"))
+    kw = custom_op(
+        qual("saxpy"),
+        rec2,
+        schema="(Tensor(a!) y, Tensor x, *, float a, SymInt n) -> ()",
+        mutates_args=("y",),
+        grid=lambda y, x, a, n: (n + 31) // 32,
+        block=32,
+        device_types="cpu",
+    )
+    assert not hasattr(kw._init_fn, "_cuforge_source")  # the general impl takes keywords
+    y, x = torch.zeros(40), torch.ones(40)
+    kw(y, x, a=2.0, n=40)
+    ((config, args),) = rec2.launches
+    assert config == (2, 32, 0) and args[0] is y and args[1] is x and args[2:] == (2.0, 40)

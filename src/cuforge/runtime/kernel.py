@@ -22,8 +22,8 @@ The launcher is, in order of preference:
 
 1. the C fast path (:mod:`cuforge.runtime.fastlaunch`, built once per machine): exact-type
    checks of torch tensors / CuPy arrays and Python scalars, packing, the framework's
-   current stream and ``cuLaunchKernel``, all in C -- about the cost of a raw pre-packed
-   ``cuLaunchKernel`` through ``cuda.bindings``;
+   current stream and ``cuLaunchKernelEx`` (``cuLaunchKernel`` on a driver without it), all
+   in C -- below the cost of a raw pre-packed ``cuLaunchKernel`` through ``cuda.bindings``;
 2. generated Python (no C compiler): one ``type(a) is Tensor`` check, a dtype identity
    check and ``is_contiguous()`` per tensor, one ``struct.pack_into``, torch's raw stream
    from ``torch._C._cuda_getCurrentRawStream``, ``cuLaunchKernelEx`` through ctypes;
