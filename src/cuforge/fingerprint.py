@@ -177,8 +177,6 @@ def module_fingerprint(module: types.ModuleType) -> str:
     if top in sys.builtin_module_names or top in getattr(sys, "stdlib_module_names", ()):
         return f"{name} python-{sys.version_info[0]}.{sys.version_info[1]}"
     installed = _installed_key(module)
-    if _memo_pending:
-        _flush_memo()
     if installed is not None:
         return installed
     return _local_module_fingerprint(module)
@@ -198,6 +196,9 @@ def _installed_key(module: types.ModuleType) -> str | None:
         return None
     remembered = _remembered_installed(module)
     if remembered is not None:
+        if remembered == _NOT_INSTALLED:
+            _not_installed.add(name)
+            return None
         _module_cache[name] = (None, remembered)
         return remembered
     versions = []
@@ -211,6 +212,7 @@ def _installed_key(module: types.ModuleType) -> str | None:
             infos.append(_info_paths.get(_normalize(dist)))
     if not versions:
         _not_installed.add(name)
+        _remember_installed(module, _NOT_INSTALLED, [])
         return None
     result = f"{name} " + " ".join(versions)
     _module_cache[name] = (None, result)
@@ -223,8 +225,11 @@ def _installed_key(module: types.ModuleType) -> str | None:
 # inode) of the module's file, with the stat of each RECORD that vouched for it (pip
 # rewrites a RECORD on every install, upgrade, reinstall or uninstall of its wheel, and a
 # RECORD fixes each file it installed by size and SHA-256). Only answers backed by RECORDs
-# are kept; none is kept when file caching is off.
+# are kept; none is kept when file caching is off. "No distribution installed it" (your own
+# module) is kept under the stat of the module's file and of every sys.path directory that
+# holds distributions (installing or removing one changes its directory), for this sys.path.
 _MEMO_KIND = "installed-module"
+_NOT_INSTALLED = "-"
 _memo_pending: dict[str, tuple[list[int], dict]] = {}
 
 
@@ -249,10 +254,20 @@ def _remembered_installed(module: types.ModuleType) -> str | None:
     if sig is None:
         return None
     with _memo.lock:
-        data = _memo.probed(_memo.load(), _MEMO_KIND, f"{module.__name__}|{file}", sig)
+        data = _memo.probed(_memo.load(), _MEMO_KIND, _memo_where(module, file), sig)
     if data is None:
         return None
     key, records = data.get("key"), data.get("records")
+    if key == _NOT_INSTALLED:
+        dirs = data.get("dirs")
+        if not isinstance(dirs, list) or not dirs:
+            return None
+        for item in dirs:
+            if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)):
+                return None
+            if _memo.file_stat_key(item[0]) != item[1]:
+                return None
+        return key
     if not isinstance(key, str) or not isinstance(records, list) or not records:
         return None
     for item in records:
@@ -269,6 +284,11 @@ def _remember_installed(module: types.ModuleType, result: str, infos: list) -> N
         return
     sig = _stat3(file)
     records = []
+    if result == _NOT_INSTALLED:
+        dirs = [[d, _memo.file_stat_key(d)] for d in _info_dirs]
+        if sig is not None and dirs and all(st is not None for _d, st in dirs):
+            _memo_pending[_memo_where(module, file)] = (sig, {"key": result, "dirs": dirs})
+        return
     for info in infos:
         if not (isinstance(info, str) and info.endswith(".dist-info")):
             return  # an egg-info has no RECORD to vouch for the file
@@ -278,7 +298,13 @@ def _remember_installed(module: types.ModuleType, result: str, infos: list) -> N
             return
         records.append([record, stat])
     if sig is not None:
-        _memo_pending[f"{module.__name__}|{file}"] = (sig, {"key": result, "records": records})
+        _memo_pending[_memo_where(module, file)] = (sig, {"key": result, "records": records})
+
+
+def _memo_where(module: types.ModuleType, file: str) -> str:
+    """The memo entry's name: the module, its file and (a digest of) this ``sys.path``."""
+    path = hashlib.sha256("\0".join(sys.path).encode("utf-8", "surrogateescape"))
+    return f"{module.__name__}|{file}|{path.hexdigest()[:16]}"
 
 
 def _flush_memo() -> None:
