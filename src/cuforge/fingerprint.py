@@ -254,7 +254,10 @@ def _remembered_installed(module: types.ModuleType) -> str | None:
     if sig is None:
         return None
     with _memo.lock:
-        data = _memo.probed(_memo.load(), _MEMO_KIND, _memo_where(module, file), sig)
+        memo = _memo.load()
+        data = _memo.probed(memo, _MEMO_KIND, _memo_where(module, file), sig)
+        if data is None:
+            data = _memo.probed(memo, _MEMO_KIND, _memo_where(module, file, sys.path), sig)
     if data is None:
         return None
     key, records = data.get("key"), data.get("records")
@@ -287,7 +290,8 @@ def _remember_installed(module: types.ModuleType, result: str, infos: list) -> N
     if result == _NOT_INSTALLED:
         dirs = [[d, _memo.file_stat_key(d)] for d in _info_dirs]
         if sig is not None and dirs and all(st is not None for _d, st in dirs):
-            _memo_pending[_memo_where(module, file)] = (sig, {"key": result, "dirs": dirs})
+            where = _memo_where(module, file, sys.path)
+            _memo_pending[where] = (sig, {"key": result, "dirs": dirs})
         return
     for info in infos:
         if not (isinstance(info, str) and info.endswith(".dist-info")):
@@ -301,10 +305,13 @@ def _remember_installed(module: types.ModuleType, result: str, infos: list) -> N
         _memo_pending[_memo_where(module, file)] = (sig, {"key": result, "records": records})
 
 
-def _memo_where(module: types.ModuleType, file: str) -> str:
-    """The memo entry's name: the module, its file and (a digest of) this ``sys.path``."""
-    path = hashlib.sha256("\0".join(sys.path).encode("utf-8", "surrogateescape"))
-    return f"{module.__name__}|{file}|{path.hexdigest()[:16]}"
+def _memo_where(module: types.ModuleType, file: str, path: list[str] | None = None) -> str:
+    """The memo entry's name: the module and its file; for "not installed", also (a digest
+    of) ``path``, the ``sys.path`` it was found on (which directories hold distributions)."""
+    if path is None:
+        return f"{module.__name__}|{file}"
+    digest = hashlib.sha256("\0".join(path).encode("utf-8", "surrogateescape"))
+    return f"{module.__name__}|{file}|{digest.hexdigest()[:16]}"
 
 
 def _flush_memo() -> None:
