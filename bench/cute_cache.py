@@ -33,8 +33,9 @@ and ``PYTHONPYCACHEPREFIX`` are dropped from their environment; the bytecode is 
 the warm-up child of each kernel, so no timed child compiles a ``.pyc``). ``process_breakdown`` says
 where the rest of a fresh process goes: interpreter start, ``import cuforge.cute``,
 ``import cutlass`` / ``cutlass.cute``, the DSL's runtime (``CuTeDSL._get_dsl()``), with a
-GPU the CUDA context, and ``import torch`` (which the kernel processes timed above do not
-import, but CUTLASS's examples do).
+GPU the CUDA context, ``import torch`` (which the kernel processes timed above do not
+import, but CUTLASS's examples do), and the exit (the breakdown process's wall time less its
+phases and a bare interpreter's start and exit).
 """
 
 from __future__ import annotations
@@ -165,11 +166,12 @@ def breakdown(runs: int, gpu: bool) -> dict[str, float]:
     run (medians; the imports are incremental)."""
     cache_dir = tempfile.mkdtemp(prefix="cuforge-bench-cute-")
     try:
-        starts, phases = [], []
+        starts, phases, rests = [], [], []
         for _ in range(runs):
             t = time.perf_counter()
             subprocess.run([sys.executable, "-c", "pass"], env=_env(cache_dir), check=True)
             starts.append(time.perf_counter() - t)
+            t = time.perf_counter()
             done = subprocess.run(
                 [sys.executable, "-c", BREAKDOWN, "1" if gpu else "0"],
                 env=_env(cache_dir),
@@ -180,12 +182,17 @@ def breakdown(runs: int, gpu: bool) -> dict[str, float]:
             )
             if done.returncode != 0:
                 raise SystemExit(f"breakdown child failed:\n{done.stderr}")
+            wall = time.perf_counter() - t
             phases.append(json.loads(done.stdout.strip().splitlines()[-1]))
+            rests.append(wall - sum(phases[-1].values()) - starts[-1])
     finally:
         shutil.rmtree(cache_dir, ignore_errors=True)
     out = {"interpreter start (python -c pass)": _median(starts)}
     for name in phases[0]:
         out[name] = _median([p[name] for p in phases])
+    out["interpreter exit: tearing down the DSL (and torch), beyond a bare interpreter's"] = (
+        _median(rests)
+    )
     return out
 
 
