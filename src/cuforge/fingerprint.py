@@ -161,6 +161,9 @@ def fingerprint(
             hasher._last,
             "it is nested too deeply to follow (Python's recursion limit was reached)",
         ) from None
+    finally:
+        if _memo_pending:
+            _flush_memo()
     return hasher.hexdigest()
 
 
@@ -191,19 +194,137 @@ def _installed_key(module: types.ModuleType) -> str | None:
         return cached[1]
     if name in _not_installed:
         return None
+    remembered = _remembered_installed(module)
+    if remembered is not None:
+        if remembered == _NOT_INSTALLED:
+            _not_installed.add(name)
+            return None
+        _module_cache[name] = (None, remembered)
+        return remembered
     versions = []
+    infos = []
     for dist in sorted(set(distributions_of(module))):
         if _editable(dist) or not _installed_from(dist, module):
             continue
         version = installed_version(dist)
         if version is not None:
             versions.append(f"{dist}=={version}")
+            infos.append(_info_paths.get(_normalize(dist)))
     if not versions:
         _not_installed.add(name)
+        _remember_installed(module, _NOT_INSTALLED, [])
         return None
     result = f"{name} " + " ".join(versions)
     _module_cache[name] = (None, result)
+    _remember_installed(module, result, infos)
     return result
+
+
+# A fresh process keys an installed module without finding its distribution again: the
+# answer of _installed_key is kept in cuforge's toolchain memo under the stat (size, mtime,
+# inode) of the module's file, with the stat of each RECORD that vouched for it (pip
+# rewrites a RECORD on every install, upgrade, reinstall or uninstall of its wheel, and a
+# RECORD fixes each file it installed by size and SHA-256). Only answers backed by RECORDs
+# are kept; none is kept when file caching is off. "No distribution installed it" (your own
+# module) is kept under the stat of the module's file and of every sys.path directory that
+# holds distributions (installing or removing one changes its directory), for this sys.path.
+_MEMO_KIND = "installed-module"
+_NOT_INSTALLED = "-"
+_memo_pending: dict[str, tuple[list[int], dict]] = {}
+
+
+def _stat3(path: str) -> list[int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_size, st.st_mtime_ns, st.st_ino]
+
+
+def _file_memo_on() -> bool:
+    cfg = settings()
+    return not (cfg.disable_cache or cfg.disable_file_cache)
+
+
+def _remembered_installed(module: types.ModuleType) -> str | None:
+    file = getattr(module, "__file__", None)
+    if not isinstance(file, str) or not _file_memo_on():
+        return None
+    sig = _stat3(file)
+    if sig is None:
+        return None
+    with _memo.lock:
+        memo = _memo.load()
+        data = _memo.probed(memo, _MEMO_KIND, _memo_where(module, file), sig)
+        if data is None:
+            data = _memo.probed(memo, _MEMO_KIND, _memo_where(module, file, sys.path), sig)
+    if data is None:
+        return None
+    key, records = data.get("key"), data.get("records")
+    if key == _NOT_INSTALLED:
+        dirs = data.get("dirs")
+        if not isinstance(dirs, list) or not dirs:
+            return None
+        for item in dirs:
+            if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)):
+                return None
+            if _memo.file_stat_key(item[0]) != item[1]:
+                return None
+        return key
+    if not isinstance(key, str) or not isinstance(records, list) or not records:
+        return None
+    for item in records:
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)):
+            return None
+        if _stat3(item[0]) != item[1]:
+            return None
+    return key
+
+
+def _remember_installed(module: types.ModuleType, result: str, infos: list) -> None:
+    file = getattr(module, "__file__", None)
+    if not isinstance(file, str) or not _file_memo_on():
+        return
+    sig = _stat3(file)
+    records = []
+    if result == _NOT_INSTALLED:
+        dirs = [[d, _memo.file_stat_key(d)] for d in _info_dirs]
+        if sig is not None and dirs and all(st is not None for _d, st in dirs):
+            where = _memo_where(module, file, sys.path)
+            _memo_pending[where] = (sig, {"key": result, "dirs": dirs})
+        return
+    for info in infos:
+        if not (isinstance(info, str) and info.endswith(".dist-info")):
+            return  # an egg-info has no RECORD to vouch for the file
+        record = os.path.join(info, "RECORD")
+        stat = _stat3(record)
+        if stat is None:
+            return
+        records.append([record, stat])
+    if sig is not None:
+        _memo_pending[_memo_where(module, file)] = (sig, {"key": result, "records": records})
+
+
+def _memo_where(module: types.ModuleType, file: str, path: list[str] | None = None) -> str:
+    """The memo entry's name: the module and its file; for "not installed", also (a digest
+    of) ``path``, the ``sys.path`` it was found on (which directories hold distributions)."""
+    if path is None:
+        return f"{module.__name__}|{file}"
+    digest = hashlib.sha256("\0".join(path).encode("utf-8", "surrogateescape"))
+    return f"{module.__name__}|{file}|{digest.hexdigest()[:16]}"
+
+
+def _flush_memo() -> None:
+    """Write the installed-module answers learned since the last flush (one memo write)."""
+    if not _memo_pending:
+        return
+    with _memo.lock:
+        pending = dict(_memo_pending)
+        _memo_pending.clear()
+        memo = _memo.load()
+        for where, (sig, data) in pending.items():
+            _memo.remember(memo, _MEMO_KIND, where, sig, data)
+        _memo.save(memo)
 
 
 _not_installed: set[str] = set()  # module names whose files no distribution installed

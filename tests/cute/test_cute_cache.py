@@ -493,3 +493,125 @@ def test_a_shared_remote_serves_another_machine(tmp_path):
     second = _child(CUFORGE_CACHE_DIR=str(tmp_path / "b"), CUFORGE_REMOTE=remote)
     assert second["sources"] == ["remote"], second
     assert second["counters"]["compile"] == 0 and second["key"] == first["key"]
+
+
+def test_dsl_version_is_remembered_under_the_install_signature(monkeypatch):
+    """A fresh process reads the DSL version digest from the toolchain memo (keyed by the
+    stat of the wheels' RECORDs and the loaded libraries), and computes it again when that
+    signature changes."""
+    from cuforge.cute import version
+
+    version.reset()
+    first = version.dsl_version()  # a fresh cache dir: computed, then remembered
+
+    def must_not_compute(dsl):
+        raise AssertionError("the digest was computed, not read from the memo")
+
+    monkeypatch.setattr(version, "_dsl_get_version", must_not_compute)
+    version.reset()
+    assert version.dsl_version() == first
+    real_stat_line = version._stat_line
+    monkeypatch.setattr(
+        version,
+        "_stat_line",
+        lambda label, path: (real_stat_line(label, path) or "") + "reinstalled\n",
+    )
+    version.reset()
+    try:
+        with pytest.raises(AssertionError, match="computed"):
+            version.dsl_version()
+    finally:
+        monkeypatch.undo()
+        version.reset()
+    assert version.dsl_version() == first
+
+
+def test_installed_modules_are_remembered_under_their_record(monkeypatch):
+    """The fingerprint's answer for an installed module (the DSL's, here) is kept in the
+    toolchain memo under the stat of its file and of the RECORD that vouches for it: a
+    fresh process does not look for its distribution again; a rewritten RECORD does."""
+    import cutlass.cute.core as core
+
+    from cuforge import fingerprint
+
+    def forget():
+        fingerprint._module_cache.pop(core.__name__, None)
+
+    forget()
+    first = fingerprint.module_fingerprint(core)
+    assert "nvidia-cutlass-dsl" in first
+    fingerprint._flush_memo()  # fingerprint() writes what it learned when it returns
+
+    def must_not_look(module):
+        raise AssertionError("the distribution was looked up, not read from the memo")
+
+    monkeypatch.setattr(fingerprint, "distributions_of", must_not_look)
+    forget()
+    assert fingerprint.module_fingerprint(core) == first
+    real_stat = fingerprint._stat3
+    monkeypatch.setattr(
+        fingerprint,
+        "_stat3",
+        lambda path: [0, 0, 0] if path.endswith("RECORD") else real_stat(path),
+    )
+    forget()
+    try:
+        with pytest.raises(AssertionError, match="looked up"):
+            fingerprint.module_fingerprint(core)
+    finally:
+        monkeypatch.undo()
+        forget()
+    assert fingerprint.module_fingerprint(core) == first
+
+
+def test_local_modules_are_remembered_as_not_installed(monkeypatch):
+    """A module no distribution installed (the GEMM example's, here) is remembered as such
+    under its file's stat and the stat of the directories that hold distributions: a fresh
+    process does not look for its distribution; a changed directory does."""
+    from cuforge import fingerprint
+    from tests.cute import sgemm_example
+
+    name = sgemm_example.__name__
+
+    def forget():
+        fingerprint._not_installed.discard(name)
+
+    forget()
+    assert fingerprint._installed_key(sgemm_example) is None
+    fingerprint._flush_memo()
+
+    def must_not_look(module):
+        raise AssertionError("the distribution was looked up, not read from the memo")
+
+    monkeypatch.setattr(fingerprint, "distributions_of", must_not_look)
+    forget()
+    assert fingerprint._installed_key(sgemm_example) is None
+    real_stat = fingerprint._memo.file_stat_key
+    monkeypatch.setattr(
+        fingerprint._memo,
+        "file_stat_key",
+        lambda path: [0, 0] if os.path.isdir(path) else real_stat(path),
+    )
+    forget()
+    try:
+        with pytest.raises(AssertionError, match="looked up"):
+            fingerprint._installed_key(sgemm_example)
+    finally:
+        monkeypatch.undo()
+        forget()
+    assert fingerprint._installed_key(sgemm_example) is None
+
+
+def test_a_hit_without_memfd_loads_through_a_private_file_and_removes_it(monkeypatch, tmp_path):
+    first = cc.compile_cached(K.scale, *K.fake_args())
+    assert first.source_of_result == "compiled"
+    cc.clear_memo()
+    monkeypatch.setattr(cute_cache, "_MEMFD", None)
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(temp))
+    loads = cute_cache.counters["load"]
+    again = cc.compile_cached(K.scale, *K.fake_args())
+    assert again.source_of_result in ("memory", "disk") and again.key == first.key
+    assert cute_cache.counters["load"] == loads + 1
+    assert os.listdir(temp) == []  # the private directory is gone

@@ -18,9 +18,23 @@
   (``libcute_dsl_runtime.so`` of the loaded CUDA flavor), from its RECORD in the same way
   (else read), remembered in cuforge's toolchain memo by the file's stat.
 
-Two virtual environments with the same wheels give the same digest; an edited DSL source
-file or a different build of a library gives a different one. The digest is computed once
-per process (:func:`reset` forgets it, for tests).
+Two virtual environments with the same wheels give the same digest; a different build of
+a library gives a different one. The digest is computed once per process (:func:`reset`
+forgets it, for tests).
+
+**A fresh process does not compute it**: the whole digest is remembered in cuforge's
+toolchain memo under an install signature (:func:`_install_signature`: the stat -- size,
+mtime, inode -- of each ``nvidia-cutlass-dsl*`` wheel's ``RECORD`` with the wheel's name
+and version, and of the loaded ``_cutlass_ir`` and runtime libraries), as ccache's direct
+mode trusts a stat: a few ``stat`` calls and the memo file, read once per process.
+pip rewrites a wheel's ``RECORD`` on every install, upgrade or reinstall, so any change
+made through an installer computes the digest again. An edit made *in place* to an
+installed DSL ``.py`` file (not through an installer) is not seen by this signature (the
+wheel's ``RECORD`` already vouches for it by SHA-256, and the per-file digest above trusts
+a ``RECORD`` hash whenever the size is unchanged): ``verify="trace"`` catches a stale
+entry from such an edit (the traced module differs), and ``cuforge cache clear`` or a
+reinstall starts over. A wheel with no ``RECORD`` (a development install) falls back to
+the tree signature, which sees every edit.
 
 Layer 5; imports the DSL lazily.
 """
@@ -38,17 +52,33 @@ from cuforge.toolchain.wheel_record import recorded_sha256
 __all__ = ["dsl_version", "dsl_distributions", "reset"]
 
 _cached: str | None = None
+_infos: list[tuple[str, str]] | None = None
 
 
 def reset() -> None:
     """Forget the digest computed in this process (tests that change the install)."""
-    global _cached
+    global _cached, _infos
     _cached = None
+    _infos = None
 
 
 def dsl_distributions() -> list[str]:
     """``["nvidia-cutlass-dsl==4.8.1", ...]``: every installed ``nvidia-cutlass-dsl*``
     distribution beside the imported package, sorted. Empty when none is found."""
+    return sorted(item for item, _info in _dsl_dist_infos())
+
+
+def _dsl_dist_infos() -> list[tuple[str, str]]:
+    """``("nvidia-cutlass-dsl==4.8.1", its *.dist-info directory)`` of every installed
+    ``nvidia-cutlass-dsl*`` distribution beside the imported package, in directory order
+    (listed once per process, as the digest is computed once)."""
+    global _infos
+    if _infos is None:
+        _infos = _list_dist_infos()
+    return _infos
+
+
+def _list_dist_infos() -> list[tuple[str, str]]:
     import nvidia_cutlass_dsl  # a namespace package: no __file__
 
     roots = list(getattr(nvidia_cutlass_dsl, "__path__", ()))
@@ -67,8 +97,10 @@ def dsl_distributions() -> list[str]:
         stem = entry[: -len(".dist-info")]
         name, _, version = stem.rpartition("-")
         if name and version:
-            found.append(f"{name.replace('_', '-').lower()}=={version}")
-    return sorted(found)
+            found.append(
+                (f"{name.replace('_', '-').lower()}=={version}", os.path.join(site, entry))
+            )
+    return found
 
 
 def _runtime_library_digests(dsl) -> list[str]:
@@ -208,21 +240,89 @@ def _dsl_get_version(dsl) -> str:
     return digest
 
 
+def _stat_line(label: str, path: str) -> str | None:
+    """``label size mtime_ns inode`` of the file at ``path`` (None: it cannot be stat'ed)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return f"{label}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}\n"
+
+
+def _install_signature(
+    items: list[str], infos: list[tuple[str, str]], loaded_ir: str, libs: list[str]
+) -> list[int] | None:
+    """A stat signature of what the whole digest covers, as installed: the ``RECORD`` of
+    every ``nvidia-cutlass-dsl*`` wheel (its name, version, size, mtime, inode: pip
+    rewrites it on every install, upgrade or reinstall, and it fixes every file the wheel
+    installed by SHA-256), the loaded ``_cutlass_ir`` library and the runtime libraries
+    (file names, sizes, mtimes, inodes). No path: a copy of the same install signs alike
+    only where the inodes agree. None when a wheel has no ``RECORD`` (then the digest is
+    computed, each file checked by stat as before)."""
+    if not infos:
+        return None
+    lines = [f"dist {item}\n" for item in items]
+    for item, info in sorted(infos):
+        line = _stat_line(item, os.path.join(info, "RECORD"))
+        if line is None:
+            return None
+        lines.append(line)
+    for path in ([loaded_ir] if loaded_ir else []) + sorted(libs):
+        lines.append(_stat_line(os.path.basename(path), path) or f"{path}\0missing\n")
+    h = hashlib.sha256("".join(lines).encode("utf-8", "surrogateescape"))
+    return [int.from_bytes(h.digest()[:8], "big"), len(lines)]
+
+
+def _file_memo_on() -> bool:
+    from cuforge.config import settings
+
+    cfg = settings()
+    return not (cfg.disable_cache or cfg.disable_file_cache)
+
+
 def dsl_version() -> str:
     """The DSL version digest (see the module doc). Raises ``ImportError`` when the DSL is
-    not installed."""
+    not installed.
+
+    A fresh process reads it from cuforge's toolchain memo, keyed by
+    :func:`_install_signature` (a few ``stat`` calls: the wheels' ``RECORD`` files and the
+    loaded libraries) instead of walking the DSL's tree; it is computed (and remembered)
+    when the signature changed or a wheel has no ``RECORD``."""
     global _cached
     if _cached is not None:
         return _cached
 
+    import cutlass
     from cutlass.cutlass_dsl import CuTeDSL
 
     dsl = CuTeDSL._get_dsl()
+    infos = _dsl_dist_infos()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(cutlass.__file__)))
+    loaded = sys.modules.get("cutlass._mlir._mlir_libs._cutlass_ir")
+    loaded_ir = getattr(loaded, "__file__", "") or ""
+    libs = [p for p in dsl.get_shared_libs() if isinstance(p, str)]
+    items = dsl_distributions()
+    sig = _install_signature(items, infos, loaded_ir, libs) if _file_memo_on() else None
+    where = f"{root}|{os.path.basename(loaded_ir)}"
+    if sig is not None:
+        with _memo.lock:
+            data = _memo.probed(_memo.load(), "cute-dsl-version", where, sig)
+        digest = data.get("digest") if data is not None else None
+        if isinstance(digest, str) and len(digest) == 64:
+            _cached = digest
+            return digest
+
     h = hashlib.sha256(b"cuforge-cute-dsl-version 1\n")
-    for item in dsl_distributions():
+    for item in items:
         h.update(f"dist {item}\n".encode())
     h.update(b"dsl-files " + _dsl_get_version(dsl).encode() + b"\n")
     for item in _runtime_library_digests(dsl):
         h.update(f"lib {item}\n".encode())
-    _cached = h.hexdigest()
-    return _cached
+    digest = h.hexdigest()
+    if sig is not None:
+        with _memo.lock:
+            memo = _memo.load()
+            _memo.remember(memo, "cute-dsl-version", where, sig, {"digest": digest})
+            _memo.save(memo)
+    _cached = digest
+    return digest
