@@ -7,8 +7,10 @@ Set-up, one line: ``cuforge.triton.enable()`` in code, or for every process of a
 What happens (see docs/triton.md):
 
 * Triton's ``compile()`` asks its cache manager for the kernel's *group* (metadata JSON,
-  cubin, PTX, IRs) under Triton's own key (a hash of the Triton build, the kernel's source,
-  the target, the options and the cache-invalidating env knobs). :class:`CacheManager`
+  cubin, PTX, IRs) under Triton's key (a hash of the Triton build, the kernel's source,
+  the target, the options and the cache-invalidating env knobs), the build identified by
+  :func:`build_key` (pip's ``RECORD`` of the installed Triton) instead of Triton's
+  ``triton_key()``, which re-hashes Triton's installed files in every process. :class:`CacheManager`
   keeps that group as **one** entry of kind ``triton`` in a :class:`cuforge.Cache`: the
   payload is the group's files packed by :func:`cuforge.blobcache.pack` (nothing is ever
   unpickled), checksummed, counted against the LRU cap and shared through the remote tiers
@@ -77,6 +79,7 @@ __all__ = [
     "path_free_config",
     "build_key",
     "build_key_source",
+    "cache_key",
 ]
 
 #: the Triton versions whose cache-manager protocol this module was written against
@@ -217,8 +220,12 @@ def _install_key_recorder() -> None:
         return key
 
     get_cache_key.__wrapped__ = original  # type: ignore[attr-defined]
-    for name in ("triton.runtime.cache", "triton.compiler.compiler", "triton.compiler",
-                 "triton.runtime.jit"):
+    for name in (
+        "triton.runtime.cache",
+        "triton.compiler.compiler",
+        "triton.compiler",
+        "triton.runtime.jit",
+    ):
         module = sys.modules.get(name)
         if module is not None and getattr(module, "get_cache_key", None) is original:
             module.get_cache_key = get_cache_key

@@ -116,7 +116,11 @@ def test_the_record_key_follows_records_hashes_and_sizes(tmp_path):
     # RECORD's size differs from the file's (edited after install): Triton's own key
     bigger = _edit_line(core, lambda line: line.rsplit(",", 1)[0] + ",1")
     key, why = ct._record_build_key(_fake_dist_info(tmp_path / "size", bigger))
-    assert key is None and why == f"{core} is {os.path.getsize(ct.triton.language.core.__file__)} bytes, RECORD says 1"
+    assert (
+        key is None
+        and why
+        == f"{core} is {os.path.getsize(ct.triton.language.core.__file__)} bytes, RECORD says 1"
+    )
 
     # no hash (as an editable install writes it), or not listed at all: Triton's own key
     unhashed = _edit_line(core, lambda line: line.split(",", 1)[0] + ",,")
