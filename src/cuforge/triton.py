@@ -241,6 +241,46 @@ def _install_key_recorder() -> None:
         autotuner.triton_key = triton_key
 
 
+def _rekey_from_compile(key: str) -> str:
+    """The key :func:`cache_key` gives the kernel whose manager Triton's ``compile`` is
+    making with ``key``, when ``key`` is Triton's own (a process that reached this module
+    through ``TRITON_CACHE_MANAGER`` imports it only now, after ``compile`` keyed its first
+    kernel, e.g. an Inductor compile worker), so that every process stores and finds that
+    kernel under the same key. Read from ``compile``'s frame, and used only when that
+    frame's hash is ``key``; anything else (a native module, the autotuner, another
+    caller) keeps ``key``."""
+    frame = sys._getframe(1)
+    for _ in range(6):
+        frame = frame.f_back
+        if frame is None:
+            return key
+        code = frame.f_code
+        if code.co_name == "compile" and frame.f_globals.get("__name__") == (
+            "triton.compiler.compiler"
+        ):
+            break
+    else:
+        return key
+    local = frame.f_locals
+    try:
+        if _base32(local["hash"]) != key or not _active():
+            return key
+        src, backend, options, env = (
+            local["src"],
+            local["backend"],
+            local["options"],
+            local["env_vars"],
+        )
+        ours = cache_key(src, backend, options, env)
+        if triton.knobs.runtime.add_stages_inspection_hook is not None:
+            ours += local["inspect_stages_key"]
+        digest = _base32(hashlib.sha256(ours.encode("utf-8")).hexdigest())
+        _recent_fields[digest] = _labeled_fields(src, backend, options, env)
+    except Exception:  # noqa: BLE001 - not the frame we know: Triton's key stands
+        return key
+    return digest
+
+
 # ---------------------------------------------------------------------- Triton's build key
 #: {"key": build key, "source": "record" or why Triton's triton_key() was used}
 _build_key_memo: dict[str, str] = {}
@@ -504,6 +544,8 @@ class CacheManager(_TritonCacheManager):
                 self.cache.warn_once(f"cuforge.triton: {problem}; Triton uses its own cache")
             self._direct = True
             return
+        if key not in _recent_fields:
+            self.key = key = _rekey_from_compile(key)
         self.ckey, _ = make_key("triton", {"triton_hash": key})
 
     # Triton's own file cache: debug dirs, launcher .so files, autotune results

@@ -129,3 +129,44 @@ def test_the_record_key_follows_records_hashes_and_sizes(tmp_path):
     missing = lambda lines: [line for line in lines if not line.startswith(core + ",")]  # noqa: E731
     key, why = ct._record_build_key(_fake_dist_info(tmp_path / "missing", missing))
     assert key is None and why == f"RECORD does not list {core}"
+
+
+# only TRITON_CACHE_MANAGER: cuforge.triton is imported when Triton first asks for its
+# manager, after compile() keyed the first kernel with Triton's own key
+ENV_ROUTE = f"""
+import json, sys
+sys.path.insert(0, {ROOT!r})
+from tests.triton_cache.kernels import CompileCounter, compile_kernel
+counter = CompileCounter().install()
+compile_kernel()
+compile_kernel("mul_kernel")
+import cuforge
+keys = sorted(i.key for i in cuforge.default_cache().iterate())
+print(json.dumps({{"compiles": counter.compiles, "hits": counter.hits, "keys": keys}}))
+"""
+
+
+def test_a_process_that_imports_cuforge_late_keys_kernels_as_enable_does(tmp_path):
+    """With only TRITON_CACHE_MANAGER set, the first kernel's key was computed before
+    cuforge.triton was imported; it is stored under cuforge's key all the same, so a process
+    that ran enable() hits both kernels (and vice versa)."""
+    shared = tmp_path / "cuforge"
+    home = tmp_path / "a"
+    home.mkdir()
+    env = child_env(
+        CUFORGE_CACHE_DIR=str(shared),
+        TRITON_CACHE_DIR=str(home / "triton"),
+        TRITON_HOME=str(home),
+        TRITON_CACHE_MANAGER="cuforge.triton:CacheManager",
+    )
+    env.pop("CUFORGE_REMOTE", None)
+    a = run_python(ENV_ROUTE, env, timeout=240, cwd=str(home))
+    assert (a["compiles"], a["hits"]) == (2, 0)
+    b = _child(tmp_path, "b", shared)
+    assert (b["compiles"], b["hits"]) == (0, 1)
+    assert set(b["keys"]) <= set(a["keys"])
+    home_c = tmp_path / "c"
+    home_c.mkdir()
+    env.update(TRITON_CACHE_DIR=str(home_c / "triton"), TRITON_HOME=str(home_c))
+    c = run_python(ENV_ROUTE, env, timeout=240, cwd=str(home_c))
+    assert (c["compiles"], c["hits"]) == (0, 2)
