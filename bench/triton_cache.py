@@ -14,7 +14,8 @@ Figures are ratios against (b), measured in the same run (docs/benchmarks.md).
 ``--breakdown`` also says where each case's fresh process spends its time (imports, cuforge's
 enable, Triton's cache-manager calls, ``triton.compile``, the C compiler builds of Triton's
 native modules, their loads, the cubin load and launcher set-up, every subprocess by program,
-Triton's own hit/compile counts); times are inclusive (a row can contain another):
+Triton's own hit/compile counts, cuforge's key of the Triton build: ``build_key``, in place of
+``triton_key``); times are inclusive (a row can contain another):
 
     PYTHONPATH=src python3 bench/triton_cache.py --only vecadd --breakdown --repeat 1
 """
@@ -145,6 +146,8 @@ def HOOK():
     try:
         import cuforge.triton as ct
         managers.append(ct.CacheManager)
+        _wrap(ct, "build_key", "cuforge build_key() (Triton's build from pip's RECORD; memoized)")
+        _wrap(ct, "cache_key", "cuforge cache_key() (Triton's get_cache_key with build_key)")
     except ImportError:
         pass
     for cls in managers:

@@ -15,8 +15,8 @@ the generated code changes the key).
 The same design covers the other kinds, one table each: the Python fingerprint rules
 (:data:`FINGERPRINT_RULES`), cute, cccl, cuda.core's header digest, JAX and CuPy (their
 entry keys are pure functions of the framework's own key; no JAX or CuPy needed),
-Triton (:data:`TRITON_MUTATIONS`: Triton's own key as ``triton.compile`` computes it, no
-compile) and torch extensions (tests/torch/test_key_certification_torch.py, run by
+Triton (:data:`TRITON_MUTATIONS`: Triton's key as ``triton.compile`` computes it under
+cuforge's manager, no compile) and torch extensions (tests/torch/test_key_certification_torch.py, run by
 ``make test-integrations``: it imports torch in every fresh process). :func:`check_stable`
 runs any kind's keys under every perturbation.
 
@@ -1389,7 +1389,8 @@ TRITON_MUTATIONS: list[BlobMutation] = [
                  not_here="one Triton per venv: the field records it (and triton_build the "
                  "build's own key, which Triton's key covers)"),
     BlobMutation("triton_build", "the Triton build", lambda mp: (_triton_fields(), None),
-                 not_here="one Triton per venv: the field records a digest of triton_key()"),
+                 not_here="one Triton per venv: the field records a digest of "
+                 "cuforge.triton.build_key() (tests/triton_cache/test_build_key.py changes it)"),
     BlobMutation("source", "another kernel body", lambda mp: (
         _triton_fields(), _triton_fields("mul_kernel"))),
     BlobMutation("signature", "an argument's type", lambda mp: (

@@ -7,8 +7,10 @@ Set-up, one line: ``cuforge.triton.enable()`` in code, or for every process of a
 What happens (see docs/triton.md):
 
 * Triton's ``compile()`` asks its cache manager for the kernel's *group* (metadata JSON,
-  cubin, PTX, IRs) under Triton's own key (a hash of the Triton build, the kernel's source,
-  the target, the options and the cache-invalidating env knobs). :class:`CacheManager`
+  cubin, PTX, IRs) under Triton's key (a hash of the Triton build, the kernel's source,
+  the target, the options and the cache-invalidating env knobs), the build identified by
+  :func:`build_key` (pip's ``RECORD`` of the installed Triton) instead of Triton's
+  ``triton_key()``, which re-hashes Triton's installed files in every process. :class:`CacheManager`
   keeps that group as **one** entry of kind ``triton`` in a :class:`cuforge.Cache`: the
   payload is the group's files packed by :func:`cuforge.blobcache.pack` (nothing is ever
   unpickled), checksummed, counted against the LRU cap and shared through the remote tiers
@@ -75,6 +77,9 @@ __all__ = [
     "key_of",
     "native_fields",
     "path_free_config",
+    "build_key",
+    "build_key_source",
+    "cache_key",
 ]
 
 #: the Triton versions whose cache-manager protocol this module was written against
@@ -166,20 +171,44 @@ def _base32(hexdigest: str) -> str:
     return base64.b32encode(bytes.fromhex(hexdigest)).decode("ascii").rstrip("=")
 
 
-def _install_key_recorder() -> None:
-    """Wrap Triton's ``get_cache_key`` so that a miss can be explained by labeled fields
-    (the key itself is Triton's, unchanged)."""
-    if _original_get_cache_key:
-        return
-    from triton.compiler import compiler as _compiler
+def _active() -> bool:
+    """Whether Triton's cache manager is this module's (what the key wrappers dispatch on)."""
+    try:
+        return triton.knobs.cache.manager_class is CacheManager
+    except Exception:  # noqa: BLE001 - a bad TRITON_CACHE_MANAGER: Triton's own key
+        return False
 
-    original = getattr(_compiler, "get_cache_key", None)
+
+def cache_key(src: Any, backend: Any, backend_options: Any, env_vars: Any) -> str:
+    """Triton's ``get_cache_key`` with :func:`build_key` in place of ``triton_key()``:
+    the same fields in the same format (``triton/runtime/cache.py``, 3.4 to 3.8), the
+    build identified without re-hashing Triton's installed files."""
+    return (
+        f"{build_key()}-{src.hash()}-{backend.hash()}-{backend_options.hash()}-"
+        f"{str(sorted(env_vars.items()))}"
+    )
+
+
+def _install_key_recorder() -> None:
+    """Wrap Triton's ``get_cache_key`` (every module that bound it: the compiler, the JIT's
+    async path, ``triton.runtime.cache``) and the autotuner's ``triton_key``: while this
+    cache manager is Triton's, the key is :func:`cache_key` (the build by
+    :func:`build_key`), and a miss can be explained by labeled fields; otherwise Triton's
+    own functions run unchanged. Installed when this module is imported, so that a process
+    that reaches it through ``TRITON_CACHE_MANAGER`` keys its kernels the same way."""
+    if _original_get_cache_key or not supported():
+        return
+    from triton.runtime import cache as _tcache
+
+    original = getattr(_tcache, "get_cache_key", None)
     if original is None:
         return
     _original_get_cache_key.append(original)
 
     def get_cache_key(src, backend, backend_options, env_vars):
-        key = original(src, backend, backend_options, env_vars)
+        if not _active():
+            return original(src, backend, backend_options, env_vars)
+        key = cache_key(src, backend, backend_options, env_vars)
         try:
             fields = _labeled_fields(src, backend, backend_options, env_vars)
             digest = hashlib.sha256(key.encode("utf-8")).hexdigest()
@@ -191,7 +220,188 @@ def _install_key_recorder() -> None:
         return key
 
     get_cache_key.__wrapped__ = original  # type: ignore[attr-defined]
-    _compiler.get_cache_key = get_cache_key
+    for name in (
+        "triton.runtime.cache",
+        "triton.compiler.compiler",
+        "triton.compiler",
+        "triton.runtime.jit",
+    ):
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "get_cache_key", None) is original:
+            module.get_cache_key = get_cache_key
+    autotuner = sys.modules.get("triton.runtime.autotuner")
+    tuner_key = getattr(autotuner, "triton_key", None)
+    if tuner_key is not None and not getattr(tuner_key, "_cuforge", False):
+
+        def triton_key():
+            return build_key() if _active() else tuner_key()
+
+        triton_key.__wrapped__ = tuner_key  # type: ignore[attr-defined]
+        triton_key._cuforge = True  # type: ignore[attr-defined]
+        autotuner.triton_key = triton_key
+
+
+def _rekey_from_compile(key: str) -> str:
+    """The key :func:`cache_key` gives the kernel whose manager Triton's ``compile`` is
+    making with ``key``, when ``key`` is Triton's own (a process that reached this module
+    through ``TRITON_CACHE_MANAGER`` imports it only now, after ``compile`` keyed its first
+    kernel, e.g. an Inductor compile worker), so that every process stores and finds that
+    kernel under the same key. Read from ``compile``'s frame, and used only when that
+    frame's hash is ``key``; anything else (a native module, the autotuner, another
+    caller) keeps ``key``."""
+    frame = sys._getframe(1)
+    for _ in range(6):
+        frame = frame.f_back
+        if frame is None:
+            return key
+        code = frame.f_code
+        if code.co_name == "compile" and frame.f_globals.get("__name__") == (
+            "triton.compiler.compiler"
+        ):
+            break
+    else:
+        return key
+    local = frame.f_locals
+    try:
+        if _base32(local["hash"]) != key or not _active():
+            return key
+        src, backend, options, env = (
+            local["src"],
+            local["backend"],
+            local["options"],
+            local["env_vars"],
+        )
+        ours = cache_key(src, backend, options, env)
+        if triton.knobs.runtime.add_stages_inspection_hook is not None:
+            ours += local["inspect_stages_key"]
+        digest = _base32(hashlib.sha256(ours.encode("utf-8")).hexdigest())
+        _recent_fields[digest] = _labeled_fields(src, backend, options, env)
+    except Exception:  # noqa: BLE001 - not the frame we know: Triton's key stands
+        return key
+    return digest
+
+
+# ---------------------------------------------------------------------- Triton's build key
+#: {"key": build key, "source": "record" or why Triton's triton_key() was used}
+_build_key_memo: dict[str, str] = {}
+
+
+def build_key() -> str:
+    """The identity of the installed Triton build that cuforge puts where Triton's
+    ``get_cache_key`` puts ``triton_key()`` (computed once per process).
+
+    Triton's ``triton_key()`` reads and hashes its own files in every process (its
+    ``runtime/cache.py``, every module under ``compiler/``, ``backends/`` and
+    ``language/``, and ``_C/libtriton.so``, about 0.4 s). pip wrote a sha256 and the size
+    of each of those files into the distribution's ``RECORD`` at install: when ``RECORD``
+    lists every one of them with a hash and each size matches the file's, the key is
+    ``<version>-record-<sha256 of the version and those RECORD lines>`` (relative paths:
+    no path of the install enters it). Otherwise (no dist-info or ``RECORD``, an editable
+    or dev install, a file ``RECORD`` does not list, a size that differs) it is Triton's
+    own ``triton_key()``; :func:`build_key_source` says which and why."""
+    key = _build_key_memo.get("key")
+    if key is None:
+        key, source = _record_build_key()
+        if key is None:
+            from triton.runtime import cache as _tcache
+
+            key = _tcache.triton_key()
+        _build_key_memo.update(key=key, source=source)
+    return key
+
+
+def build_key_source() -> str:
+    """``"record"`` when :func:`build_key` comes from pip's ``RECORD``, else the reason it is
+    Triton's own ``triton_key()``."""
+    build_key()
+    return _build_key_memo["source"]
+
+
+def _triton_root() -> str:
+    """The installed ``triton`` package dir, as Triton's ``triton_key`` finds it."""
+    from triton.runtime import cache as _tcache
+
+    return os.path.dirname(os.path.dirname(os.path.abspath(_tcache.__file__)))
+
+
+def _triton_dist_info(site: str) -> str | None:
+    """The ``triton-<version>.dist-info`` dir of the installed Triton in ``site``."""
+    path = os.path.join(site, f"triton-{triton.__version__}.dist-info")
+    if os.path.isdir(path):
+        return path
+    try:
+        names = os.listdir(site)
+    except OSError:
+        return None
+    found = [
+        n
+        for n in names
+        if n.lower().startswith("triton-")
+        and n.endswith(".dist-info")
+        and n[len("triton-") : -len(".dist-info")] == triton.__version__
+    ]
+    return os.path.join(site, found[0]) if len(found) == 1 else None
+
+
+def _covered_files(root: str) -> list[str] | str:
+    """The files Triton's ``triton_key()`` hashes (a superset: every module file under its
+    three dirs, packages or not), as RECORD names them; a string says why not."""
+    import importlib.machinery
+
+    suffixes = tuple(importlib.machinery.all_suffixes())
+    ext = (sysconfig.get_config_var("EXT_SUFFIX") or ".so").split(".")[-1]
+    files = ["triton/runtime/cache.py", f"triton/_C/libtriton.{ext}"]
+    for sub in ("compiler", "backends", "language"):
+        top = os.path.join(root, sub)
+        if not os.path.isdir(top):
+            return f"{top} is not a directory"
+        for directory, dirs, names in os.walk(top):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            rel = os.path.relpath(directory, root).replace(os.sep, "/")
+            files.extend(f"triton/{rel}/{n}" for n in names if n.endswith(suffixes))
+    return files
+
+
+def _record_build_key(dist_info: str | None = None) -> tuple[str | None, str]:
+    """(:func:`build_key` from ``RECORD``, "record"), or (None, why not). ``dist_info``:
+    the dist-info dir to read (default: the installed Triton's)."""
+    root = _triton_root()
+    if os.path.basename(root) != "triton":
+        return None, f"Triton's package dir {root} is not named triton"
+    site = os.path.dirname(root)
+    dist = dist_info if dist_info is not None else _triton_dist_info(site)
+    if dist is None:
+        return None, f"no triton-{triton.__version__}.dist-info next to the triton package"
+    try:
+        with open(os.path.join(dist, "RECORD"), encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        return None, f"the RECORD of {os.path.basename(dist)} cannot be read ({exc})"
+    wanted = _covered_files(root)
+    if isinstance(wanted, str):
+        return None, wanted
+    need = set(wanted)
+    lines: dict[str, str] = {}
+    for line in text.splitlines():
+        path, sep, rest = line.partition(",")
+        if sep and path in need:
+            lines[path] = line.rstrip("\r")
+    for path in wanted:
+        line = lines.get(path)
+        if line is None:
+            return None, f"RECORD does not list {path}"
+        _, digest, size = line.rsplit(",", 2)
+        if not digest.startswith("sha256=") or not size.isdigit():
+            return None, f"RECORD has no sha256 and size of {path}"
+        try:
+            actual = os.stat(os.path.join(site, path)).st_size
+        except OSError as exc:
+            return None, f"{path} cannot be read ({exc})"
+        if actual != int(size):
+            return None, f"{path} is {actual} bytes, RECORD says {size}"
+    body = "\n".join([triton.__version__, *sorted(lines.values())])
+    digest = hashlib.sha256(body.encode("utf-8")).hexdigest()
+    return f"{triton.__version__}-record-{digest}", "record"
 
 
 def _install_native_key() -> None:
@@ -250,12 +460,10 @@ def path_free_config(config: dict) -> dict:
 
 
 def _labeled_fields(src: Any, backend: Any, options: Any, env_vars: Any) -> dict[str, str]:
-    from triton.runtime.cache import triton_key
-
     target = backend.target
     fields = {
         "triton_version": triton.__version__,
-        "triton_build": hashlib.sha256(triton_key().encode("utf-8")).hexdigest()[:16],
+        "triton_build": hashlib.sha256(build_key().encode("utf-8")).hexdigest()[:16],
         "target": f"{target.backend}:{target.arch}:{target.warp_size}",
         "backend": str(backend.hash()),
         "env": str(sorted(env_vars.items())),
@@ -283,20 +491,22 @@ def key_of(
     src: Any, target: Any, options: Any = None, env_vars: dict[str, str] | None = None
 ) -> tuple[str, dict[str, str]]:
     """(cuforge entry key, labeled key fields) of ``triton.compile(src, target=target,
-    options=options)``, computed as Triton keys it and without compiling: Triton's own key
-    (its build, the source, the backend, the options, the cache-invalidating environment),
-    hashed and named as Triton names its cache manager, under kind ``triton``. ``options``:
+    options=options)``, computed as a compile under this cache manager keys it and without
+    compiling: :func:`cache_key` (Triton's key with the build identified by
+    :func:`build_key`: the build, the source, the backend, the options, the
+    cache-invalidating environment), hashed and named as Triton names its cache manager,
+    under kind ``triton``. ``options``:
     a dict (parsed by the backend, as ``compile`` does) or the backend's parsed options
     object; ``env_vars``: default the cache-invalidating variables set in this process."""
     from triton._C.libtriton import get_cache_invalidating_env_vars
     from triton.compiler import compiler as _compiler
 
+    _install_key_recorder()
     backend = _compiler.make_backend(target)
     if options is None or isinstance(options, dict):
         options = backend.parse_options(dict(options or {}, **src.parse_options()))
     env = get_cache_invalidating_env_vars() if env_vars is None else env_vars
-    get_key = getattr(_compiler.get_cache_key, "__wrapped__", _compiler.get_cache_key)
-    digest = hashlib.sha256(get_key(src, backend, options, env).encode("utf-8")).hexdigest()
+    digest = hashlib.sha256(cache_key(src, backend, options, env).encode("utf-8")).hexdigest()
     fields = _labeled_fields(src, backend, options, env)
     fields["triton_hash"] = _base32(digest)
     return make_key("triton", {"triton_hash": fields["triton_hash"]})[0], fields
@@ -334,6 +544,8 @@ class CacheManager(_TritonCacheManager):
                 self.cache.warn_once(f"cuforge.triton: {problem}; Triton uses its own cache")
             self._direct = True
             return
+        if key not in _recent_fields:
+            self.key = key = _rekey_from_compile(key)
         self.ckey, _ = make_key("triton", {"triton_hash": key})
 
     # Triton's own file cache: debug dirs, launcher .so files, autotune results
@@ -696,3 +908,8 @@ def _maybe_prune(cache: Cache) -> None:
         prune_materialized(cache)
     except (OSError, ValueError) as exc:
         _log.debug("cuforge.triton: pruning materialized groups failed: %s", exc)
+
+
+# before the first compile of a process that reaches this module through TRITON_CACHE_MANAGER
+# (or ``import cuforge.triton``): Triton's key functions dispatch on the active manager
+_install_key_recorder()
