@@ -142,7 +142,7 @@ def main() -> int:
         f"\ncuforge.jit per-call overhead on {torch.cuda.get_device_name()}: median host µs per "
         f"launch over {opts.repeats} rounds of {opts.launches} back-to-back launches "
         f"(rows interleaved; torch {torch.__version__}, Python {sys.version.split()[0]}; "
-        f"launch path: {path})\n"
+        f"launch path: {path}; JitKernel launcher: {type(bound).__name__})\n"
     )
     print("| path | µs / launch | × plain Kernel | over plain Kernel (µs) | × raw cuLaunchKernel |")
     print("|---|---:|---:|---:|---:|")

@@ -367,6 +367,59 @@ def test_launcher_table_is_keyed_on_dtypes_and_keywords():
     assert counters["compiles"] == compiles
 
 
+@pytest.mark.parametrize("which", ["c", "python"])
+def test_launcher_hit_forwards_positionals_and_a_miss_resolves(which):
+    """The C launcher (JitDispatch, where the extension loads) and the generated Python one
+    behave alike: a hit calls the table's launcher with the positional arguments only; any
+    other call (another keyword set, too few arguments, a dtype conflict) takes the general
+    path, which checks and names the problem."""
+    from cuforge.runtime import fastlaunch
+
+    k = cuforge.jit(SCALE, "scale", arch=ARCH)
+    if which == "c":
+        module = fastlaunch.load()
+        if module is None or not hasattr(module, "JitDispatch"):
+            pytest.skip(f"no C launcher extension here: {fastlaunch.error()}")
+        launch = k[2, 32]
+        assert type(launch) is module.JitDispatch
+        assert isinstance(type(k).__dict__["__getitem__"], module.Subscript)
+        assert k[2, 32] is launch and k[[2], 32] is not launch  # a list: built, not cached
+        assert launch.config == (2, 32)
+    else:
+        launch = k._python_make((2, 32))
+    x = torch.zeros(8)
+    h = torch.zeros(8, dtype=torch.float16)
+    block = int("1000")  # equal keyword values below are other int objects
+    with pytest.raises(cuforge.LaunchError):  # no GPU here: compiled, then the launch fails
+        launch(x, x, 1.0, 8, BLOCK=block)
+    compiles = counters["compiles"]
+    calls = []
+
+    def record(*args, **kw):
+        calls.append((args, kw))
+        return "launched"
+
+    key = (torch.float32, torch.float32)
+    assert launch.table[key][0] == {"BLOCK": 1000}
+    launch.table[key] = (launch.table[key][0], record)
+    assert launch(x, x, 2.0, 8, BLOCK=1000) == "launched"
+    param = torch.nn.Parameter(torch.zeros(8), requires_grad=False)  # a Tensor subclass
+    assert launch(param, x, 3.0, 8, BLOCK=1000) == "launched"
+    assert calls == [((x, x, 2.0, 8), {}), ((param, x, 3.0, 8), {})]
+    with pytest.raises(cuforge.LaunchError):  # another keyword set: the general path
+        launch(x, x, 2.0, 8, T="float", BLOCK=1000)
+    with pytest.raises(SpecializationError, match="BLOCK was not given"):
+        launch(x, x, 2.0, 8)
+    with pytest.raises(SpecializationError, match="unknown keyword 'TILE'"):
+        launch(x, x, 2.0, 8, BLOCK=1000, TILE=4)
+    with pytest.raises(SpecializationError, match="takes 4 arguments, got 1"):
+        launch(x, BLOCK=1000)
+    with pytest.raises(SpecializationError, match="bound to float.*__half"):
+        launch(x, h, 2.0, 8, BLOCK=1000)
+    assert len(calls) == 2
+    assert counters["compiles"] == compiles
+
+
 def test_specialize_in_a_second_process_is_a_disk_hit():
     exe = cuforge.jit(SCALE, "scale", arch=ARCH).specialize(T="float", BLOCK=256)
     assert exe.program.source_of_result == "compiled"

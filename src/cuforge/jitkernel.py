@@ -44,14 +44,25 @@ it up in the configuration's table, and compares the keywords with the ones stor
 (one dict ``==``); a hit calls the executor's launcher directly. No string is formatted and
 nothing is compiled or checked on a hit. Other keywords for the same dtypes (alternating
 ``BLOCK`` values, a ``T=`` given explicitly) are found by a second dict keyed on the dtypes
-and the keyword items, still without deduction. Arguments without a ``.dtype`` (DLPack-only or ``__cuda_array_interface__``-only
-objects, ``cuforge.Pointer``) take the general path on every call: correct, but slower.
+and the keyword items, still without deduction. Arguments without a ``.dtype`` (DLPack-only or
+``__cuda_array_interface__``-only objects, ``cuforge.Pointer``) take the general path on every
+call: correct, but slower.
+
+Where the C launcher extension loads (:mod:`cuforge.runtime.fastlaunch`), both steps run in C:
+``k[grid, block]`` is the extension's ``Subscript`` (a hit in the JitKernel's launcher cache runs
+no Python code) and the launcher is its ``JitDispatch``: the same table and the same keyword
+comparison, the dtype of an exact ``torch.Tensor`` read through torch's C shim (as the
+executor's launcher reads it), the executor's launcher vectorcalled with the positional
+arguments (no ``*args`` / ``**kwargs`` re-packing). A miss calls the same Python general path.
+Without the extension the launcher is generated Python doing the same lookup
+(``bench/jit_dispatch_cpu.py`` measures both steps without a GPU).
 """
 
 from __future__ import annotations
 
 import numbers
 import os
+import sys
 import threading
 from collections.abc import Mapping, Sequence
 
@@ -351,6 +362,11 @@ class JitKernel:
         """``k[grid, block]`` (``[grid, block, shared_mem]``, ``[grid, block, shared_mem,
         stream]``): a launcher; call it with the kernel's arguments and the Constexprs as
         keywords."""
+        # replaced by the C extension's Subscript (the same lookup, no Python frame) once
+        # that is loaded: see _c_dispatch
+        return self._getitem(config)
+
+    def _getitem(self, config):
         try:
             return self._configs[config]
         except KeyError:
@@ -413,7 +429,23 @@ class JitKernel:
         namespace: dict[str, Any] = {"resolve": self._resolve}
         exec(compile(code, f"<cuforge.jit {self.name}>", "exec"), namespace)  # noqa: S102 - our own generated code
         self._fast_source = code
-        return namespace["make"]
+        python_make = self._python_make = namespace["make"]
+        binders = tuple(i for i, _ in self._pointer_binders + self._scalar_binders)
+        optional = (False,) * len(self._pointer_binders) + (True,) * len(self._scalar_binders)
+        resolve = self._resolve
+
+        def make(config):
+            # the same launcher in C (_launcher.c, JitDispatch) when the extension loads
+            dispatch = _c_dispatch()
+            if dispatch is None:
+                return python_make(config)
+            launcher = dispatch(binders, optional, {}, {}, config, resolve)
+            torch_abi = _torch_dtype_shim()
+            if torch_abi is not None:
+                launcher.set_torch(*torch_abi)
+            return launcher
+
+        return make
 
     def _dtype_key(self, args: tuple) -> tuple | None:
         """The fast table's key for these arguments (None when it cannot be built)."""
@@ -627,6 +659,63 @@ class JitKernel:
 
 
 _NO_DEFAULT = object()
+_dispatch_type: list = []  # [the C JitDispatch type, or None], once per process
+
+
+def _c_dispatch():
+    """The C extension's ``JitDispatch`` type (None without the extension). The first call
+    also makes ``JitKernel.__getitem__`` the extension's ``Subscript`` (a hit in
+    ``_configs`` runs no Python code), as :class:`~cuforge.runtime.kernel.Kernel` does."""
+    if _dispatch_type:
+        return _dispatch_type[0]
+    from cuforge.runtime import fastlaunch
+
+    module = fastlaunch.load()
+    dispatch = getattr(module, "JitDispatch", None) if module is not None else None
+    if dispatch is not None and not isinstance(JitKernel.__dict__["__getitem__"], module.Subscript):
+        JitKernel.__getitem__ = module.Subscript("_configs", JitKernel._getitem)
+    _dispatch_type.append(dispatch)
+    return dispatch
+
+
+_torch_shim: dict = {}  # id(torch) -> the arguments of JitDispatch.set_torch, or None
+#: the torch dtypes JitDispatch reads through the shim (others: through ``.dtype``)
+_TORCH_DTYPES = (
+    "float16 bfloat16 float32 float64 int8 int16 int32 int64 uint8 uint16 uint32 uint64 bool "
+    "complex64 complex128"
+).split()
+
+
+def _torch_dtype_shim():
+    """``(torch.Tensor, offset, aoti_torch_get_dtype address, dtypes by shim code)`` for
+    ``JitDispatch.set_torch`` when torch is imported and its tensors pass the launcher's
+    layout check (:func:`cuforge.runtime.fastpath.torch_abi`); else None."""
+    torch = sys.modules.get("torch")
+    if torch is None or not _dispatch_type or _dispatch_type[0] is None:
+        return None
+    found = _torch_shim.get(id(torch), False)
+    if found is not False:
+        return found
+    from cuforge.runtime import fastlaunch, fastpath
+
+    found = None
+    abi = fastpath.torch_abi(fastlaunch.load(), torch)
+    if abi is not None:
+        offset, fns, _cuda, dtype_code = abi
+        by_code: dict[int, object] = {}
+        for name in _TORCH_DTYPES:
+            dtype = getattr(torch, name, None)
+            if dtype is None:
+                continue
+            try:
+                by_code[dtype_code(dtype)] = dtype
+            except (RuntimeError, TypeError, ValueError):  # a dtype this torch cannot make
+                continue
+        if by_code and min(by_code) >= 0 and max(by_code) < 256:
+            table = tuple(by_code.get(c) for c in range(max(by_code) + 1))
+            found = (torch.Tensor, offset, fns[0], table)
+    _torch_shim[id(torch)] = found
+    return found
 
 
 def _is_type_value(value) -> bool:

@@ -7,6 +7,8 @@
    Launcher: one per launch configuration (grid, block, shared memory, stream); calling it
    checks and packs the arguments and calls the driver, or hands everything to the Python
    general path (State's `slow`) when anything is not exactly what it handles.
+   Subscript: `k[grid, block]` as a dict lookup in C. JitDispatch: cuforge.jit's launcher
+   (the specialization lookup in front of an executor's Launcher).
 
    The built library's file name carries a hash of this text, the Python version and ABI,
    and the compiler: editing this file makes every process build a fresh one. */
@@ -660,6 +662,229 @@ static PyObject* Subscript_new(PyTypeObject* type, PyObject* args, PyObject* kw)
 
 static PyTypeObject SubscriptType = {PyVarObject_HEAD_INIT(NULL, 0)};
 
+/* JitDispatch(binders, optional, table, full, cfg, resolve): the launcher cuforge.jit's
+   `k[grid, block]` returns when this extension is loaded (cuforge/jitkernel.py,
+   JitKernel._build_fast_path; the generated Python `launch` there does the same). A call
+   reads `.dtype` of each binding argument (`binders`: argument indices; `optional`: a
+   scalar binder, whose missing `.dtype` reads as None), looks the tuple up in `table`
+   (dtypes -> (keywords dict, executor launcher)), compares the call's keywords with that
+   dict (dict ==), and on a hit vectorcalls the executor's launcher with the positional
+   arguments: no tuple or dict is built for the call. Anything else (a miss, an unhashable
+   dtype, an argument short, an error while reading) calls
+   resolve(table, full, cfg, args_tuple, kwargs_dict), the Python general path, which
+   checks everything and fills the tables. set_torch(Tensor, offset, get_dtype, dtypes) reads
+   an exact torch.Tensor's dtype through torch's C shim (aoti_torch_get_dtype on the
+   at::Tensor at offset; dtypes[code] is the torch.dtype of that code), as the launcher does,
+   instead of calling the `dtype` getter. */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    int nb;
+    Py_ssize_t idx[MAXP];
+    char optional[MAXP];
+    PyObject* table;
+    PyObject* full;
+    PyObject* cfg;
+    PyObject* resolve;
+    PyObject* t_type;    /* torch.Tensor, when set_torch was called */
+    Py_ssize_t t_off;
+    t_i32_t t_get_dtype;
+    PyObject* t_dtypes;  /* tuple: shim dtype code -> torch.dtype (None: unknown) */
+} JitDispatch;
+
+static int JitDispatch_traverse(JitDispatch* self, visitproc visit, void* arg) {
+    Py_VISIT(self->table);
+    Py_VISIT(self->full);
+    Py_VISIT(self->cfg);
+    Py_VISIT(self->resolve);
+    Py_VISIT(self->t_type);
+    Py_VISIT(self->t_dtypes);
+    return 0;
+}
+
+static int JitDispatch_clear(JitDispatch* self) {
+    Py_CLEAR(self->table);
+    Py_CLEAR(self->full);
+    Py_CLEAR(self->cfg);
+    Py_CLEAR(self->resolve);
+    Py_CLEAR(self->t_type);
+    Py_CLEAR(self->t_dtypes);
+    return 0;
+}
+
+static void JitDispatch_dealloc(JitDispatch* self) {
+    PyObject_GC_UnTrack(self);
+    JitDispatch_clear(self);
+    Py_TYPE(self)->tp_free((PyObject*)self);
+}
+
+static PyObject* jit_miss(JitDispatch* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+    if (PyErr_Occurred()) PyErr_Clear();  /* the general path reads again and says */
+    PyObject* t = args_tuple(args, nargs);
+    if (!t) return NULL;
+    PyObject* kw = PyDict_New();
+    if (!kw) { Py_DECREF(t); return NULL; }
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t j = 0; j < nkw; j++) {
+        if (PyDict_SetItem(kw, PyTuple_GET_ITEM(kwnames, j), args[nargs + j]) < 0) {
+            Py_DECREF(t); Py_DECREF(kw); return NULL;
+        }
+    }
+    PyObject* r = PyObject_CallFunctionObjArgs(self->resolve, self->table, self->full, self->cfg, t, kw, NULL);
+    Py_DECREF(t);
+    Py_DECREF(kw);
+    return r;
+}
+
+/* the torch.dtype of an exact torch.Tensor through the shim (borrowed), or NULL: unknown */
+static inline PyObject* jit_torch_dtype(JitDispatch* self, PyObject* a) {
+    int32_t code;
+    if (self->t_get_dtype((char*)a + self->t_off, &code) != 0 || code < 0 ||
+        code >= PyTuple_GET_SIZE(self->t_dtypes))
+        return NULL;
+    PyObject* d = PyTuple_GET_ITEM(self->t_dtypes, code);
+    return d == Py_None ? NULL : d;
+}
+
+static PyObject* JitDispatch_vectorcall(PyObject* op, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+    JitDispatch* self = (JitDispatch*)op;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (self->resolve == NULL || self->table == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "JitDispatch was cleared");
+        return NULL;
+    }
+    PyObject* key = PyTuple_New(self->nb);
+    if (!key) return NULL;
+    for (int b = 0; b < self->nb; b++) {
+        Py_ssize_t i = self->idx[b];
+        if (i >= nargs) { Py_DECREF(key); return jit_miss(self, args, nargs, kwnames); }
+        PyObject* a = args[i];
+        PyObject* d;
+        if (self->optional[b] && (PyFloat_CheckExact(a) || PyLong_CheckExact(a) || PyBool_Check(a))) {
+            d = Py_None;  /* a Python number has no .dtype */
+            Py_INCREF(d);
+        } else if (self->t_type != NULL && (PyObject*)Py_TYPE(a) == self->t_type &&
+                   (d = jit_torch_dtype(self, a)) != NULL) {
+            Py_INCREF(d);
+        } else {
+            d = PyObject_GetAttr(a, s_dtype);
+            if (d == NULL) {
+                if (!self->optional[b] || !PyErr_ExceptionMatches(PyExc_AttributeError)) {
+                    Py_DECREF(key);
+                    return jit_miss(self, args, nargs, kwnames);
+                }
+                PyErr_Clear();
+                d = Py_None;
+                Py_INCREF(d);
+            }
+        }
+        PyTuple_SET_ITEM(key, b, d);
+    }
+    PyObject* v = PyDict_GetItemWithError(self->table, key);  /* borrowed */
+    Py_DECREF(key);
+    if (v == NULL || !PyTuple_CheckExact(v) || PyTuple_GET_SIZE(v) != 2 ||
+        !PyDict_CheckExact(PyTuple_GET_ITEM(v, 0)))
+        return jit_miss(self, args, nargs, kwnames);
+    Py_INCREF(v);  /* a keyword's __eq__ may run Python code that edits the table */
+    PyObject* kwd = PyTuple_GET_ITEM(v, 0);
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    int same = PyDict_GET_SIZE(kwd) == nkw;
+    for (Py_ssize_t j = 0; same && j < nkw; j++) {
+        PyObject* have = PyDict_GetItemWithError(kwd, PyTuple_GET_ITEM(kwnames, j));
+        PyObject* given = args[nargs + j];
+        if (have == NULL) same = 0;
+        else if (have != given) {
+            Py_INCREF(have);
+            same = PyObject_RichCompareBool(have, given, Py_EQ) == 1;
+            Py_DECREF(have);
+        }
+    }
+    if (!same) { Py_DECREF(v); return jit_miss(self, args, nargs, kwnames); }
+    PyObject* r = PyObject_Vectorcall(PyTuple_GET_ITEM(v, 1), args, nargs, NULL);
+    Py_DECREF(v);
+    return r;
+}
+
+static PyObject* JitDispatch_new(PyTypeObject* type, PyObject* args, PyObject* kw) {
+    PyObject *binders, *optional, *table, *full, *cfg, *resolve;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!OO", &PyTuple_Type, &binders, &PyTuple_Type, &optional,
+                          &PyDict_Type, &table, &PyDict_Type, &full, &cfg, &resolve))
+        return NULL;
+    Py_ssize_t nb = PyTuple_GET_SIZE(binders);
+    if (nb > MAXP || PyTuple_GET_SIZE(optional) != nb) {
+        PyErr_SetString(PyExc_ValueError, "JitDispatch: at most 64 binders, one flag each");
+        return NULL;
+    }
+    JitDispatch* self = (JitDispatch*)type->tp_alloc(type, 0);
+    if (!self) return NULL;
+    self->vectorcall = JitDispatch_vectorcall;
+    self->nb = (int)nb;
+    for (Py_ssize_t b = 0; b < nb; b++) {
+        self->idx[b] = PyLong_AsSsize_t(PyTuple_GET_ITEM(binders, b));
+        self->optional[b] = (char)PyObject_IsTrue(PyTuple_GET_ITEM(optional, b));
+        if (PyErr_Occurred() || self->idx[b] < 0) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "JitDispatch: a negative index");
+            Py_DECREF(self);
+            return NULL;
+        }
+    }
+    Py_INCREF(table); self->table = table;
+    Py_INCREF(full); self->full = full;
+    Py_INCREF(cfg); self->cfg = cfg;
+    Py_INCREF(resolve); self->resolve = resolve;
+    return (PyObject*)self;
+}
+
+static PyObject* JitDispatch_get_table(JitDispatch* self, void* unused) {
+    PyObject* t = self->table ? self->table : Py_None;
+    Py_INCREF(t);
+    return t;
+}
+
+static PyObject* JitDispatch_get_full(JitDispatch* self, void* unused) {
+    PyObject* t = self->full ? self->full : Py_None;
+    Py_INCREF(t);
+    return t;
+}
+
+static PyObject* JitDispatch_get_cfg(JitDispatch* self, void* unused) {
+    PyObject* t = self->cfg ? self->cfg : Py_None;
+    Py_INCREF(t);
+    return t;
+}
+
+/* set_torch(Tensor, offset, get_dtype_addr, dtypes_by_code) */
+static PyObject* JitDispatch_set_torch(JitDispatch* self, PyObject* args) {
+    PyObject *type, *dtypes;
+    Py_ssize_t off;
+    unsigned long long fn;
+    if (!PyArg_ParseTuple(args, "OnKO!", &type, &off, &fn, &PyTuple_Type, &dtypes)) return NULL;
+    if (fn == 0 || off < (Py_ssize_t)sizeof(PyObject) || !PyType_Check(type) ||
+        off + (Py_ssize_t)sizeof(void*) > ((PyTypeObject*)type)->tp_basicsize) {
+        PyErr_SetString(PyExc_ValueError, "set_torch: a null shim address, or the offset is outside the object");
+        return NULL;
+    }
+    Py_CLEAR(self->t_type);  /* off while the fields change */
+    self->t_off = off;
+    self->t_get_dtype = (t_i32_t)(uintptr_t)fn;
+    REPLACE(self->t_dtypes, dtypes);
+    REPLACE(self->t_type, type);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef JitDispatch_methods[] = {
+    {"set_torch", (PyCFunction)JitDispatch_set_torch, METH_VARARGS,
+     "read exact torch.Tensor dtypes through torch's C shim"},
+    {NULL, NULL, 0, NULL}};
+
+static PyGetSetDef JitDispatch_getset[] = {
+    {"table", (getter)JitDispatch_get_table, NULL, "dtypes -> (keywords, launcher)", NULL},
+    {"full", (getter)JitDispatch_get_full, NULL, "(*dtypes, *keyword items) -> executor", NULL},
+    {"config", (getter)JitDispatch_get_cfg, NULL, "the launch configuration", NULL},
+    {NULL, NULL, NULL, NULL, NULL}};
+
+static PyTypeObject JitDispatchType = {PyVarObject_HEAD_INIT(NULL, 0)};
+
 /* torch_abi_probe(offset, fns, obj) -> (dtype, device_type, device_index, contiguous, data_ptr)
    as the launcher reads them; fastpath.torch_abi() compares them with the tensor's methods */
 static PyObject* torch_abi_probe(PyObject* mod, PyObject* args) {
@@ -726,8 +951,19 @@ PyMODINIT_FUNC PyInit__cuforge_fastlaunch(void) {
     SubscriptType.tp_descr_get = Subscript_get;
     SubscriptType.tp_new = Subscript_new;
     SubscriptType.tp_dealloc = (destructor)Subscript_dealloc;
+    JitDispatchType.tp_name = "_cuforge_fastlaunch.JitDispatch";
+    JitDispatchType.tp_basicsize = sizeof(JitDispatch);
+    JitDispatchType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_HAVE_GC;
+    JitDispatchType.tp_traverse = (traverseproc)JitDispatch_traverse;
+    JitDispatchType.tp_clear = (inquiry)JitDispatch_clear;
+    JitDispatchType.tp_vectorcall_offset = offsetof(JitDispatch, vectorcall);
+    JitDispatchType.tp_call = PyVectorcall_Call;
+    JitDispatchType.tp_new = JitDispatch_new;
+    JitDispatchType.tp_dealloc = (destructor)JitDispatch_dealloc;
+    JitDispatchType.tp_getset = JitDispatch_getset;
+    JitDispatchType.tp_methods = JitDispatch_methods;
     if (PyType_Ready(&StateType) < 0 || PyType_Ready(&LauncherType) < 0 ||
-        PyType_Ready(&SubscriptType) < 0)
+        PyType_Ready(&SubscriptType) < 0 || PyType_Ready(&JitDispatchType) < 0)
         return NULL;
     PyObject* m = PyModule_Create(&moddef);
     if (!m) return NULL;
@@ -737,5 +973,7 @@ PyMODINIT_FUNC PyInit__cuforge_fastlaunch(void) {
     PyModule_AddObject(m, "Launcher", (PyObject*)&LauncherType);
     Py_INCREF(&SubscriptType);
     PyModule_AddObject(m, "Subscript", (PyObject*)&SubscriptType);
+    Py_INCREF(&JitDispatchType);
+    PyModule_AddObject(m, "JitDispatch", (PyObject*)&JitDispatchType);
     return m;
 }
