@@ -162,7 +162,11 @@ def test_entry_points_scan_agrees_with_importlib_metadata(tmp_path, monkeypatch)
 
     first, second = tmp_path / "a", tmp_path / "b"
     group = f"[{bundle_wheels.GROUP}]"
-    dist(first, "my_kernels-1.0.dist-info", f"[console_scripts]\nx = y:z\n\n{group}\nk = my_kernels\n")
+    dist(
+        first,
+        "my_kernels-1.0.dist-info",
+        f"[console_scripts]\nx = y:z\n\n{group}\nk = my_kernels\n",
+    )
     dist(second, "My.Kernels-2.0.dist-info", f"{group}\nk2 = other\n")  # same name: shadowed
     dist(second, "old_kernels-0.1.egg-info", f"{group}\n# note\nold = old_kernels:x\n")
     dist(second, "nothing-1.0.dist-info", "[console_scripts]\ncuforge.bundles = no\n")

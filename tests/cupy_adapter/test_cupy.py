@@ -112,14 +112,14 @@ def test_include_dirs_are_read_from_cupy_compile_options():
 #: RawKernel raises CompileAfterFenceError and CuPy compiles nothing
 FENCED = CHILD.replace(
     "print(json.dumps({",
-    r'''new = None
+    r"""new = None
 with cuforge.fence("error"):
     try:
         cupy.RawKernel('extern "C" __global__ void brand_new(float* a) { a[0] = 7; }',
                        "brand_new")((1,), (1,), (x.copy(),))
     except cuforge.CompileAfterFenceError as exc:
         new = {"system": exc.system, "key": exc.key, "compiles": len(compiles)}
-print(json.dumps({"new": new,''',
+print(json.dumps({"new": new,""",
 )
 
 

@@ -435,7 +435,9 @@ def pull(
                     entry = _remote_get(remote, key, kind)
                 except Exception as exc:  # noqa: BLE001 - a remote tier should fail open
                     entry = None
-                    result.failed.append({"kind": kind, "key": key, "name": None, "reason": str(exc)})
+                    result.failed.append(
+                        {"kind": kind, "key": key, "name": None, "reason": str(exc)}
+                    )
                 else:
                     if entry is None:
                         if _problems(remote) != before:
