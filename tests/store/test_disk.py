@@ -544,3 +544,15 @@ def test_bulk_flushes_the_index_when_the_block_raises(tmp_path):
         raise RuntimeError("remote died")
     assert store._batch is None and set(store.index()) == {_entry(1).key}
     assert store.put(_entry(2)) and _entry(2).key in store.index()  # back to one by one
+
+
+def test_a_bulk_copy_bigger_than_the_cap_is_evicted_as_it_goes(tmp_path):
+    """A pull bigger than the cap does not fill the disk first: the batch is indexed and
+    the cap enforced every eighth of the cap, not only at the end."""
+    store = DiskStore(str(tmp_path / "c"), 40_000)
+    with store.bulk():
+        for i in range(40):  # 40 entries of 4 KB: 4x the cap
+            store.put(_entry(i, size=4000))
+            assert sum(_files(store).values()) <= 40_000 + 6 * 4200
+    assert store.total_bytes() <= 40_000
+    assert _entry(39).key in store.index()
