@@ -144,3 +144,39 @@ def test_a_mismatching_wheel_is_skipped_with_one_doctor_line(tmp_path, isolated_
     ran = _in_venv(python, env, tmp_path, "-c", code)
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.strip().splitlines()[-1] == "1"
+
+
+def test_entry_points_scan_agrees_with_importlib_metadata(tmp_path, monkeypatch):
+    """The direct scan of dist-info dirs finds what importlib.metadata finds: the group's
+    lines only, the first distribution of a (normalized) name on the path wins, egg-info
+    too; and it agrees on the real environment for groups that exist."""
+    from importlib.metadata import entry_points as reference
+
+    from cuforge import bundle_wheels
+
+    def dist(where, meta, text):
+        d = where / meta
+        d.mkdir(parents=True)
+        (d / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {meta.split('-')[0]}\n")
+        (d / "entry_points.txt").write_text(text)
+
+    first, second = tmp_path / "a", tmp_path / "b"
+    group = f"[{bundle_wheels.GROUP}]"
+    dist(
+        first,
+        "my_kernels-1.0.dist-info",
+        f"[console_scripts]\nx = y:z\n\n{group}\nk = my_kernels\n",
+    )
+    dist(second, "My.Kernels-2.0.dist-info", f"{group}\nk2 = other\n")  # same name: shadowed
+    dist(second, "old_kernels-0.1.egg-info", f"{group}\n# note\nold = old_kernels:x\n")
+    dist(second, "nothing-1.0.dist-info", "[console_scripts]\ncuforge.bundles = no\n")
+    path = [str(first), str(second)]
+    monkeypatch.setattr(sys, "path", path)
+    expected = sorted((e.name, e.value) for e in reference(group=bundle_wheels.GROUP))
+    assert expected == [("k", "my_kernels"), ("old", "old_kernels:x")]
+    assert sorted(bundle_wheels.entry_points()) == expected
+    monkeypatch.undo()
+    for name in ("console_scripts", "pytest11", bundle_wheels.GROUP):
+        real = sorted((e.name, e.value) for e in reference(group=name))
+        monkeypatch.setattr(bundle_wheels, "GROUP", name)
+        assert sorted(bundle_wheels.entry_points()) == real, name

@@ -175,3 +175,35 @@ def test_triton_compile_outside_cuforge(capsys, tmp_path, monkeypatch):
         compile_it(64)
         compile_it(64)
     assert capsys.readouterr().err.count("compile after the fence: triton") == 1
+
+
+def test_cupy_backend_load_miss_is_fenced_and_a_hit_is_not(cache, capsys, monkeypatch):
+    """cuforge.cupy's backend (CuPy compiles right after a load that returns None): under
+    error the load raises, so CuPy compiles nothing; a hit never trips. CuPy is not
+    installed here: only its backend base class stands in (the GPU test drives the real
+    CuPy: tests/cupy_adapter)."""
+    import sys
+    import types
+
+    if "cupy" not in sys.modules:
+        base = types.ModuleType("cupy.cuda._compiler_cache")
+        base.KernelCacheBackend = type("KernelCacheBackend", (), {})
+        for name in ("cupy", "cupy.cuda"):
+            monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+        monkeypatch.setitem(sys.modules, "cupy.cuda._compiler_cache", base)
+    import cuforge.cupy as cc
+
+    backend = cc.backend(cache)
+    backend.save("abc123.cubin", b"\x7fELF cubin", 'extern "C" __global__ void k() {}')
+    with cuforge.fence("error"):
+        assert backend.load("abc123.cubin") == b"\x7fELF cubin"  # a hit: no trip
+        with pytest.raises(CompileAfterFenceError) as info:
+            backend.load("new456.cubin")
+    err = info.value
+    assert err.system == "cupy" and err.name == "new456.cubin"
+    assert err.key == cc.entry_key("new456.cubin") and err.key[:16] in str(err)
+    assert "Nothing was compiled" in str(err)
+    with cuforge.fence("warn"):
+        assert backend.load("other.cubin") is None and backend.load("other.cubin") is None
+    assert capsys.readouterr().err.count("compile after the fence: cupy 'other.cubin'") == 1
+    assert backend.load("another.cubin") is None  # no fence: a plain miss

@@ -21,7 +21,16 @@ TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~10 ms
 if TYPE_CHECKING:  # pragma: no cover
     from cuforge.caching import Cache
 
-__all__ = ["GROUP", "INFO_FILE", "BUNDLE_FILE", "installed", "load_into", "skipped", "mismatch"]
+__all__ = [
+    "GROUP",
+    "INFO_FILE",
+    "BUNDLE_FILE",
+    "installed",
+    "entry_points",
+    "load_into",
+    "skipped",
+    "mismatch",
+]
 
 #: the entry point group a bundle wheel registers in
 GROUP = "cuforge.bundles"
@@ -37,34 +46,94 @@ _skipped: list[str] = []
 def installed() -> list[tuple[str, str, dict]]:
     """``(entry point name, bundle path, info)`` of every installed bundle wheel whose
     package has a readable description (one that has none is skipped with a reason)."""
+    found = []
+    points = entry_points()
+    if not points:
+        return found
     import json
-    from importlib.metadata import entry_points
     from importlib.util import find_spec
 
-    found = []
-    for ep in entry_points(group=GROUP):
-        module = ep.value.partition(":")[0].strip()
+    for name, value in points:
+        module = value.partition(":")[0].strip()
         try:
             spec = find_spec(module)
         except (ImportError, ValueError) as exc:
-            _skip(f"{ep.name}: its package {module!r} cannot be found ({exc})")
+            _skip(f"{name}: its package {module!r} cannot be found ({exc})")
             continue
         dirs = list(spec.submodule_search_locations or ()) if spec is not None else []
         if not dirs:
-            _skip(f"{ep.name}: its package {module!r} is not installed as a directory")
+            _skip(f"{name}: its package {module!r} is not installed as a directory")
             continue
         info_path = os.path.join(dirs[0], INFO_FILE)
         try:
             with open(info_path, encoding="utf-8") as f:
                 info = json.load(f)
         except (OSError, ValueError) as exc:
-            _skip(f"{ep.name}: cannot read {info_path} ({exc})")
+            _skip(f"{name}: cannot read {info_path} ({exc})")
             continue
         if not isinstance(info, dict):
-            _skip(f"{ep.name}: {info_path} is not a JSON object")
+            _skip(f"{name}: {info_path} is not a JSON object")
             continue
-        found.append((ep.name, os.path.join(dirs[0], BUNDLE_FILE), info))
+        found.append((name, os.path.join(dirs[0], BUNDLE_FILE), info))
     return found
+
+
+def entry_points(path: list[str] | None = None) -> list[tuple[str, str]]:
+    """``(name, value)`` of every entry point in the :data:`GROUP` group, as
+    ``importlib.metadata.entry_points(group=GROUP)`` gives them (the first distribution of
+    a name on ``sys.path`` wins), read directly: each ``*.dist-info`` / ``*.egg-info``
+    directory's ``entry_points.txt`` is read only when it mentions the group, and nothing
+    else of the distribution (``importlib.metadata`` parses every distribution's metadata:
+    measured 20-80 ms in a venv of ~200 distributions, against a few ms here). A
+    ``sys.path`` entry that is not a directory (a zip) falls back to ``importlib.metadata``."""
+    import sys
+
+    dirs = sys.path if path is None else path
+    if any(d and not os.path.isdir(d) and os.path.exists(d) for d in dirs):
+        from importlib.metadata import entry_points as _eps
+
+        return [(ep.name, ep.value) for ep in _eps(group=GROUP)]
+    seen: set[str] = set()
+    points: list[tuple[str, str]] = []
+    marker = f"[{GROUP}]".encode()
+    for d in dirs:
+        try:
+            names = os.listdir(d or ".")
+        except OSError:
+            continue
+        for meta in sorted(names):
+            stem, dot, ext = meta.rpartition(".")
+            if not dot or ext not in ("dist-info", "egg-info"):
+                continue
+            # the distribution's normalized name: importlib.metadata's dedupe key
+            words = stem.partition("-")[0].lower().replace("-", "_").replace(".", "_")
+            dist = "_".join(w for w in words.split("_") if w)
+            if dist in seen:
+                continue
+            seen.add(dist)
+            try:
+                with open(os.path.join(d or ".", meta, "entry_points.txt"), "rb") as f:
+                    text = f.read()
+            except OSError:
+                continue
+            if marker in text:
+                points.extend(_group(text.decode("utf-8", "replace")))
+    return points
+
+
+def _group(text: str) -> list[tuple[str, str]]:
+    """The ``name = value`` lines of the :data:`GROUP` section of an ``entry_points.txt``."""
+    out, inside = [], False
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line[0] in "#;":
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            inside = line[1:-1].strip() == GROUP
+        elif inside and "=" in line:
+            name, _, value = line.partition("=")
+            out.append((name.strip(), value.strip()))
+    return out
 
 
 def mismatch(info: dict) -> str | None:

@@ -25,6 +25,12 @@ here. A header edit misses (CuPy compiles and the entry is replaced), a ``touch`
 the same headers in another checkout hit.
 
 A stored entry that does not unpack is deleted and reported as missing: CuPy compiles.
+
+**The compile fence** (:func:`cuforge.fence`): a ``load`` that misses (or finds a user
+header changed) is a compile about to run: reported once per kernel name under ``warn``;
+under ``error`` ``load`` raises :class:`~cuforge.errors.CompileAfterFenceError` (system
+``"cupy"``, CuPy's kernel cache name, the cuforge key) and CuPy compiles nothing. A hit never
+trips it.
 """
 
 from __future__ import annotations
@@ -211,6 +217,7 @@ def backend(cache: Cache | None = None, include_dirs: Sequence[str] = ()) -> Any
             files = read_files(c, ckey, KIND, f"CuPy kernel {name}")
             if files is None:
                 c.count(f"{KIND}:miss")
+                _fence_miss(name, ckey, "not in cuforge's cache")
                 return None
             try:
                 payload = files[_PAYLOAD]
@@ -221,6 +228,7 @@ def backend(cache: Cache | None = None, include_dirs: Sequence[str] = ()) -> Any
                 return None
             if not fresh:
                 c.count(f"{KIND}:header_changed")
+                _fence_miss(name, ckey, "a user header it includes changed")
                 return None
             c.count(f"{KIND}:hit")
             return payload
@@ -236,6 +244,16 @@ def backend(cache: Cache | None = None, include_dirs: Sequence[str] = ()) -> Any
     if cache is not None:
         resolve(cache)
     return CuforgeKernelCacheBackend()
+
+
+def _fence_miss(name: str, key: str, why: str) -> None:
+    """The compile fence (:mod:`cuforge.fencing`): CuPy compiles right after a ``load``
+    that returns None, so ``error`` raises here (out of CuPy's compile call) and nothing is
+    compiled."""
+    from cuforge import fencing
+
+    if fencing.mode():
+        fencing.adapter_miss("cupy", KIND, name, key, [why])
 
 
 def enable(cache: Cache | None = None, include_dirs: Sequence[str] = ()) -> bool:

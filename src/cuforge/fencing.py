@@ -17,6 +17,18 @@ After it, every build any system served by cuforge is about to run is reported:
   compile, nothing on a launch); ``error`` uses ``knobs.runtime.add_stages_inspection_hook``,
   whose pipeline form Triton calls only on a miss, before any stage runs -- so nothing is
   compiled. (Triton then also calls it, argument-less, once per launch: a Python call.)
+* **CuPy and JAX** (when :func:`cuforge.cupy.enable` / :func:`cuforge.jax.enable` made
+  cuforge their cache): a miss in cuforge's cache is where the system compiles next, so
+  that is where the fence asks (:func:`adapter_miss`); a hit never asks. CuPy's backend
+  ``load`` runs before its compile, so ``error`` raises there and nothing is compiled.
+  JAX reads its cache inside a ``try`` that turns errors into a warning, so the error is
+  held until JAX's ``_cache_read`` returns (cuforge.jax wraps it) and raised there, before
+  the compile; on a JAX without ``_cache_read`` it is raised from the read (JAX may then
+  warn and compile: ``warn``'s report is all that is certain). A system's compile that
+  its cache is never asked about (JAX's own thresholds:
+  ``jax_persistent_cache_min_compile_time_secs`` keeps fast compiles out of the cache, so
+  they miss in every process -- set it to 0 for a fenced service) is reported as a miss,
+  which it is;
 * **warn**: each key is reported once per process on stderr: the system, the kernel name,
   the key, the labeled key fields that missed (as ``cuforge cache explain`` words them)
   and the caller's stack (short). The build then runs;
@@ -40,7 +52,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Callable
     from typing import Any
 
-__all__ = ["fence", "mode", "reports", "before_build", "CompileAfterFenceError"]
+__all__ = ["fence", "mode", "reports", "before_build", "adapter_miss", "CompileAfterFenceError"]
 
 _MODES = ("off", "warn", "error")
 #: the mode :func:`fence` set (None: CUFORGE_FENCE decides)
@@ -122,6 +134,29 @@ def before_build(cache: Any, key: str, what: str, offline_error: Callable[[], An
     _trip(current, info)
 
 
+def adapter_miss(
+    system: str, kind: str, name: str, key: str, reasons: list[str] | tuple[str, ...] = ()
+) -> None:
+    """Called by a system adapter (:mod:`cuforge.cupy`, :mod:`cuforge.jax`) when cuforge's
+    cache missed and the system is about to compile ``name`` (cuforge entry key ``key``):
+    nothing without a fence; ``warn``: reported once per key; ``error``: raises
+    :class:`~cuforge.errors.CompileAfterFenceError` (the caller raises it before the
+    system compiles)."""
+    current = mode()
+    if not current:
+        return
+    info = {
+        "system": system,
+        "kind": kind,
+        "name": name,
+        "key": key,
+        "reasons": list(reasons) or [f"not in cuforge's cache ({system})"],
+        "manifest_entry": None,
+        "stack": caller_stack(),
+    }
+    _trip(current, info)
+
+
 def _trip(current: str, info: dict[str, Any]) -> None:
     text = _message(info)
     ident = (current, info["system"], info["key"])
@@ -197,14 +232,18 @@ def _frames_files() -> list[str]:
     return files
 
 
+#: the systems whose own frames a report's stack leaves out (the caller's code is shown)
+_SYSTEM_DIRS = tuple(f"{os.sep}{p}{os.sep}" for p in ("triton", "jax", "jaxlib", "cupy"))
+
+
 def caller_stack(limit: int = 4) -> list[str]:
-    """The innermost ``limit`` frames outside cuforge and Triton (``file:line in func``),
-    outermost first."""
+    """The innermost ``limit`` frames outside cuforge and the systems it serves (Triton,
+    JAX, CuPy) (``file:line in func``), outermost first."""
     frame = sys._getframe(1)
     out: list[str] = []
     while frame is not None and len(out) < limit:
         path = frame.f_code.co_filename
-        if not path.startswith(_PACKAGE_DIR) and f"{os.sep}triton{os.sep}" not in path:
+        if not path.startswith(_PACKAGE_DIR) and not any(d in path for d in _SYSTEM_DIRS):
             if not path.startswith("<frozen"):
                 out.append(f"{os.path.basename(path)}:{frame.f_lineno} in {frame.f_code.co_name}")
         frame = frame.f_back

@@ -21,6 +21,16 @@ A stored entry that does not unpack is deleted and reported as missing (JAX comp
 itself turns an executable that fails to deserialize into a warning and a compile.
 ``jax.experimental.compilation_cache.reset_cache()`` drops the hook; call :func:`enable`
 again after it.
+
+**The compile fence** (:func:`cuforge.fence`): a ``get`` that misses is a compile about to
+run: reported once per key under ``warn``. Under ``error`` the
+:class:`~cuforge.errors.CompileAfterFenceError` (system ``"jax"``, the module name, the
+cuforge key) cannot be raised from ``get``: JAX's ``_cache_read`` turns errors there into
+a warning and compiles. :func:`enable` wraps ``jax._src.compiler._cache_read`` so the
+error is raised as it returns, before the compile: nothing is compiled. (On a JAX without
+``_cache_read`` it is raised from ``get``.) JAX writes only compiles slower than
+``jax_persistent_cache_min_compile_time_secs`` (1 s by default): faster ones miss in every
+process and are reported -- set it to 0 for a fenced service.
 """
 
 from __future__ import annotations
@@ -52,6 +62,10 @@ SUPPORTED = ((0, 4, 36), (0, 12))
 
 _FILE = "executable"
 _lock = threading.Lock()
+#: the fence's error held for the wrapped ``_cache_read`` to raise (per thread)
+_pending = threading.local()
+#: (jax._src.compiler, its own _cache_read) while wrapped
+_wrapped: list[tuple[Any, Any]] = []
 #: (the module patched, what its _cache held before) while enabled
 _previous: list[tuple[Any, Any]] = []
 
@@ -102,13 +116,14 @@ def _adapter_class() -> type:
             data = None if files is None else files.get(_FILE)
             if data is None:
                 cache.count(f"{KIND}:miss")
+                _fence_miss(key, ckey)
                 return None
             cache.count(f"{KIND}:hit")
             return data
 
         def put(self, key: str, value: bytes) -> None:
             cache = resolve(self._cache)
-            name = key.rsplit("-", 1)[0] if "-" in key else key
+            name = _module_name(key)
             meta = {"name": name, "backend": KIND, "output": "executable", "jax_key": key}
             write_files(cache, self.entry_key(key), KIND, {_FILE: bytes(value)}, meta)
 
@@ -118,6 +133,54 @@ def _adapter_class() -> type:
                 cache.delete(k)
 
     return CuforgeJaxCache
+
+
+def _module_name(key: str) -> str:
+    return key.rsplit("-", 1)[0] if "-" in key else key
+
+
+def _fence_miss(key: str, ckey: str) -> None:
+    """The compile fence (:mod:`cuforge.fencing`) on a miss: JAX compiles next."""
+    from cuforge import fencing
+
+    if not fencing.mode():
+        return
+    try:
+        fencing.adapter_miss(
+            "jax", KIND, _module_name(key), ckey, [f"JAX key {key} not in cuforge's cache"]
+        )
+    except fencing.CompileAfterFenceError as exc:
+        if not getattr(_pending, "inside", False):
+            raise  # not under the wrapped _cache_read: raised from get()
+        _pending.error = exc  # raised by the wrapped _cache_read, outside JAX's try
+
+
+def _wrap_cache_read() -> None:
+    """Wrap ``jax._src.compiler._cache_read`` (which calls ``get`` inside a ``try`` that
+    turns errors into warnings) so that the fence's error is raised as it returns, before
+    JAX compiles. Where it is missing or already wrapped, nothing changes."""
+    try:
+        from jax._src import compiler
+    except ImportError:
+        return
+    original = getattr(compiler, "_cache_read", None)
+    if not callable(original) or getattr(original, "__cuforge_wrapped__", False):
+        return
+
+    def _cache_read(*args: Any, **kwargs: Any) -> Any:
+        _pending.error, _pending.inside = None, True
+        try:
+            result = original(*args, **kwargs)
+        finally:
+            error, _pending.error, _pending.inside = getattr(_pending, "error", None), None, False
+        if error is not None:
+            raise error
+        return result
+
+    _cache_read.__cuforge_wrapped__ = True  # type: ignore[attr-defined]
+    _cache_read.__wrapped__ = original  # type: ignore[attr-defined]
+    _wrapped.append((compiler, original))
+    compiler._cache_read = _cache_read
 
 
 def enable(cache: Cache | None = None) -> bool:
@@ -138,6 +201,7 @@ def enable(cache: Cache | None = None) -> bool:
         if not _previous:
             _previous.append((cc, cc._cache))
         cc._cache = adapter
+        _wrap_cache_read()
     return True
 
 
@@ -147,6 +211,9 @@ def disable() -> None:
         while _previous:
             module, before = _previous.pop()
             module._cache = before
+        while _wrapped:
+            module, original = _wrapped.pop()
+            module._cache_read = original
 
 
 def is_enabled() -> bool:

@@ -106,3 +106,40 @@ def test_include_dirs_are_read_from_cupy_compile_options():
     options = ("-std=c++17", "-I", "a", "-Ib", "--include-path=c", "--include-path", "d", "-DX")
     assert include_dirs_of(options) == ["a", "b", "c", "d"]
     assert include_dirs_of(("-I",)) == []
+
+
+#: a child: under fence("error") a warm replay compiles nothing and trips nothing; a new
+#: RawKernel raises CompileAfterFenceError and CuPy compiles nothing
+FENCED = CHILD.replace(
+    "print(json.dumps({",
+    r"""new = None
+with cuforge.fence("error"):
+    try:
+        cupy.RawKernel('extern "C" __global__ void brand_new(float* a) { a[0] = 7; }',
+                       "brand_new")((1,), (1,), (x.copy(),))
+    except cuforge.CompileAfterFenceError as exc:
+        new = {"system": exc.system, "key": exc.key, "compiles": len(compiles)}
+print(json.dumps({"new": new,""",
+)
+
+
+@needs_cupy
+@pytest.mark.gpu
+def test_fence_catches_a_new_cupy_kernel_and_never_a_hit(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "scale.h").write_text("#define SCALE 3.0f\n")
+
+    def run(fence: str) -> dict:
+        env = child_env(
+            CUFORGE_CACHE_DIR=str(tmp_path / "c"),
+            CUFORGE_FENCE=fence,
+            CUPY_CACHE_DIR=str(tmp_path / "cupy"),
+        )
+        return run_python(FENCED, env, cwd=str(work))
+
+    first = run("")
+    assert first["compiles"] >= 3
+    replay = run("error")  # every kernel of CHILD hits: nothing trips, nothing compiles
+    assert replay["new"] == {"system": "cupy", "key": replay["new"]["key"], "compiles": 0}
+    assert (replay["a"], replay["b"], replay["c"]) == (first["a"], first["b"], first["c"])

@@ -95,3 +95,58 @@ def test_process_b_restores_the_executable_from_the_remote(tmp_path):
     assert b["enabled"] and b["misses"] == 0 and b["hits"] == a["misses"]
     assert b["out"] == a["out"]
     assert b["counters"].get("jax:hit") == b["hits"]
+
+
+#: a child: a warm replay under fence("error") trips nothing; a new function raises
+#: CompileAfterFenceError before JAX compiles it; warn mode reports a key once
+FENCED = r"""
+import json, os
+import jax, jax.numpy as jnp
+from jax._src import compiler
+compiles = []
+real_compile = compiler.backend_compile_and_load
+def counted(*args, **kwargs):  # XLA's compile itself (a hit deserializes instead)
+    compiles.append(1)
+    return real_compile(*args, **kwargs)
+compiler.backend_compile_and_load = counted
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+import cuforge, cuforge.jax as cj
+assert cj.enable()
+x = jnp.arange(16.0).reshape(4, 4)
+seen = jax.jit(lambda x: jnp.sin(x) * 2 + x @ x.T)
+if os.environ["STEP"] == "record":
+    print(json.dumps({"out": seen(x).tolist(), "compiles": len(compiles)}))
+    raise SystemExit
+out = {}
+with cuforge.fence("error"):
+    out["out"] = seen(x).tolist()
+    out["replay_compiles"] = len(compiles)
+    def brand_new(x):
+        return jnp.cos(x) - 3
+    try:
+        jax.jit(brand_new)(x)
+        out["raised"] = None
+    except cuforge.CompileAfterFenceError as exc:
+        out["raised"] = {"system": exc.system, "name": exc.name, "key": exc.key,
+                         "message": str(exc)}
+    out["new_compiles"] = len(compiles) - out["replay_compiles"]
+with cuforge.fence("warn"):
+    for _ in range(2):
+        jax.jit(lambda x: jnp.tanh(x) + 7)(x)
+out["reports"] = [(r["system"], r["name"], r["mode"]) for r in cuforge.fencing.reports()]
+print(json.dumps(out))
+"""
+
+
+def test_fence_catches_a_new_jax_compile_and_never_a_hit(tmp_path):
+    first = run_python(FENCED, child_env(CUFORGE_CACHE_DIR=str(tmp_path / "c"), STEP="record"))
+    assert first["compiles"] >= 1
+    out = run_python(FENCED, child_env(CUFORGE_CACHE_DIR=str(tmp_path / "c"), STEP="replay"))
+    assert out["out"] == first["out"] and out["replay_compiles"] == 0  # a hit: no trip
+    raised = out["raised"]
+    assert raised is not None, out
+    assert raised["system"] == "jax" and "brand_new" in raised["name"]
+    assert raised["key"] in raised["message"] or raised["key"][:16] in raised["message"]
+    assert out["new_compiles"] == 0  # nothing was compiled
+    warned = [r for r in out["reports"] if r[2] == "warn"]
+    assert len(warned) == 1 and warned[0][0] == "jax"  # the same key twice: reported once

@@ -7,7 +7,9 @@ and ``cuforge prefetch``.
   still missing is reported and no bundle is written (a partial warm set would fail in
   production).
 * :func:`prefetch`: pulls exactly the lock's entries from the remote tiers into the local
-  cache; reports what no tier has.
+  cache; reports what no tier has. The disk writes are one batch
+  (:meth:`cuforge.store.disk.DiskStore.bulk`): one journal append and one round of
+  ``fsync`` at the end, not one per entry.
 """
 
 from __future__ import annotations
@@ -15,11 +17,15 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Callable
-from typing import Any
+from contextlib import nullcontext as _nothing
+from typing import TYPE_CHECKING, Any
 
 from cuforge.caching import Cache, resolve
 from cuforge.recording import lock_keys, read_lock
 from cuforge.store.base import Entry
+
+if TYPE_CHECKING:
+    from cuforge.store.disk import DiskStore
 
 __all__ = ["build_lock", "prefetch", "LockReport"]
 
@@ -146,6 +152,17 @@ def build_lock(
     return report
 
 
+def _disk_tier(cache: Cache) -> DiskStore | None:
+    """The disk tier of ``cache``'s writable chain, or None (no trusted disk tier)."""
+    from cuforge.store.disk import DiskStore
+
+    store = cache.store
+    for tier in getattr(store, "tiers", (store,)):
+        if isinstance(tier, DiskStore):
+            return tier
+    return None
+
+
 def prefetch(
     lock: str | os.PathLike[str],
     *,
@@ -162,21 +179,24 @@ def prefetch(
     far = cache.replace(disk=False)
     wanted = lock_keys(records)
     report = LockReport()
-    for i, (kind, key, name) in enumerate(wanted, 1):
-        where = "local"
-        if _find(local, kind, key) is not None:
-            report.copied += 1
-        else:
-            entry = _find(far, kind, key)
-            if entry is None:
-                where = "missing"
-                report.missing.append(f"{kind} {name} {key[:16]}")
+    disk = _disk_tier(local)
+    # one journal batch and one round of fsyncs for the whole set, not one per entry
+    with disk.bulk() if disk is not None else _nothing():
+        for i, (kind, key, name) in enumerate(wanted, 1):
+            where = "local"
+            if _find(local, kind, key) is not None:
+                report.copied += 1
             else:
-                where = "remote"
-                local.put(entry)
-                report.fetched += 1
-        if on_entry is not None:
-            on_entry(i, len(wanted), where, f"{kind} {name}")
+                entry = _find(far, kind, key)
+                if entry is None:
+                    where = "missing"
+                    report.missing.append(f"{kind} {name} {key[:16]}")
+                else:
+                    where = "remote"
+                    local.put(entry)
+                    report.fetched += 1
+            if on_entry is not None:
+                on_entry(i, len(wanted), where, f"{kind} {name}")
     skipped = [r for r in records if r["kind"] == "torch"]
     for r in skipped:
         report.missing.append(f"{r['system']} {r['name']} (built from its stanza only)")

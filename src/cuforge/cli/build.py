@@ -14,7 +14,6 @@ import sys
 from typing import Any
 
 from cuforge._fs import destination_problem
-from cuforge.aot.build import build
 from cuforge.cli import output
 from cuforge.config import settings
 
@@ -138,6 +137,8 @@ def run(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                     flush=True,
                 )
+
+        from cuforge.aot.build import build  # ~45 ms (executors): not for other commands
 
         report = build(
             args.manifest,

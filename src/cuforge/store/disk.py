@@ -153,6 +153,11 @@ class DiskStore(Store):
         self.journal_rebuilds = 0
         # fan-out dirs that passed the trust rule in this process (see _dir_trusted)
         self._trusted_dirs: set[str] = set()
+        # inside bulk(): the journal records and entry files of the batch so far (None: no
+        # batch open)
+        self._batch: list[str] | None = None
+        self._batch_files: list[str] = []
+        self._batch_bytes = 0
         if not os.path.isdir(layout.index):  # one stat when the cache exists
             try:
                 if not os.path.isdir(self.root):
@@ -347,9 +352,11 @@ class DiskStore(Store):
         # An entry without a payload (a direct-mode manifest) is a hint: losing it to a
         # crash costs one compile and the checksum catches a torn one, so it skips fsync.
         durable = durable and bool(entry.payload)
+        batch = self._batch
         for attempt in (0, 1):
             try:
-                _fs.atomic_write(path, data, durable=durable)
+                # in a batch, made durable once when it ends (bulk())
+                _fs.atomic_write(path, data, durable=durable and batch is None)
                 break
             except FileNotFoundError as exc:
                 # the shard directory vanished under us (a concurrent clear): once more
@@ -373,11 +380,51 @@ class DiskStore(Store):
         self.puts += 1
         name = entry.meta.get("name")
         record = put_record(entry.key, len(data), time(), entry.kind, name, entry.meta.get("arch"))
-        self.journal_append([record])
         self._record("put", entry.kind, name, len(entry.payload))
+        if batch is not None:  # appended, and the cap enforced, when the batch ends ...
+            batch.append(record)
+            if durable:
+                self._batch_files.append(path)
+            self._batch_bytes += len(data)
+            # ... or every 256 entries or eighth of the cap (a pull bigger than the cap)
+            if len(batch) >= 256 or (0 <= self.max_bytes < self._batch_bytes * 8):
+                self._batch, self._batch_bytes = [], 0
+                self.journal_append(batch)
+                if self.max_bytes >= 0:
+                    self._maybe_evict()
+            return True
+        self.journal_append([record])
         if self.max_bytes >= 0:
             self._maybe_evict()
         return True
+
+    def bulk(self, *, durable: bool = True) -> _Bulk:
+        """``with disk.bulk():`` a batch of puts (``cuforge prefetch``, ``cuforge cache
+        pull``) made durable at its end instead of entry by entry.
+
+        Inside the block each put is written as always (temp file, then an atomic rename:
+        a reader sees the old entry or the new one, never part of one) but not ``fsync``\\ ed;
+        its journal record is held back and the cap is checked every 256 entries (or eighth
+        of the cap) only. When the block ends (normally or not) the records are appended as
+        ONE journal batch, the cap is enforced, and, when ``durable``, every entry file written with a payload, then each
+        directory holding one, is ``fsync``\\ ed once. (``os.sync()`` / ``syncfs`` measured
+        cheaper on this CPU machine, ~22 ms against ~54 ms for 125 entries, but they also wait
+        for every other writer's dirty pages, say a service downloading its weights while it
+        prefetches: this cost is bounded by the batch's own files.) A crash inside the block
+        can leave an entry torn or missing: every read checks the checksum, so that is a miss
+        (fetched again), never wrong code. Batches do not nest: an inner ``bulk()`` joins the
+        outer one."""
+        return _Bulk(self, durable)
+
+    def _end_batch(self, durable: bool) -> None:
+        records, files = self._batch or [], self._batch_files
+        self._batch, self._batch_files, self._batch_bytes = None, [], 0
+        if records:
+            self.journal_append(records)
+        if durable and files:
+            _fsync_all(files)
+        if records and self.max_bytes >= 0:
+            self._maybe_evict()
 
     def _maybe_evict(self) -> None:
         self.load_index(copy=False)
@@ -767,6 +814,56 @@ class DiskStore(Store):
 
 
 # ---------------------------------------------------------------------- filters
+def _fsync_all(paths: list[str]) -> None:
+    """``fsync`` each file of ``paths``, then each directory holding one, once each. A file
+    gone since (evicted, replaced) or a filesystem that cannot sync a directory is skipped:
+    durability is best effort, correctness rests on the checksums."""
+    dirs: dict[str, None] = {}
+    for path in paths:
+        dirs[os.path.dirname(path)] = None
+        try:
+            fd = _fs.open_regular(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    for directory in dirs:
+        try:
+            fd = os.open(directory, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
+class _Bulk:
+    """The context manager :meth:`DiskStore.bulk` returns."""
+
+    __slots__ = ("store", "durable", "outer")
+
+    def __init__(self, store: DiskStore, durable: bool) -> None:
+        self.store, self.durable, self.outer = store, durable, False
+
+    def __enter__(self) -> DiskStore:
+        store = self.store
+        self.outer = store._batch is None
+        if self.outer:
+            store._batch, store._batch_files, store._batch_bytes = [], [], 0
+        return store
+
+    def __exit__(self, *exc: object) -> None:
+        if self.outer:
+            self.store._end_batch(self.durable)
+
+
 def entry_filter(
     *,
     name: str | None = None,

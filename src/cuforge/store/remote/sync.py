@@ -424,53 +424,57 @@ def pull(
         return result
     pairs = sorted(pairs, key=lambda p: _ORDER[p[0]])  # stable: newest first within a kind
     result.selected = total = len(pairs)
-    for done, (kind, key) in enumerate(pairs, 1):
-        if not overwrite and local.has(key):
-            result.present += 1
-        else:
-            before = _problems(remote)
-            try:
-                entry = _remote_get(remote, key, kind)
-            except Exception as exc:  # noqa: BLE001 - a remote tier should fail open
-                entry = None
-                result.failed.append({"kind": kind, "key": key, "name": None, "reason": str(exc)})
+    # one journal batch and one round of fsyncs at the end, not one per entry (see bulk)
+    with local.bulk():
+        for done, (kind, key) in enumerate(pairs, 1):
+            if not overwrite and local.has(key):
+                result.present += 1
             else:
-                if entry is None:
-                    if _problems(remote) != before:
+                before = _problems(remote)
+                try:
+                    entry = _remote_get(remote, key, kind)
+                except Exception as exc:  # noqa: BLE001 - a remote tier should fail open
+                    entry = None
+                    result.failed.append(
+                        {"kind": kind, "key": key, "name": None, "reason": str(exc)}
+                    )
+                else:
+                    if entry is None:
+                        if _problems(remote) != before:
+                            result.failed.append(
+                                {
+                                    "kind": kind,
+                                    "key": key,
+                                    "name": None,
+                                    "reason": _last_error(remote)
+                                    or "the remote failed or the entry did not verify",
+                                }
+                            )
+                        else:
+                            result.missing += 1
+                    elif entry.key != key or entry.kind != kind:
                         result.failed.append(
                             {
                                 "kind": kind,
                                 "key": key,
                                 "name": None,
-                                "reason": _last_error(remote)
-                                or "the remote failed or the entry did not verify",
+                                "reason": "the remote answered another entry",
                             }
                         )
+                    elif local.put(_clean(entry)):
+                        result.copied += 1
+                        result.bytes += len(entry.payload)
                     else:
-                        result.missing += 1
-                elif entry.key != key or entry.kind != kind:
-                    result.failed.append(
-                        {
-                            "kind": kind,
-                            "key": key,
-                            "name": None,
-                            "reason": "the remote answered another entry",
-                        }
-                    )
-                elif local.put(_clean(entry)):
-                    result.copied += 1
-                    result.bytes += len(entry.payload)
-                else:
-                    result.failed.append(
-                        {
-                            "kind": kind,
-                            "key": key,
-                            "name": entry.meta.get("name"),
-                            "reason": f"could not write to the local cache {local.root}",
-                        }
-                    )
-        if progress is not None:
-            progress(done, total)
+                        result.failed.append(
+                            {
+                                "kind": kind,
+                                "key": key,
+                                "name": entry.meta.get("name"),
+                                "reason": f"could not write to the local cache {local.root}",
+                            }
+                        )
+            if progress is not None:
+                progress(done, total)
     result.seconds = time.perf_counter() - started
     return result
 
