@@ -1,0 +1,209 @@
+"""The C++ CUDA kernel of kernel-mode custom ops (``cuforge.torch.opshim``) on a machine
+without a GPU: the shim builds once per torch version and is cached (a second process
+compiles nothing), registers a C++ kernel for the CUDA dispatch key, and leaves the fake,
+opcheck and torch.compile tracing as they were. Which ops keep the Python kernel, and why.
+
+The launch itself needs a GPU: tests/torch/test_custom_op_gpu.py compares the C++ path with
+the Python one, on several streams and under CUDA-graph capture.
+
+One shim build for the whole module: a module-wide cache dir, built by the first child
+process; the test process loads the shim from there."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import cuforge  # noqa: E402
+from tests.child import child_env, run_python  # noqa: E402
+from cuforge.torch import cdiv_grid, custom_op  # noqa: E402
+from cuforge.torch import opshim  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("c++") is None and shutil.which("g++") is None, reason="no C++ compiler"
+)
+
+SOURCE = r"""
+extern "C" __global__ void muladd(int numel, const float* a, const float* b, float c,
+                                  float* result) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < numel) result[i] = a[i] * b[i] + c;
+}
+extern "C" __global__ void saxpy(float* y, const float* x, float a, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = a * x[i] + y[i];
+}
+"""
+
+CHILD = """
+import json
+from cuforge.torch import opshim
+lib = opshim.load_shim()
+print(json.dumps({"ok": lib is not None, **opshim.shim_info()}))
+"""
+
+
+@pytest.fixture(scope="module")
+def shim_dir(tmp_path_factory):
+    """A cache dir holding the built shim: (dir, first child's info, second child's info)."""
+    d = tmp_path_factory.mktemp("opshim-cache")
+    first = run_python(CHILD, child_env(CUFORGE_CACHE_DIR=str(d)), timeout=600)
+    second = run_python(CHILD, child_env(CUFORGE_CACHE_DIR=str(d)), timeout=600)
+    return d, first, second
+
+
+@pytest.fixture
+def shim(shim_dir):
+    lib = opshim.load_shim(cuforge.Cache(shim_dir[0]))
+    assert lib is not None, opshim.shim_info()
+    return lib
+
+
+@pytest.fixture
+def prog():
+    return cuforge.compile(SOURCE, name="custom_op_shim_test.cu", arch="sm_90")
+
+
+def qual(name: str) -> str:
+    return f"cuforge_shim_{uuid.uuid4().hex[:10]}::{name}"
+
+
+def test_shim_builds_once_and_a_second_process_compiles_nothing(shim_dir):
+    _, first, second = shim_dir
+    assert first["ok"] and second["ok"], (first, second)
+    assert first["compiled"] == 1
+    assert second["compiled"] == 0
+    assert second["path"] == first["path"]
+    assert torch.__version__.replace(".", "_").replace("+", "_") in first["path"]
+
+
+def test_cpp_kernel_is_registered_for_the_cuda_key(shim, prog):
+    q = qual("muladd")
+    op = custom_op(
+        q,
+        prog.kernel("muladd"),
+        outputs=("result",),
+        out_like="a",
+        grid=cdiv_grid("numel", 256),
+        block=256,
+        cpp=True,
+    )
+    assert op._cuforge_cpp_why is None
+    assert op._cuforge_cpp is not None
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(q, "CUDA")
+    assert not torch._C._dispatch_has_kernel_for_dispatch_key(q, "CPU")
+    assert opshim.calls(op) == 0
+    # in place, fixed grid, device_types=None: the Python kernel stays for the other devices
+    q2 = qual("saxpy")
+    op2 = custom_op(
+        q2, prog.kernel("saxpy"), mutates_args=("y",), grid=4, block=256, device_types=None, cpp=True
+    )
+    assert op2._cuforge_cpp_why is None
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(q2, "CUDA")
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(q2, "CompositeExplicitAutograd")
+
+
+def test_fake_opcheck_and_compile_tracing_still_work(shim, prog):
+    q = qual("muladd")
+    op = custom_op(
+        q,
+        prog.kernel("muladd"),
+        outputs=("result",),
+        out_like="a",
+        grid=cdiv_grid("a", 128),
+        block=128,
+        cpp=True,
+    )
+    assert op._cuforge_cpp_why is None
+    a = torch.empty(64, device="meta")
+    results = torch.library.opcheck(op, (64, a, a.clone(), 0.5))
+    assert set(results.values()) == {"SUCCESS"}, results
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x = torch.empty(10, 3, device="cuda")
+        assert op(30, x, x, 1.0).shape == (10, 3)
+
+    def f(a, b):
+        return op(a.numel(), a, b, 3.0).relu() * 2
+
+    torch._dynamo.reset()
+    out = torch.compile(f, backend="aot_eager", fullgraph=True)(a, a.clone())
+    assert out.shape == (64,)
+    explained = torch._dynamo.explain(f)(a, a.clone())
+    assert explained.graph_break_count == 0, explained.break_reasons
+
+
+def test_which_ops_keep_the_python_kernel(shim, prog):
+    k = prog.kernel("muladd")
+    common = dict(outputs=("result",), block=256)
+    cases = [
+        (dict(out_like="a", grid=lambda numel, a, b, c, result: 1, cpp=True), "Python function"),
+        (dict(fake=lambda numel, a, b, c: torch.empty_like(a), grid=1, cpp=True), "fake="),
+        (dict(out_like="a", grid=1, cpp=False), "cpp=False"),
+    ]
+    for extra, why in cases:
+        q = qual("muladd")
+        with pytest.warns(UserWarning, match="the Python kernel stays") if extra["cpp"] else _nothing():
+            op = custom_op(q, k, **common, **extra)
+        assert why in op._cuforge_cpp_why
+        assert getattr(op, "_cuforge_cpp", None) is None
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(q, "CUDA")  # the Python one
+
+    with pytest.warns(UserWarning, match="launcher mode"):
+
+        @custom_op(qual("launch"), out_like="a", cpp=True)
+        def launcher(a: torch.Tensor) -> torch.Tensor:
+            return a.clone()
+
+    assert "launcher" in launcher._cuforge_cpp_why
+
+
+def test_default_is_off_without_a_gpu_and_with_the_environment_switch(monkeypatch):
+    assert opshim.enabled(None) is torch.cuda.is_available()
+    monkeypatch.setenv("CUFORGE_TORCH_OP_SHIM", "0")
+    assert opshim.enabled(None) is False
+    assert opshim.enabled(True) is True
+
+
+def test_cdiv_grid_in_the_python_kernel(prog):
+    """The Python kernel evaluates cdiv_grid too (a recording stand-in for the launch)."""
+    launches = []
+
+    class Rec:
+        params = prog.kernel("muladd").params
+        program = prog
+        name = "muladd"
+
+        def __getitem__(self, config):
+            return lambda *args: launches.append((config, args))
+
+    op = custom_op(
+        qual("muladd"),
+        Rec(),
+        outputs=("result",),
+        out_like="a",
+        grid=cdiv_grid("a", 128),
+        block=128,
+        device_types="cpu",
+        cpp=False,
+    )
+    op(300, torch.ones(300), torch.ones(300), 1.0)
+    op(0, torch.ones(0), torch.ones(0), 1.0)
+    assert [c for c, _ in launches] == [(3, 128, 0)]  # and none for the empty one
+    with pytest.raises(ValueError, match="'nope', which is not a kernel parameter"):
+        custom_op(qual("m"), Rec(), outputs=("result",), out_like="a", grid=cdiv_grid("nope", 1), block=1)
+    with pytest.raises(ValueError, match="per must be an int >= 1"):
+        cdiv_grid("a", 0)
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
