@@ -19,9 +19,12 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import cuforge  # noqa: E402
+from cuforge.torch import (  # noqa: E402
+    cdiv_grid,
+    custom_op,
+    opshim,  # noqa: E402
+)
 from tests.child import child_env, run_python  # noqa: E402
-from cuforge.torch import cdiv_grid, custom_op  # noqa: E402
-from cuforge.torch import opshim  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     shutil.which("c++") is None and shutil.which("g++") is None, reason="no C++ compiler"
@@ -100,7 +103,13 @@ def test_cpp_kernel_is_registered_for_the_cuda_key(shim, prog):
     # in place, fixed grid, device_types=None: the Python kernel stays for the other devices
     q2 = qual("saxpy")
     op2 = custom_op(
-        q2, prog.kernel("saxpy"), mutates_args=("y",), grid=4, block=256, device_types=None, cpp=True
+        q2,
+        prog.kernel("saxpy"),
+        mutates_args=("y",),
+        grid=4,
+        block=256,
+        device_types=None,
+        cpp=True,
     )
     assert op2._cuforge_cpp_why is None
     assert torch._C._dispatch_has_kernel_for_dispatch_key(q2, "CUDA")
@@ -148,7 +157,11 @@ def test_which_ops_keep_the_python_kernel(shim, prog):
     ]
     for extra, why in cases:
         q = qual("muladd")
-        with pytest.warns(UserWarning, match="the Python kernel stays") if extra["cpp"] else _nothing():
+        with (
+            pytest.warns(UserWarning, match="the Python kernel stays")
+            if extra["cpp"]
+            else _nothing()
+        ):
             op = custom_op(q, k, **common, **extra)
         assert why in op._cuforge_cpp_why
         assert getattr(op, "_cuforge_cpp", None) is None
@@ -196,7 +209,9 @@ def test_cdiv_grid_in_the_python_kernel(prog):
     op(0, torch.ones(0), torch.ones(0), 1.0)
     assert [c for c, _ in launches] == [(3, 128, 0)]  # and none for the empty one
     with pytest.raises(ValueError, match="'nope', which is not a kernel parameter"):
-        custom_op(qual("m"), Rec(), outputs=("result",), out_like="a", grid=cdiv_grid("nope", 1), block=1)
+        custom_op(
+            qual("m"), Rec(), outputs=("result",), out_like="a", grid=cdiv_grid("nope", 1), block=1
+        )
     with pytest.raises(ValueError, match="per must be an int >= 1"):
         cdiv_grid("a", 0)
 

@@ -765,7 +765,9 @@ def custom_op(
         py_grid = grid
         if isinstance(grid, opshim.CdivGrid):
             try:
-                py_grid = opshim._bind_grid(grid, [a.name for a in args], f"custom_op({qualname!r})")[0]
+                py_grid = opshim._bind_grid(
+                    grid, [a.name for a in args], f"custom_op({qualname!r})"
+                )[0]
             except ValueError as exc:
                 raise CustomOpError(str(exc)) from None
         cpp_plan = "cpp=False"

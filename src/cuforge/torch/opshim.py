@@ -170,11 +170,11 @@ def _dtype_code(dt) -> int:
 
 def plan(kernel, args, inputs, outputs, parsed, alloc, grid, block, shared_mem, mutates):
     """``(spec, names)`` for the shim, or a string saying why the op does not qualify."""
+    import torch
+
     from cuforge.runtime import args as argmod
     from cuforge.runtime.fastlaunch import KINDS
     from cuforge.runtime.kernel import _dims
-
-    import torch
 
     names = [a.name for a in inputs]
     if any(a.kwarg_only for a in parsed.arguments) or [a.name for a in parsed.arguments] != names:
