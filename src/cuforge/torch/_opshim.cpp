@@ -74,6 +74,16 @@ struct Plan {
   std::atomic<uint64_t> calls{0};
 };
 
+int launch(const Plan& p, const unsigned* g, uint64_t func, void* stream, void** ptrs) {
+  if (p.launch_ex != nullptr) {
+    LaunchConfig lc{g[0], g[1], g[2], p.block[0], p.block[1], p.block[2], p.shmem,
+                    stream, nullptr, 0};
+    return p.launch_ex(&lc, reinterpret_cast<void*>(func), ptrs, nullptr);
+  }
+  return p.launch(reinterpret_cast<void*>(func), g[0], g[1], g[2], p.block[0], p.block[1],
+                  p.block[2], p.shmem, stream, ptrs, nullptr);
+}
+
 struct Kernel final : c10::OperatorKernel {
   explicit Kernel(std::shared_ptr<Plan> p) : plan(std::move(p)) {}
   std::shared_ptr<Plan> plan;
@@ -187,14 +197,10 @@ struct Kernel final : c10::OperatorKernel {
       void* stream = nullptr;
       TORCH_CHECK(p.stream(device, &stream) == 0, p.label,
                   ": cannot get torch's current CUDA stream");
-      int code;
-      if (p.launch_ex != nullptr) {
-        LaunchConfig lc{g[0], g[1], g[2], p.block[0], p.block[1], p.block[2], p.shmem,
-                        stream, nullptr, 0};
-        code = p.launch_ex(&lc, reinterpret_cast<void*>(func), ptrs, nullptr);
-      } else {
-        code = p.launch(reinterpret_cast<void*>(func), g[0], g[1], g[2], p.block[0], p.block[1],
-                        p.block[2], p.shmem, stream, ptrs, nullptr);
+      int code = launch(p, g, func, stream, ptrs);
+      if (code == 201) {  // CUDA_ERROR_INVALID_CONTEXT: a thread with no context current yet
+        p.prepare(-(device + 1));  // Python: make the device's primary context current
+        code = launch(p, g, func, stream, ptrs);
       }
       TORCH_CHECK(code == 0, p.label, ": the driver refused the launch (CUresult ", code,
                   ") with grid ", g[0], "x", g[1], "x", g[2], ", block ", p.block[0], "x",

@@ -170,6 +170,13 @@ def _dtype_code(dt) -> int:
 
 def plan(kernel, args, inputs, outputs, parsed, alloc, grid, block, shared_mem, mutates):
     """``(spec, names)`` for the shim, or a string saying why the op does not qualify."""
+    try:
+        return _plan(kernel, args, inputs, outputs, parsed, alloc, grid, block, shared_mem, mutates)
+    except (AttributeError, KeyError, OSError, TypeError, ValueError) as exc:
+        return f"cannot lay the op out for the C++ kernel ({type(exc).__name__}: {exc})"
+
+
+def _plan(kernel, args, inputs, outputs, parsed, alloc, grid, block, shared_mem, mutates):
     import torch
 
     from cuforge.runtime import args as argmod
@@ -197,7 +204,7 @@ def plan(kernel, args, inputs, outputs, parsed, alloc, grid, block, shared_mem, 
             return f"cdiv_grid names {grid.param!r}, not a kernel parameter"
         grid_mode, grid_src, grid_per = 1, kargs.index(grid.param), grid.per
         p = args[grid_src].param
-        if p.kind != "pointer" and p.code not in ("b", "B", "h", "H", "i", "I", "l", "L", "q", "Q"):
+        if p.kind != "pointer" and p.code not in ("b", "B", "h", "H", "i", "I", "q", "Q"):
             return f"cdiv_grid names {grid.param!r}, which is neither a tensor nor an integer"
     elif callable(grid):
         return "grid is a Python function (cuforge.torch.cdiv_grid keeps the C++ path)"
@@ -247,15 +254,21 @@ def register(op, kernel, spec, names, cache=None):
         # a CPU-only torch: its CUDA key never runs, registering still shows the path
         stream = ctypes.cast(_no_stream, c_void_p).value
     shmem = spec[10]
+    offsets = tuple(kernel._layout.offsets)  # what the spec packs by
 
     def prepare(device: int) -> int:
+        """The kernel's function on ``device``, loaded there; for ``-(device + 1)``: make
+        that device's primary context current (a launch found none) and return 1."""
         from cuforge.runtime import driver as drv_mod
 
         d = drv_mod.driver()
+        if device < 0:
+            d.use_device(-device - 1)
+            return 1
         previous = d.use_device(device)
         try:
             func = kernel._devices[device].func or kernel._load(device)
-            if kernel._layout_changed:
+            if kernel._layout_changed or tuple(kernel._layout.offsets) != offsets:
                 raise RuntimeError(
                     f"kernel {kernel.name!r}: its parameter layout changed when it loaded; "
                     "register the op with cpp=False"
