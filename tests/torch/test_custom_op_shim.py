@@ -11,6 +11,7 @@ process; the test process loads the shim from there."""
 
 from __future__ import annotations
 
+import ctypes
 import shutil
 import uuid
 
@@ -222,3 +223,111 @@ class _nothing:
 
     def __exit__(self, *exc):
         return False
+
+
+# -- the C++ kernel itself, registered for the CPU key with a recording launch -------------
+
+
+class LaunchConfig(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_uint) for n in ("gx", "gy", "gz", "bx", "by", "bz", "shmem")] + [
+        ("stream", ctypes.c_void_p),
+        ("attrs", ctypes.c_void_p),
+        ("nattrs", ctypes.c_uint),
+    ]
+
+
+LAUNCH = ctypes.CFUNCTYPE(
+    ctypes.c_int,
+    ctypes.POINTER(LaunchConfig),
+    ctypes.c_void_p,
+    ctypes.POINTER(ctypes.c_void_p),
+    ctypes.c_void_p,
+)
+STREAM = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_int32, ctypes.POINTER(ctypes.c_void_p))
+
+
+@pytest.fixture
+def recorded(shim, monkeypatch):
+    """Ops registered while this is active get the C++ kernel on the CPU key; each launch
+    appends (grid, block, shmem, stream, func, params pointer array) to the list."""
+    launches: list = []
+    result = {"code": 0}
+
+    def launch(cfg, func, params, extra):
+        c = cfg.contents
+        launches.append(((c.gx, c.gy, c.gz), (c.bx, c.by, c.bz), c.shmem, c.stream, func, params))
+        return result["code"]
+
+    def stream(device, out):
+        out[0] = 0x5151
+        return 0
+
+    keep = (LAUNCH(launch), STREAM(stream))
+    addrs = tuple(ctypes.cast(f, ctypes.c_void_p).value for f in keep)
+    monkeypatch.setattr(opshim, "_test_cpu", addrs)
+    yield launches, result
+    del keep
+
+
+def value(params, i: int, ctype):
+    return ctypes.cast(params[i], ctypes.POINTER(ctype))[0]
+
+
+def test_cpp_kernel_packs_allocates_and_launches(recorded, prog):
+    launches, result = recorded
+    op = custom_op(
+        qual("muladd"),
+        prog.kernel("muladd"),
+        outputs=("result",),
+        out_like="a",
+        grid=cdiv_grid("numel", 256),
+        block=256,
+        cpp=True,
+    )
+    assert op._cuforge_cpp_why is None
+    a, b = torch.arange(300, dtype=torch.float32), torch.ones(300)
+    out = op(300, a, b, 1.5)
+    assert out.shape == (300,) and out.dtype == torch.float32 and out.is_contiguous()
+    ((grid, block, shmem, stream, func, params),) = launches
+    assert (grid, block, shmem, stream, func) == ((2, 1, 1), (256, 1, 1), 0, 0x5151, 0xF00D)
+    assert value(params, 0, ctypes.c_int) == 300
+    assert value(params, 1, ctypes.c_void_p) == a.data_ptr()
+    assert value(params, 2, ctypes.c_void_p) == b.data_ptr()
+    assert value(params, 3, ctypes.c_float) == 1.5
+    assert value(params, 4, ctypes.c_void_p) == out.data_ptr()
+    assert opshim.calls(op) == 1
+    # an empty grid launches nothing; a read-only non-contiguous input is made contiguous
+    launches.clear()
+    assert op(0, torch.ones(0), torch.ones(0), 1.0).shape == (0,)
+    assert launches == []
+    m = torch.ones(8, 4).t()
+    op(32, m, b[:32], 1.0)
+    assert value(launches[-1][5], 1, ctypes.c_void_p) != m.data_ptr()
+    # the checks
+    with pytest.raises(RuntimeError, match="expects another dtype"):
+        op(4, torch.ones(4, dtype=torch.float64), torch.ones(4, dtype=torch.float64), 1.0)
+    with pytest.raises(RuntimeError, match="out of its C type's range"):
+        op(1 << 40, a, b, 1.0)
+    with pytest.raises(RuntimeError, match="requires grad but the op has no autograd formula"):
+        op(300, a.clone().requires_grad_(), b, 1.0)
+    result["code"] = 700
+    with pytest.raises(RuntimeError, match=r"refused the launch \(CUresult 700\) with grid 2x1x1"):
+        op(300, a, b, 1.0)
+
+
+def test_cpp_kernel_in_place_bumps_the_version_and_refuses_strided_writes(recorded, prog):
+    launches, _ = recorded
+    op = custom_op(
+        qual("saxpy"), prog.kernel("saxpy"), mutates_args=("y",), grid=(3, 2), block=64, cpp=True
+    )
+    assert op._cuforge_cpp_why is None
+    y, x = torch.zeros(16), torch.ones(16)
+    v = y._version
+    assert op(y, x, 2.0, 16) is None
+    assert y._version == v + 1
+    ((grid, block, _, _, _, params),) = launches
+    assert grid == (3, 2, 1) and block == (64, 1, 1)
+    assert value(params, 0, ctypes.c_void_p) == y.data_ptr()
+    assert value(params, 3, ctypes.c_int) == 16
+    with pytest.raises(RuntimeError, match="'y' is written by the kernel but is not contiguous"):
+        op(torch.zeros(4, 4).t(), torch.ones(4, 4), 1.0, 16)

@@ -62,6 +62,7 @@ struct Plan {
   int grid_mode = 0, grid_src = -1;
   int64_t grid_per = 1;
   bool grad_check = false;
+  bool cpu = false;  // tests only: registered for the CPU key, launches to a recording stand-in
   std::vector<Param> params;
   std::vector<Input> inputs;
   std::vector<int> out_like;
@@ -99,10 +100,11 @@ struct Kernel final : c10::OperatorKernel {
       const Input& in = p.inputs[i];
       if (in.type != A_TENSOR) continue;
       at::Tensor t = v.toTensor();
-      TORCH_CHECK(t.is_cuda(), p.label, ": argument '", p.input_names[i],
+      TORCH_CHECK(p.cpu || t.is_cuda(), p.label, ": argument '", p.input_names[i],
                   "' is on ", t.device(), ", not a CUDA device");
-      if (device < 0) device = t.get_device();
-      TORCH_CHECK(t.get_device() == device, p.label, ": argument '", p.input_names[i],
+      const int dev = p.cpu ? 0 : t.get_device();
+      if (device < 0) device = dev;
+      TORCH_CHECK(dev == device, p.label, ": argument '", p.input_names[i],
                   "' is on cuda:", t.get_device(), " but an earlier tensor is on cuda:", device);
       if (p.grad_check && t.requires_grad() && c10::GradMode::is_enabled())
         TORCH_CHECK(false, "custom op ", p.label, ": argument '", p.input_names[i],
@@ -117,7 +119,8 @@ struct Kernel final : c10::OperatorKernel {
       tensors[i] = std::move(t);
     }
     TORCH_CHECK(device >= 0 && device < MAXDEV, p.label, ": no CUDA tensor argument");
-    c10::DeviceGuard guard(c10::Device(c10::DeviceType::CUDA, device));
+    c10::OptionalDeviceGuard guard;
+    if (!p.cpu) guard.reset_device(c10::Device(c10::DeviceType::CUDA, device));
     outs.reserve(p.n_out);
     for (int j = 0; j < p.n_out; j++)
       outs.push_back(at::empty_like(tensors[p.out_like[j]], c10::nullopt, c10::nullopt,
@@ -226,7 +229,7 @@ extern "C" {
 int cfshim_abi_version() { return 1; }
 
 // spec (int64): n_in, n_params, n_out, buf_size, gx, gy, gz, bx, by, bz, shmem, grid_mode,
-// grid_src, grid_per, grad_check; per param: src, kind, offset, dtype; per input: type,
+// grid_src, grid_per, grad_check, cpu; per param: src, kind, offset, dtype; per input: type,
 // readonly, mutated; per output: the input it is shaped like. names: the op inputs' names,
 // '\n'-separated. Returns a handle (nullptr and a message in err on failure).
 void* cfshim_register(const char* ns, const char* name, const char* label, const char* names,
@@ -247,6 +250,7 @@ void* cfshim_register(const char* ns, const char* name, const char* label, const
     p->grid_src = static_cast<int>(spec[at++]);
     p->grid_per = spec[at++];
     p->grad_check = spec[at++] != 0;
+    p->cpu = spec[at++] != 0;
     TORCH_CHECK(n_params >= 1 && n_params <= MAXP && p->n_in <= MAXP, "bad parameter count");
     TORCH_CHECK(p->buf_size >= 0 && p->buf_size <= MAXBUF, "parameter buffer too large");
     TORCH_CHECK(p->grid_per >= 1, "grid divisor must be >= 1");
@@ -280,7 +284,9 @@ void* cfshim_register(const char* ns, const char* name, const char* label, const
     auto h = std::make_unique<Handle>();
     h->plan = p;
     h->lib = std::make_unique<torch::Library>(torch::Library::IMPL, std::string(ns),
-                                              c10::DispatchKey::CUDA, __FILE__, __LINE__);
+                                              p->cpu ? c10::DispatchKey::CPU
+                                                     : c10::DispatchKey::CUDA,
+                                              __FILE__, __LINE__);
     h->lib->impl(name, torch::CppFunction::makeFromBoxedFunctor(std::make_unique<Kernel>(p)));
     return h.release();
   } catch (const std::exception& e) {

@@ -219,7 +219,7 @@ def _plan(kernel, args, inputs, outputs, parsed, alloc, grid, block, shared_mem,
         return "the kernel's parameter buffer is larger than 4 KiB"
     input_pos = {n: i for i, n in enumerate(names)}
     spec = [len(inputs), len(args), len(outputs), layout.size, *g, *b, sh]
-    spec += [grid_mode, grid_src, grid_per, 1 if parsed.returns else 0]
+    spec += [grid_mode, grid_src, grid_per, 1 if parsed.returns else 0, 0]
     for a, off in zip(args, layout.offsets, strict=True):
         p = a.param
         if p.kind == "pointer":
@@ -246,19 +246,28 @@ def register(op, kernel, spec, names, cache=None):
     lib = load_shim(cache)
     if lib is None:
         return _state.get("why", "the C++ op shim is not available")
-    try:
-        ex, plain, stream = _driver_entries()
-    except Exception:  # noqa: BLE001 - no driver: a launch would fail, and says so
-        ex, plain, stream = 0, ctypes.cast(_no_launch, c_void_p).value, 0
+    if _test_cpu is not None:  # tests: the CPU key, a recording launch, no driver
+        spec = list(spec)
+        spec[15] = 1
+        ex, plain, stream = _test_cpu[0], 0, _test_cpu[1]
+        kernel = _TestKernel()
+    else:
+        try:
+            ex, plain, stream = _driver_entries()
+        except Exception:  # noqa: BLE001 - no driver: a launch would fail, and says so
+            ex, plain, stream = 0, ctypes.cast(_no_launch, c_void_p).value, 0
     if not stream:
         # a CPU-only torch: its CUDA key never runs, registering still shows the path
         stream = ctypes.cast(_no_stream, c_void_p).value
     shmem = spec[10]
-    offsets = tuple(kernel._layout.offsets)  # what the spec packs by
+    testing = isinstance(kernel, _TestKernel)
+    offsets = tuple(kernel._layout.offsets) if kernel._layout is not None else None
 
     def prepare(device: int) -> int:
         """The kernel's function on ``device``, loaded there; for ``-(device + 1)``: make
         that device's primary context current (a launch found none) and return 1."""
+        if testing:
+            return _Loaded.func if device >= 0 else 1
         from cuforge.runtime import driver as drv_mod
 
         d = drv_mod.driver()
@@ -268,7 +277,9 @@ def register(op, kernel, spec, names, cache=None):
         previous = d.use_device(device)
         try:
             func = kernel._devices[device].func or kernel._load(device)
-            if kernel._layout_changed or tuple(kernel._layout.offsets) != offsets:
+            if kernel._layout_changed or (
+                offsets is not None and tuple(kernel._layout.offsets) != offsets
+            ):
                 raise RuntimeError(
                     f"kernel {kernel.name!r}: its parameter layout changed when it loaded; "
                     "register the op with cpp=False"
@@ -301,6 +312,27 @@ def register(op, kernel, spec, names, cache=None):
         return f"the shim refused the op: {err.value.decode(errors='replace')}"
     op._cuforge_cpp = (handle, cb, lib)  # the callback lives as long as the registration
     return None
+
+
+#: tests only: (cuLaunchKernelEx stand-in address, stream getter address): register() then
+#: registers for the CPU key and launches there (tests/torch/test_custom_op_shim.py)
+_test_cpu: tuple[int, int] | None = None
+
+
+class _TestKernel:
+    """The kernel as the test registration sees it: loaded everywhere, at a fake address."""
+
+    name = "test"
+    _layout_changed = False
+
+    def __init__(self) -> None:
+        self._devices = [_Loaded()] * 64
+        self._layout = None
+
+
+class _Loaded:
+    func = 0xF00D
+    shm_set = 1 << 20
 
 
 def _no_stream_fn(device: int, out) -> int:
