@@ -5,8 +5,8 @@
 For an op it qualifies for (:func:`plan`), the shim registers a boxed C++ kernel with
 torch's dispatcher for the CUDA key. A call then goes dispatcher -> C++: read the
 arguments from the IValue stack, check device / dtype / contiguity, allocate the outputs
-(``at::empty`` like the input, contiguous), pack the kernel's parameter buffer, launch through the
-driver's ``cuLaunchKernelEx`` on torch's current stream (``aoti_torch_get_current_cuda_stream``),
+(``at::empty`` like the input, contiguous), pack the kernel's parameter buffer, launch through
+the driver's ``cuLaunchKernelEx`` on torch's current stream (``aoti_torch_get_current_cuda_stream``),
 bump the version counters of written tensors. No Python runs, except once per device to
 load the kernel there (a ctypes callback).
 
