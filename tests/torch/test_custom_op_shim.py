@@ -331,3 +331,25 @@ def test_cpp_kernel_in_place_bumps_the_version_and_refuses_strided_writes(record
     assert value(params, 3, ctypes.c_int) == 16
     with pytest.raises(RuntimeError, match="'y' is written by the kernel but is not contiguous"):
         op(torch.zeros(4, 4).t(), torch.ones(4, 4), 1.0, 16)
+
+
+def test_no_shim_keeps_the_python_kernel_with_one_reason_line(prog, monkeypatch, caplog):
+    why = "the C++ op shim is not available (CompileError: no c++)"
+    monkeypatch.setattr(opshim, "_state", {"lib": None, "why": why})
+    for _ in range(2):
+        q = qual("muladd")
+        with pytest.warns(UserWarning, match="no c\\+\\+"):
+            op = custom_op(
+                q,
+                prog.kernel("muladd"),
+                outputs=("result",),
+                out_like="a",
+                grid=1,
+                block=32,
+                cpp=True,
+            )
+        assert op._cuforge_cpp_why == why
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(q, "CUDA")  # the Python one
+    assert [r.getMessage() for r in caplog.records if "no c++" in r.getMessage()] == [
+        f"cuforge.torch.custom_op: the Python CUDA kernel stays: {why}"
+    ]

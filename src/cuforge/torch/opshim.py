@@ -245,7 +245,11 @@ def register(op, kernel, spec, names, cache=None):
     """Register the shim's CUDA kernel for ``op`` (a CuforgeOp); None, or why not."""
     lib = load_shim(cache)
     if lib is None:
-        return _state.get("why", "the C++ op shim is not available")
+        why = _state.get("why", "the C++ op shim is not available")
+        from cuforge.caching import resolve
+
+        resolve(cache).warn_once(f"cuforge.torch.custom_op: the Python CUDA kernel stays: {why}")
+        return why
     if _test_cpu is not None:  # tests: the CPU key, a recording launch, no driver
         spec = list(spec)
         spec[15] = 1
