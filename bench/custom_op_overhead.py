@@ -11,8 +11,14 @@ synchronize):
   the "× kernel" column (issue 25's goals: eager op <= 2×, under torch.compile <= 3×);
 * ``empty_like + kernel``: the same with the output allocated per call, as an out-of-place
   op must;
-* ``op, kernel mode``: ``custom_op(..., kernel, outputs=..., out_like=...)`` called eagerly;
+* ``op, kernel mode``: ``custom_op(..., kernel, outputs=..., out_like=...)`` called eagerly,
+  with the Python CUDA kernel (``cpp=False``);
 * ``op, kernel mode, in place``: the same kernel as an op that writes a passed-in tensor;
+* ``op, kernel mode, C++ kernel``: both again with the C++ CUDA kernel of
+  ``cuforge.torch.opshim`` (``grid=cdiv_grid(...)``, ``cpp=True``), eagerly and compiled;
+* floors, for context: ``torch.ops.aten.empty_like`` called eagerly (a C++ aten op through
+  the dispatcher from Python) and a ``torch.compile``'d function holding only
+  ``torch.empty_like(x)`` (the per-call floor of a compiled region);
 * ``op, launcher mode``: ``custom_op`` over a typed Python launcher, called eagerly;
 * ``torch's own custom_op``: the same launcher through ``torch.library.custom_op`` (the
   registration cuforge used before issue 25: three Python layers per call more);
@@ -57,7 +63,7 @@ def main() -> int:
     from torch import Tensor
 
     import cuforge
-    from cuforge.torch import custom_op
+    from cuforge.torch import cdiv_grid, custom_op
 
     if not torch.cuda.is_available():
         print("bench/custom_op_overhead.py needs a CUDA GPU", file=sys.stderr)
@@ -67,9 +73,20 @@ def main() -> int:
     ns = f"cuforge_bench_{uuid.uuid4().hex[:8]}"
     grid = lambda numel, a, b, c, result: (numel + 255) // 256  # noqa: E731
     kernel_op = custom_op(
-        f"{ns}::muladd_k", k, outputs=("result",), out_like="a", grid=grid, block=256
+        f"{ns}::muladd_k", k, outputs=("result",), out_like="a", grid=grid, block=256, cpp=False
     )
-    inplace_op = custom_op(f"{ns}::muladd_i", k, mutates_args=("result",), grid=grid, block=256)
+    inplace_op = custom_op(
+        f"{ns}::muladd_i", k, mutates_args=("result",), grid=grid, block=256, cpp=False
+    )
+    cgrid = cdiv_grid("numel", 256)
+    cpp_op = custom_op(
+        f"{ns}::muladd_c", k, outputs=("result",), out_like="a", grid=cgrid, block=256, cpp=True
+    )
+    cpp_inplace = custom_op(
+        f"{ns}::muladd_ci", k, mutates_args=("result",), grid=cgrid, block=256, cpp=True
+    )
+    if cpp_op._cuforge_cpp_why or cpp_inplace._cuforge_cpp_why:
+        print(f"the C++ kernel is not used: {cpp_op._cuforge_cpp_why}", file=sys.stderr)
 
     @custom_op(f"{ns}::muladd_l", out_like="a")
     def launcher_op(a: Tensor, b: Tensor, c: float) -> Tensor:
@@ -95,9 +112,11 @@ def main() -> int:
     launch(n, a, b, 0.5, out)
     for result in (out, kernel_op(n, a, b, 0.5), launcher_op(a, b, 0.5), torch_op(a, b, 0.5)):
         torch.testing.assert_close(result, ref)
-    out.zero_()
-    inplace_op(n, a, b, 0.5, out)
-    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(cpp_op(n, a, b, 0.5), ref)
+    for op in (inplace_op, cpp_inplace):
+        out.zero_()
+        op(n, a, b, 0.5, out)
+        torch.testing.assert_close(out, ref)
 
     compiled = torch.compile(lambda x, y: launcher_op(x, y, 0.5), fullgraph=True)
     torch.testing.assert_close(compiled(a, b), ref)
@@ -109,6 +128,19 @@ def main() -> int:
     compiled_inplace = torch.compile(inplace, fullgraph=True)
     out.zero_()
     torch.testing.assert_close(compiled_inplace(a, b, out), ref)
+    compiled_cpp = torch.compile(lambda x, y: cpp_op(n, x, y, 0.5), fullgraph=True)
+    torch.testing.assert_close(compiled_cpp(a, b), ref)
+
+    def cpp_inplace_fn(x, y, r):
+        cpp_inplace(n, x, y, 0.5, r)
+        return r
+
+    compiled_cpp_inplace = torch.compile(cpp_inplace_fn, fullgraph=True)
+    out.zero_()
+    torch.testing.assert_close(compiled_cpp_inplace(a, b, out), ref)
+    compiled_floor = torch.compile(lambda x: torch.empty_like(x), fullgraph=True)
+    compiled_floor(a)
+    aten_empty_like = torch.ops.aten.empty_like.default
     # torch.compile's CUDA graphs: the compiled region is replayed, Python runs once per call
     graphed = torch.compile(lambda x, y: launcher_op(x, y, 0.5), mode="reduce-overhead")
     for _ in range(3):
@@ -138,10 +170,19 @@ def main() -> int:
         ("empty_like + kernel", alloc_and_launch),
         ("op, kernel mode (allocates the output)", lambda: kernel_op(n, a, b, 0.5)),
         ("op, kernel mode, in place", lambda: inplace_op(n, a, b, 0.5, out)),
+        ("op, kernel mode, C++ kernel (allocates the output)", lambda: cpp_op(n, a, b, 0.5)),
+        ("op, kernel mode, C++ kernel, in place", lambda: cpp_inplace(n, a, b, 0.5, out)),
         ("op, launcher mode (allocates the output)", lambda: launcher_op(a, b, 0.5)),
         ("torch's own `torch.library.custom_op`, same launcher", lambda: torch_op(a, b, 0.5)),
         ("torch.compile(fullgraph=True), launcher op", lambda: compiled(a, b)),
         ("torch.compile(fullgraph=True), in-place kernel op", lambda: compiled_inplace(a, b, out)),
+        ("torch.compile(fullgraph=True), C++ kernel op", lambda: compiled_cpp(a, b)),
+        (
+            "torch.compile(fullgraph=True), in-place C++ kernel op",
+            lambda: compiled_cpp_inplace(a, b, out),
+        ),
+        ("floor: torch.compile'd `torch.empty_like(x)` alone", lambda: compiled_floor(a)),
+        ("floor: `torch.ops.aten.empty_like.default(a)`, eager", lambda: aten_empty_like(a)),
         ('torch.compile(mode="reduce-overhead"), launcher op', lambda: graphed(a, b)),
         ("CUDA graph replay (per op, 10 per graph)", graph.replay),
     ]
@@ -168,9 +209,13 @@ def main() -> int:
     goals = (
         ("op, kernel mode (allocates the output)", 2.0),
         ("op, kernel mode, in place", 2.0),
+        ("op, kernel mode, C++ kernel (allocates the output)", 2.0),
+        ("op, kernel mode, C++ kernel, in place", 2.0),
         ("op, launcher mode (allocates the output)", 2.0),
         ("torch.compile(fullgraph=True), launcher op", 3.0),
         ("torch.compile(fullgraph=True), in-place kernel op", 3.0),
+        ("torch.compile(fullgraph=True), C++ kernel op", 3.0),
+        ("torch.compile(fullgraph=True), in-place C++ kernel op", 3.0),
     )
     for label, goal in goals:
         print(f"{label} / kernel = {med[label] / plain:.2f} (goal <= {goal}, issue 25)")

@@ -346,3 +346,134 @@ def test_cuda_graph_first_call_inside_capture():
         graph.replay()
         torch.cuda.synchronize()
         torch.testing.assert_close(out, new_a * new_b + 0.5)
+
+
+# -- the C++ CUDA kernel (cuforge.torch.opshim) against the Python one ----------------------
+
+
+def both_paths(name: str, kernel_name: str, **kw):
+    """The same kernel op twice: with the C++ kernel (cpp=True) and the Python one."""
+    from cuforge.torch import opshim
+
+    prog = cuforge.compile(SOURCE, name="custom_op_gpu.cu")
+    fast = custom_op(qual(name), prog.kernel(kernel_name), cpp=True, **kw)
+    slow = custom_op(qual(name), prog.kernel(kernel_name), cpp=False, **kw)
+    assert fast._cuforge_cpp_why is None, (fast._cuforge_cpp_why, opshim.shim_info())
+    return fast, slow
+
+
+def test_cpp_kernel_matches_the_python_kernel():
+    from cuforge.torch import cdiv_grid, opshim
+
+    fast, slow = both_paths(
+        "muladd",
+        "muladd",
+        outputs=("result",),
+        out_like="a",
+        grid=cdiv_grid("numel", 256),
+        block=256,
+    )
+    for n in (1, 255, 256, 4097, 1 << 20):
+        a, b = inputs(n, n)
+        torch.testing.assert_close(fast(n, a, b, 0.25), slow(n, a, b, 0.25), rtol=0, atol=0)
+        torch.testing.assert_close(fast(n, a, b, 0.25), a * b + 0.25)
+    assert opshim.calls(fast) == 10
+    assert fast(0, torch.empty(0, device="cuda"), torch.empty(0, device="cuda"), 1.0).numel() == 0
+    # a read-only non-contiguous input is made contiguous, as the Python kernel does
+    m = torch.randn(64, 32, device="cuda").t()
+    torch.testing.assert_close(fast(m.numel(), m, m, 1.0), (m * m + 1.0).contiguous())
+    # in place: same result, version counter bumped
+    ifast, islow = both_paths(
+        "saxpy", "saxpy", mutates_args=("y",), grid=cdiv_grid("n", 128), block=128
+    )
+    x = torch.randn(5000, device="cuda")
+    y1, y2 = torch.ones(5000, device="cuda"), torch.ones(5000, device="cuda")
+    v = y1._version
+    assert ifast(y1, x, 3.0, 5000) is None
+    islow(y2, x, 3.0, 5000)
+    torch.testing.assert_close(y1, y2, rtol=0, atol=0)
+    assert y1._version == v + 1
+    # the checks: dtype, a written tensor that is not contiguous, grad
+    with pytest.raises(RuntimeError, match="expects another dtype"):
+        fast(8, a[:8].double(), a[:8].double(), 1.0)
+    with pytest.raises(RuntimeError, match="not contiguous"):
+        ifast(torch.ones(8, 2, device="cuda").t(), torch.ones(2, 8, device="cuda"), 1.0, 16)
+    with pytest.raises(RuntimeError, match="requires grad"):
+        fast(8, a[:8].clone().requires_grad_(), a[:8], 1.0)
+
+
+def test_cpp_kernel_on_several_streams_and_under_compile():
+    from cuforge.torch import cdiv_grid
+
+    fast, _ = both_paths(
+        "muladd", "muladd", outputs=("result",), out_like="a", grid=cdiv_grid("a", 256), block=256
+    )
+    n = 1 << 20
+    streams = [torch.cuda.Stream() for _ in range(3)]
+    outs = []
+    torch.cuda.synchronize()
+    for i, s in enumerate(streams):
+        with torch.cuda.stream(s):
+            torch.cuda._sleep(20_000_000)  # busy: a launch on another stream would race
+            a = torch.full((n,), float(i), device="cuda")
+            b = torch.ones(n, device="cuda")
+            outs.append((i, fast(n, a, b, 1.0)))
+    torch.cuda.synchronize()
+    for i, out in outs:
+        assert torch.all(out == i + 1.0).item()
+    a, b = inputs(3000, 5)
+    compiled = torch.compile(lambda x, y: fast(x.numel(), x, y, 2.0) * 2, fullgraph=True)
+    torch.testing.assert_close(compiled(a, b), (a * b + 2.0) * 2)
+    graphed = torch.compile(lambda x, y: fast(x.numel(), x, y, 2.0), mode="reduce-overhead")
+    for seed in range(4):
+        a, b = inputs(3000, seed)
+        torch.testing.assert_close(graphed(a, b).clone(), a * b + 2.0)
+
+
+@pytest.mark.parametrize("warm", [True, False], ids=["warm", "first-call-in-capture"])
+def test_cpp_kernel_in_a_cuda_graph(warm):
+    from cuforge.torch import cdiv_grid
+
+    source = SOURCE + f"\n// fresh {uuid.uuid4().hex}\n"
+    kernel = cuforge.compile(source, name="custom_op_fresh.cu").kernel("muladd")
+    op = custom_op(
+        qual("fresh"),
+        kernel,
+        outputs=("result",),
+        out_like="a",
+        grid=cdiv_grid("numel", 256),
+        block=256,
+        cpp=True,
+    )
+    assert op._cuforge_cpp_why is None
+    a, b = inputs(3000, 21)
+    if warm:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            op(a.numel(), a, b, 0.5)
+        torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = op(a.numel(), a, b, 0.5)
+    for seed in (22, 23):
+        new_a, new_b = inputs(3000, seed)
+        a.copy_(new_a)
+        b.copy_(new_b)
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, new_a * new_b + 0.5)
+
+
+def test_cpp_kernel_on_a_second_gpu():
+    from cuforge.torch import cdiv_grid
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    fast, _ = both_paths(
+        "muladd", "muladd", outputs=("result",), out_like="a", grid=cdiv_grid("a", 256), block=256
+    )
+    for dev in (1, 0):
+        a = torch.full((4096,), 2.0, device=f"cuda:{dev}")
+        out = fast(4096, a, a, 1.0)  # the current device stays cuda:0
+        assert out.device == a.device and torch.all(out == 5.0).item()

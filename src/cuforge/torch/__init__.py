@@ -39,6 +39,7 @@ __all__ = [
     "custom_op",
     "derive_schema",
     "CustomOpError",
+    "cdiv_grid",
 ]
 
 _LAZY = {
@@ -55,6 +56,7 @@ _LAZY = {
     "custom_op": ("cuforge.torch.custom_ops", "custom_op"),
     "derive_schema": ("cuforge.torch.custom_ops", "derive_schema"),
     "CustomOpError": ("cuforge.torch.custom_ops", "CustomOpError"),
+    "cdiv_grid": ("cuforge.torch.opshim", "cdiv_grid"),
 }
 
 

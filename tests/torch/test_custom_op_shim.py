@@ -1,0 +1,355 @@
+"""The C++ CUDA kernel of kernel-mode custom ops (``cuforge.torch.opshim``) on a machine
+without a GPU: the shim builds once per torch version and is cached (a second process
+compiles nothing), registers a C++ kernel for the CUDA dispatch key, and leaves the fake,
+opcheck and torch.compile tracing as they were. Which ops keep the Python kernel, and why.
+
+The launch itself needs a GPU: tests/torch/test_custom_op_gpu.py compares the C++ path with
+the Python one, on several streams and under CUDA-graph capture.
+
+One shim build for the whole module: a module-wide cache dir, built by the first child
+process; the test process loads the shim from there."""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import uuid
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import cuforge  # noqa: E402
+from cuforge.torch import (  # noqa: E402
+    cdiv_grid,
+    custom_op,
+    opshim,  # noqa: E402
+)
+from tests.child import child_env, run_python  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("c++") is None and shutil.which("g++") is None, reason="no C++ compiler"
+)
+
+SOURCE = r"""
+extern "C" __global__ void muladd(int numel, const float* a, const float* b, float c,
+                                  float* result) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < numel) result[i] = a[i] * b[i] + c;
+}
+extern "C" __global__ void saxpy(float* y, const float* x, float a, int n) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = a * x[i] + y[i];
+}
+"""
+
+CHILD = """
+import json
+from cuforge.torch import opshim
+lib = opshim.load_shim()
+print(json.dumps({"ok": lib is not None, **opshim.shim_info()}))
+"""
+
+
+@pytest.fixture(scope="module")
+def shim_dir(tmp_path_factory):
+    """A cache dir holding the built shim: (dir, first child's info, second child's info)."""
+    d = tmp_path_factory.mktemp("opshim-cache")
+    first = run_python(CHILD, child_env(CUFORGE_CACHE_DIR=str(d)), timeout=600)
+    second = run_python(CHILD, child_env(CUFORGE_CACHE_DIR=str(d)), timeout=600)
+    return d, first, second
+
+
+@pytest.fixture
+def shim(shim_dir):
+    lib = opshim.load_shim(cuforge.Cache(shim_dir[0]))
+    assert lib is not None, opshim.shim_info()
+    return lib
+
+
+@pytest.fixture
+def prog():
+    return cuforge.compile(SOURCE, name="custom_op_shim_test.cu", arch="sm_90")
+
+
+def qual(name: str) -> str:
+    return f"cuforge_shim_{uuid.uuid4().hex[:10]}::{name}"
+
+
+def test_shim_builds_once_and_a_second_process_compiles_nothing(shim_dir):
+    _, first, second = shim_dir
+    assert first["ok"] and second["ok"], (first, second)
+    assert first["compiled"] == 1
+    assert second["compiled"] == 0
+    assert second["path"] == first["path"]
+    assert torch.__version__.replace(".", "_").replace("+", "_") in first["path"]
+
+
+def test_cpp_kernel_is_registered_for_the_cuda_key(shim, prog):
+    q = qual("muladd")
+    op = custom_op(
+        q,
+        prog.kernel("muladd"),
+        outputs=("result",),
+        out_like="a",
+        grid=cdiv_grid("numel", 256),
+        block=256,
+        cpp=True,
+    )
+    assert op._cuforge_cpp_why is None
+    assert op._cuforge_cpp is not None
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(q, "CUDA")
+    assert not torch._C._dispatch_has_kernel_for_dispatch_key(q, "CPU")
+    assert opshim.calls(op) == 0
+    # in place, fixed grid, device_types=None: the Python kernel stays for the other devices
+    q2 = qual("saxpy")
+    op2 = custom_op(
+        q2,
+        prog.kernel("saxpy"),
+        mutates_args=("y",),
+        grid=4,
+        block=256,
+        device_types=None,
+        cpp=True,
+    )
+    assert op2._cuforge_cpp_why is None
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(q2, "CUDA")
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(q2, "CompositeExplicitAutograd")
+
+
+def test_fake_opcheck_and_compile_tracing_still_work(shim, prog):
+    q = qual("muladd")
+    op = custom_op(
+        q,
+        prog.kernel("muladd"),
+        outputs=("result",),
+        out_like="a",
+        grid=cdiv_grid("a", 128),
+        block=128,
+        cpp=True,
+    )
+    assert op._cuforge_cpp_why is None
+    a = torch.empty(64, device="meta")
+    results = torch.library.opcheck(op, (64, a, a.clone(), 0.5))
+    assert set(results.values()) == {"SUCCESS"}, results
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x = torch.empty(10, 3, device="cuda")
+        assert op(30, x, x, 1.0).shape == (10, 3)
+
+    def f(a, b):
+        return op(a.numel(), a, b, 3.0).relu() * 2
+
+    torch._dynamo.reset()
+    out = torch.compile(f, backend="aot_eager", fullgraph=True)(a, a.clone())
+    assert out.shape == (64,)
+    explained = torch._dynamo.explain(f)(a, a.clone())
+    assert explained.graph_break_count == 0, explained.break_reasons
+
+
+def test_which_ops_keep_the_python_kernel(shim, prog):
+    k = prog.kernel("muladd")
+    common = dict(outputs=("result",), block=256)
+    cases = [
+        (dict(out_like="a", grid=lambda numel, a, b, c, result: 1, cpp=True), "Python function"),
+        (dict(fake=lambda numel, a, b, c: torch.empty_like(a), grid=1, cpp=True), "fake="),
+        (dict(out_like="a", grid=1, cpp=False), "cpp=False"),
+    ]
+    for extra, why in cases:
+        q = qual("muladd")
+        with (
+            pytest.warns(UserWarning, match="the Python kernel stays")
+            if extra["cpp"]
+            else _nothing()
+        ):
+            op = custom_op(q, k, **common, **extra)
+        assert why in op._cuforge_cpp_why
+        assert getattr(op, "_cuforge_cpp", None) is None
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(q, "CUDA")  # the Python one
+
+    with pytest.warns(UserWarning, match="launcher mode"):
+
+        @custom_op(qual("launch"), out_like="a", cpp=True)
+        def launcher(a: torch.Tensor) -> torch.Tensor:
+            return a.clone()
+
+    assert "launcher" in launcher._cuforge_cpp_why
+
+
+def test_default_is_off_without_a_gpu_and_with_the_environment_switch(monkeypatch):
+    assert opshim.enabled(None) is torch.cuda.is_available()
+    monkeypatch.setenv("CUFORGE_TORCH_OP_SHIM", "0")
+    assert opshim.enabled(None) is False
+    assert opshim.enabled(True) is True
+
+
+def test_cdiv_grid_in_the_python_kernel(prog):
+    """The Python kernel evaluates cdiv_grid too (a recording stand-in for the launch)."""
+    launches = []
+
+    class Rec:
+        params = prog.kernel("muladd").params
+        program = prog
+        name = "muladd"
+
+        def __getitem__(self, config):
+            return lambda *args: launches.append((config, args))
+
+    op = custom_op(
+        qual("muladd"),
+        Rec(),
+        outputs=("result",),
+        out_like="a",
+        grid=cdiv_grid("a", 128),
+        block=128,
+        device_types="cpu",
+        cpp=False,
+    )
+    op(300, torch.ones(300), torch.ones(300), 1.0)
+    op(0, torch.ones(0), torch.ones(0), 1.0)
+    assert [c for c, _ in launches] == [(3, 128, 0)]  # and none for the empty one
+    with pytest.raises(ValueError, match="'nope', which is not a kernel parameter"):
+        custom_op(
+            qual("m"), Rec(), outputs=("result",), out_like="a", grid=cdiv_grid("nope", 1), block=1
+        )
+    with pytest.raises(ValueError, match="per must be an int >= 1"):
+        cdiv_grid("a", 0)
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+# -- the C++ kernel itself, registered for the CPU key with a recording launch -------------
+
+
+class LaunchConfig(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_uint) for n in ("gx", "gy", "gz", "bx", "by", "bz", "shmem")] + [
+        ("stream", ctypes.c_void_p),
+        ("attrs", ctypes.c_void_p),
+        ("nattrs", ctypes.c_uint),
+    ]
+
+
+LAUNCH = ctypes.CFUNCTYPE(
+    ctypes.c_int,
+    ctypes.POINTER(LaunchConfig),
+    ctypes.c_void_p,
+    ctypes.POINTER(ctypes.c_void_p),
+    ctypes.c_void_p,
+)
+STREAM = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_int32, ctypes.POINTER(ctypes.c_void_p))
+
+
+@pytest.fixture
+def recorded(shim, monkeypatch):
+    """Ops registered while this is active get the C++ kernel on the CPU key; each launch
+    appends (grid, block, shmem, stream, func, params pointer array) to the list."""
+    launches: list = []
+    result = {"code": 0}
+
+    def launch(cfg, func, params, extra):
+        c = cfg.contents
+        launches.append(((c.gx, c.gy, c.gz), (c.bx, c.by, c.bz), c.shmem, c.stream, func, params))
+        return result["code"]
+
+    def stream(device, out):
+        out[0] = 0x5151
+        return 0
+
+    keep = (LAUNCH(launch), STREAM(stream))
+    addrs = tuple(ctypes.cast(f, ctypes.c_void_p).value for f in keep)
+    monkeypatch.setattr(opshim, "_test_cpu", addrs)
+    yield launches, result
+    del keep
+
+
+def value(params, i: int, ctype):
+    return ctypes.cast(params[i], ctypes.POINTER(ctype))[0]
+
+
+def test_cpp_kernel_packs_allocates_and_launches(recorded, prog):
+    launches, result = recorded
+    op = custom_op(
+        qual("muladd"),
+        prog.kernel("muladd"),
+        outputs=("result",),
+        out_like="a",
+        grid=cdiv_grid("numel", 256),
+        block=256,
+        cpp=True,
+    )
+    assert op._cuforge_cpp_why is None
+    a, b = torch.arange(300, dtype=torch.float32), torch.ones(300)
+    out = op(300, a, b, 1.5)
+    assert out.shape == (300,) and out.dtype == torch.float32 and out.is_contiguous()
+    ((grid, block, shmem, stream, func, params),) = launches
+    assert (grid, block, shmem, stream, func) == ((2, 1, 1), (256, 1, 1), 0, 0x5151, 0xF00D)
+    assert value(params, 0, ctypes.c_int) == 300
+    assert value(params, 1, ctypes.c_void_p) == a.data_ptr()
+    assert value(params, 2, ctypes.c_void_p) == b.data_ptr()
+    assert value(params, 3, ctypes.c_float) == 1.5
+    assert value(params, 4, ctypes.c_void_p) == out.data_ptr()
+    assert opshim.calls(op) == 1
+    # an empty grid launches nothing; a read-only non-contiguous input is made contiguous
+    launches.clear()
+    assert op(0, torch.ones(0), torch.ones(0), 1.0).shape == (0,)
+    assert launches == []
+    m = torch.ones(8, 4).t()
+    op(32, m, b[:32], 1.0)
+    assert value(launches[-1][5], 1, ctypes.c_void_p) != m.data_ptr()
+    # the checks
+    with pytest.raises(RuntimeError, match="expects another dtype"):
+        op(4, torch.ones(4, dtype=torch.float64), torch.ones(4, dtype=torch.float64), 1.0)
+    with pytest.raises(RuntimeError, match="out of its C type's range"):
+        op(1 << 40, a, b, 1.0)
+    with pytest.raises(RuntimeError, match="requires grad but the op has no autograd formula"):
+        op(300, a.clone().requires_grad_(), b, 1.0)
+    result["code"] = 700
+    with pytest.raises(RuntimeError, match=r"refused the launch \(CUresult 700\) with grid 2x1x1"):
+        op(300, a, b, 1.0)
+
+
+def test_cpp_kernel_in_place_bumps_the_version_and_refuses_strided_writes(recorded, prog):
+    launches, _ = recorded
+    op = custom_op(
+        qual("saxpy"), prog.kernel("saxpy"), mutates_args=("y",), grid=(3, 2), block=64, cpp=True
+    )
+    assert op._cuforge_cpp_why is None
+    y, x = torch.zeros(16), torch.ones(16)
+    v = y._version
+    assert op(y, x, 2.0, 16) is None
+    assert y._version == v + 1
+    ((grid, block, _, _, _, params),) = launches
+    assert grid == (3, 2, 1) and block == (64, 1, 1)
+    assert value(params, 0, ctypes.c_void_p) == y.data_ptr()
+    assert value(params, 3, ctypes.c_int) == 16
+    with pytest.raises(RuntimeError, match="'y' is written by the kernel but is not contiguous"):
+        op(torch.zeros(4, 4).t(), torch.ones(4, 4), 1.0, 16)
+
+
+def test_no_shim_keeps_the_python_kernel_with_one_reason_line(prog, monkeypatch, caplog):
+    why = "the C++ op shim is not available (CompileError: no c++)"
+    monkeypatch.setattr(opshim, "_state", {"lib": None, "why": why})
+    for _ in range(2):
+        q = qual("muladd")
+        with pytest.warns(UserWarning, match="no c\\+\\+"):
+            op = custom_op(
+                q,
+                prog.kernel("muladd"),
+                outputs=("result",),
+                out_like="a",
+                grid=1,
+                block=32,
+                cpp=True,
+            )
+        assert op._cuforge_cpp_why == why
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(q, "CUDA")  # the Python one
+    assert [r.getMessage() for r in caplog.records if "no c++" in r.getMessage()] == [
+        f"cuforge.torch.custom_op: the Python CUDA kernel stays: {why}"
+    ]
