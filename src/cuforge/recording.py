@@ -22,13 +22,12 @@ launched in this process is answered by the kernel object itself and is not seen
 
 from __future__ import annotations
 
-import json
 import os
 import threading
-from typing import TYPE_CHECKING
 
 from cuforge import caching
 
+TYPE_CHECKING = False  # read by cuforge.prefetch at a service's start: no typing import
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
@@ -112,6 +111,8 @@ def _is_project_file(name: str, source: Any) -> bool:
 
 def write_lock(path: str | os.PathLike[str], records: Any) -> None:
     """Write ``records`` (lock records) as a lockfile, sorted, atomically."""
+    import json
+
     rows = sorted(
         {json.dumps(r, sort_keys=True): r for r in records}.values(),
         key=lambda r: (r["system"], r["name"], r["key"]),
