@@ -30,12 +30,15 @@ empty local cache dir where the row says so:
    then the service; the time is the prefetch process plus the service process. The remote
    is a loopback ``redis-server`` when ``redis-server`` and redis-py are here, else a
    ``file://`` dir (the report says which);
+3b. *in-process prefetch*: the service itself calls ``cuforge.prefetch("cuforge.lock")``
+   at start-up (after its imports, before its first kernel), same empty cache dir and
+   remote; one process, and its lookups are then memory hits;
 4. *warm*: the anchor: a fully warm local cache dir.
 
 Python bytecode is cached as for installed packages (``PYTHONDONTWRITEBYTECODE`` is dropped
 for the children; the recording run writes it). (2), (3) and (4) run under ``CUFORGE_FENCE=error``: a compile there would fail the run, so
 each is checked to serve the batch with 0 compiles. Reported: (1)-(4), the ratios
-(2)/(4) and (3)/(4) (goal <= 1.2), and where the warm process's time goes: interpreter
+(2)/(4), (3)/(4) and (3b)/(4) (goal <= 1.2), and where the warm process's time goes: interpreter
 start, ``import cuforge`` (and ``cuda.compute``), CUDA context creation (+ allocations), the cache work (every
 compile call, each a hit), the launches (module loads included) and the synchronize.
 
@@ -146,6 +149,16 @@ if CONFIG.get("cccl"):  # its import counts as import time, not cache work
         cccl = None
 
 T_IMPORTS = time.time()
+PREFETCH = os.environ.get("SVC_PREFETCH")
+if PREFETCH:  # row (3b): the service pulls its warm set itself, before its first kernel
+    try:
+        prefetch = cuforge.prefetch
+    except AttributeError:  # a cuforge before the public name: the same function
+        from cuforge.aot.lock import prefetch
+    report = prefetch(PREFETCH)
+    if not report.ok:
+        raise SystemExit(f"cuforge.prefetch: missing {report.missing}")
+T_PREFETCHED = time.time()
 
 def make_cccl(arch):
     if LAUNCH:
@@ -194,7 +207,7 @@ if LAUNCH:  # "installed" is what a pip-installed cuforge uses; "built" costs ~0
     fast = status()[0]
 print(json.dumps({
     "start": T_START, "import": T_IMPORT - T_START + T_IMPORTS - T_CONTEXT,
-    "context": T_CONTEXT - T_IMPORT, "cache": T_CACHE - T_IMPORTS, "launch": T_LAUNCH - T_CACHE, "sync": T_END - T_LAUNCH,
+    "context": T_CONTEXT - T_IMPORT, "cache": T_CACHE - T_PREFETCHED, "prefetch": T_PREFETCHED - T_IMPORTS, "launch": T_LAUNCH - T_CACHE, "sync": T_END - T_LAUNCH,
     "end": T_END, "compiles": cuforge.default_cache().counters["compiles"],
     "launched": len(ready), "cccl": cccl_note, "fastlaunch": fast,
 }))
@@ -393,7 +406,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _measure(args, work, base, rec, lock, url, site) -> dict:
-    rows: dict[str, list[dict]] = {"cold": [], "wheel": [], "prefetch": [], "warm": []}
+    rows: dict[str, list[dict]] = {
+        "cold": [], "wheel": [], "prefetch": [], "prefetch_inproc": [], "warm": []
+    }  # fmt: skip
     fence = {"CUFORGE_FENCE": "error"}
     for i in range(max(args.runs, args.cold_runs)):
         if i < args.runs:
@@ -410,25 +425,30 @@ def _measure(args, work, base, rec, lock, url, site) -> dict:
             row["prefetch"] = pulled
             row["total"] += pulled
             rows["prefetch"].append(row)
+            dirq = _fresh(work, "fresh-prefetch-inproc")
+            env = _env(work, **base, **fence, CUFORGE_CACHE_DIR=dirq, CUFORGE_REMOTE=url,
+                       SVC_PREFETCH=lock)  # fmt: skip
+            rows["prefetch_inproc"].append(_service(work, env))
         if i < args.cold_runs:
             row = _service(work, _env(work, **base, CUFORGE_CACHE_DIR=_fresh(work, "fresh-cold")))
             rows["cold"].append(row)
         print(f"run {i + 1}: " + ", ".join(
             f"{k} {r[-1]['total']:.3f} s" for k, r in rows.items() if len(r) > i
         ), flush=True)  # fmt: skip
-    for name in ("wheel", "prefetch", "warm"):
+    for name in ("wheel", "prefetch", "prefetch_inproc", "warm"):
         bad = [r["compiles"] for r in rows[name] if r["compiles"]]
         if bad:
             raise SystemExit(f"the {name} row compiled {bad} kernels: the warm set is incomplete")
     med = {k: _median(v, "total") for k, v in rows.items()}
     fast = sorted({r["fastlaunch"] for v in rows.values() for r in v if r["fastlaunch"]})
-    phases = ("interpreter", "import", "context", "cache", "launch", "sync")
+    # "prefetch": the CLI process for (3), the cuforge.prefetch call for (3b), else 0
+    phases = ("interpreter", "import", "context", "prefetch", "cache", "launch", "sync")
     breakdown = {k: {p: _median(v, p) for p in phases} for k, v in rows.items() if k != "cold"}
-    breakdown["prefetch"]["prefetch"] = _median(rows["prefetch"], "prefetch")
     return {
         "median_seconds": med,
         "ratio_wheel_vs_warm": med["wheel"] / med["warm"],
         "ratio_prefetch_vs_warm": med["prefetch"] / med["warm"],
+        "ratio_prefetch_inproc_vs_warm": med["prefetch_inproc"] / med["warm"],
         "ratio_cold_vs_warm": med["cold"] / med["warm"],
         "breakdown": breakdown,
         "runs": args.runs,
@@ -485,18 +505,24 @@ def _report(r: dict) -> None:
             f"{r['ratio_prefetch_vs_warm']:7.2f}x warm "
             f"(prefetch {r['breakdown']['prefetch']['prefetch']:.3f} s)"
         )
+        print(
+            f"  (3b) cuforge.prefetch {m['prefetch_inproc']:8.3f} s   "
+            f"{r['ratio_prefetch_inproc_vs_warm']:7.2f}x warm "
+            f"(in-process prefetch {r['breakdown']['prefetch_inproc']['prefetch']:.3f} s)"
+        )
         print(f"  (4) warm local cache  {m['warm']:8.3f} s   (anchor)")
         if r["fastlaunch"] and r["fastlaunch"] != ["installed"]:
             print(f"  NOTE: launch paths {r['fastlaunch']}: build cuforge's C launcher first "
                   "(pip install -e . or python setup.py build_ext --inplace), else each fresh "
                   "cache dir builds it (~0.4 s)")  # fmt: skip
         print("  where the time goes (median seconds):")
-        print(f"    {'row':10s} {'interp':>8s} {'import':>8s} {'context':>8s} {'cache':>8s} "
-              f"{'launch':>8s} {'sync':>8s}")  # fmt: skip
+        print(f"    {'row':15s} {'interp':>8s} {'import':>8s} {'context':>8s} "
+              f"{'prefetch':>8s} {'cache':>8s} {'launch':>8s} {'sync':>8s}")  # fmt: skip
         for row, b in r["breakdown"].items():
             print(
-                f"    {row:10s} {b['interpreter']:8.3f} {b['import']:8.3f} {b['context']:8.3f} "
-                f"{b['cache']:8.3f} {b['launch']:8.3f} {b['sync']:8.3f}"
+                f"    {row:15s} {b['interpreter']:8.3f} {b['import']:8.3f} {b['context']:8.3f} "
+                f"{b.get('prefetch', 0.0):8.3f} {b['cache']:8.3f} {b['launch']:8.3f} "
+                f"{b['sync']:8.3f}"
             )
     if "grid_bundle_bytes" not in r:
         return

@@ -3,7 +3,8 @@ from a file, a cuforge.compile string, a cuforge.jit specialization) recorded wi
 CUFORGE_RECORD; the lockfile is deterministic; `cuforge build --lock` makes the warm set
 (copied from the cache, or rebuilt from the stanzas with an empty cache); a fresh cache dir
 serving that bundle replays it under fence("error") with 0 compiles and the same binaries;
-`cuforge prefetch` pulls exactly the lock's entries from a file:// remote."""
+`cuforge prefetch` (and `cuforge.prefetch` in process) pulls exactly the lock's entries
+from a file:// remote."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import subprocess
 import sys
 
 import cuforge
-from cuforge.recording import read_lock
+from cuforge.recording import lock_keys, read_lock
 from tests.child import child_env, finish, spawn
 
 WORKLOAD = r"""
@@ -114,6 +115,28 @@ def test_prefetch_pulls_exactly_the_lock(tmp_path, isolated_cache):
     assert replay["compiles"] == 0
     missing = _cli(tmp_path, tmp_path / "c3", "prefetch", "cuforge.lock")  # no remote
     assert missing.returncode == 1 and "missing" in missing.stderr
+
+    # in process, as a service at start-up: each entry lands on disk AND in that cache's
+    # memory tier, so the service's first lookups are memory hits and nothing compiles
+    lock = tmp_path / "cuforge.lock"
+    wanted = lock_keys(read_lock(lock))
+    svc = cuforge.Cache(str(tmp_path / "c4"), remotes=(url,))
+    seen = []
+    report = cuforge.prefetch(lock, cache=svc, progress=lambda *a: seen.append(a))
+    assert report.ok and report.fetched == 6 and report.copied == 0
+    assert [(d, t, w) for d, t, w, _label in seen] == [(i, 6, "remote") for i in range(1, 7)]
+    assert all(svc.get_with_tier(key, kind=kind)[1] == "memory" for kind, key, _ in wanted)
+    on_disk = cuforge.Cache(str(tmp_path / "c4"), memory=False)
+    assert all(on_disk.get_with_tier(key, kind=kind)[1] == "disk" for kind, key, _ in wanted)
+    with cuforge.using(svc):
+        z = 'extern "C" __global__ void z(int* p) { *p = 1; }'
+        cuforge.compile(z, name="z.cu", arch="sm_90")
+    assert svc.counters["compiles"] == 0
+    # a restart over the same dir, no remote: copied from disk into memory, nothing fetched
+    again = cuforge.Cache(str(tmp_path / "c4"))
+    report = cuforge.prefetch(str(lock), cache=again)
+    assert report.ok and (report.copied, report.fetched) == (6, 0)
+    assert all(again.get_with_tier(key, kind=kind)[1] == "memory" for kind, key, _ in wanted)
 
 
 def test_record_context_manager_sees_memoized_calls(tmp_path, cache):

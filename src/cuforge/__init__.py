@@ -10,6 +10,8 @@ import costs only the lookup. The launch runtime and the torch helpers load on f
 * :class:`Cache` -- the cache as a value (dir, tiers, bundles, strict mode); every cached
   entry point takes ``cache=``, default :func:`default_cache` (from ``CUFORGE_*``)
 * :func:`cache` -- the cache in use (``default_cache()``)
+* :func:`prefetch` -- pull a lockfile's entries (:func:`record`) from the remote into the
+  local cache (disk and memory) at service start-up, before the first kernel
 * :mod:`cuforge.torch` -- drop-in ``load()`` / ``load_inline()`` for PyTorch extensions
 * errors: :class:`CompileError`, :class:`ArchError`, :class:`ConfigError`, :class:`ToolchainError`,
   :class:`LaunchError`, :class:`CuforgeError`
@@ -50,6 +52,7 @@ __all__ = [
     "SpecializationError",
     "fence",
     "record",
+    "prefetch",
     "CompileAfterFenceError",
 ]
 
@@ -66,6 +69,7 @@ _LAZY = {
     "SpecializationError": ("cuforge.jitkernel", "SpecializationError"),
     "fence": ("cuforge.fencing", "fence"),
     "record": ("cuforge.recording", "record"),
+    "prefetch": ("cuforge.aot.lock", "prefetch"),
     "CompileAfterFenceError": ("cuforge.errors", "CompileAfterFenceError"),
 }
 

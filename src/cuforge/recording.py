@@ -22,13 +22,12 @@ launched in this process is answered by the kernel object itself and is not seen
 
 from __future__ import annotations
 
-import json
 import os
 import threading
-from typing import TYPE_CHECKING
 
 from cuforge import caching
 
+TYPE_CHECKING = False  # read by cuforge.prefetch at a service's start: no typing import
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
@@ -112,6 +111,8 @@ def _is_project_file(name: str, source: Any) -> bool:
 
 def write_lock(path: str | os.PathLike[str], records: Any) -> None:
     """Write ``records`` (lock records) as a lockfile, sorted, atomically."""
+    import json
+
     rows = sorted(
         {json.dumps(r, sort_keys=True): r for r in records}.values(),
         key=lambda r: (r["system"], r["name"], r["key"]),
@@ -135,13 +136,17 @@ def write_lock(path: str | os.PathLike[str], records: Any) -> None:
 
 def read_lock(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """The records of a lockfile. A ValueError names the file and what is wrong."""
-    from cuforge.aot.manifest import _toml_loads
-
     path = os.fspath(path)
     with open(path, encoding="utf-8") as f:
         text = f.read()
     try:
-        data = _toml_loads(text)[0]
+        import tomllib  # not cuforge.aot.manifest's reader: its imports cost ~15 ms here
+    except ImportError:  # Python 3.10
+        from cuforge.aot.manifest import _toml_loads as _manifest_loads
+
+        tomllib = None
+    try:
+        data = tomllib.loads(text) if tomllib is not None else _manifest_loads(text)[0]
     except Exception as exc:  # noqa: BLE001 - tomllib's error type is only known at runtime
         raise ValueError(f"{path}: not a cuforge lockfile ({exc})") from None
     if data.get("version") != LOCK_VERSION:

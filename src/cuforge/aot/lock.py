@@ -6,25 +6,27 @@ and ``cuforge prefetch``.
   stanza (through :func:`cuforge.aot.build.build`, in parallel, local or Ray); whatever is
   still missing is reported and no bundle is written (a partial warm set would fail in
   production).
-* :func:`prefetch`: pulls exactly the lock's entries from the remote tiers into the local
-  cache; reports what no tier has. The disk writes are one batch
-  (:meth:`cuforge.store.disk.DiskStore.bulk`): one journal append and one round of
-  ``fsync`` at the end, not one per entry.
+* :func:`prefetch` (``cuforge.prefetch``, ``cuforge prefetch``): pulls exactly the lock's
+  entries from the remote tiers into the local cache (disk, and the memory tier of the
+  cache given); reports what no tier has. The disk writes are one batch
+  (:meth:`cuforge.store.disk.DiskStore.bulk`): one journal append at the end, not one per
+  entry.
 """
 
 from __future__ import annotations
 
 import os
-import tempfile
-from collections.abc import Callable
 from contextlib import nullcontext as _nothing
-from typing import TYPE_CHECKING, Any
 
 from cuforge.caching import Cache, resolve
 from cuforge.recording import lock_keys, read_lock
 from cuforge.store.base import Entry
 
+TYPE_CHECKING = False  # `cuforge.prefetch` runs at service start: no typing import
 if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
     from cuforge.store.disk import DiskStore
 
 __all__ = ["build_lock", "prefetch", "LockReport"]
@@ -100,6 +102,8 @@ def build_lock(
     on_result: Callable[[Any, int], None] | None = None,
 ) -> LockReport:
     """Write ``bundle`` holding exactly the entries of ``lock`` (see the module doc)."""
+    import tempfile
+
     from cuforge.aot.build import build
     from cuforge.aot.bundle import write_bundle
     from cuforge.aot.manifest import parse_manifest
@@ -163,41 +167,90 @@ def _disk_tier(cache: Cache) -> DiskStore | None:
     return None
 
 
+def _tiers(cache: Cache) -> list:
+    store = cache.store
+    return list(getattr(store, "tiers", (store,))) if store is not None else []
+
+
+def _far_tiers(cache: Cache) -> list:
+    """Every remote tier of ``cache`` (opened now: the chain's placeholder stands in for
+    all of them but asks the first only), then its bundles."""
+    from cuforge.caching import _PendingRemotes
+
+    for tier in _tiers(cache):
+        if isinstance(tier, _PendingRemotes):
+            tier._real()  # puts the real tiers in the chain's list in its place
+    far = [t for t in _tiers(cache) if t.tier not in ("memory", "disk")]
+    return [t for t in far if not isinstance(t, _PendingRemotes)] + list(cache.bundles)
+
+
 def prefetch(
     lock: str | os.PathLike[str],
     *,
     cache: Cache | None = None,
-    on_entry: Callable[[int, int, str, str], None] | None = None,
+    progress: Callable[[int, int, str, str], None] | None = None,
+    memory: bool = True,
 ) -> LockReport:
-    """Pull the entries of ``lock`` from the remote tiers into the local ones (memory and
-    disk). ``on_entry(done, total, where, label)``: progress, ``where`` is ``"local"``,
-    ``"remote"`` or ``"missing"``."""
+    """Pull the entries of ``lock`` (a lockfile written by :func:`cuforge.record`) from the
+    remote tiers (and the bundles) of ``cache`` (default: :func:`cuforge.default_cache`)
+    into its local ones, before the first kernel::
+
+        report = cuforge.prefetch("cuforge.lock")   # at service start-up
+        if not report.ok: ...                       # report.missing: what no tier has
+
+    Each entry is read once from the first tier that has it (the remote checks its
+    envelope, and its signature when a keyring is set, as every remote read does), then
+    written once to the disk tier (one journal batch for the whole set,
+    :meth:`cuforge.store.disk.DiskStore.bulk`; not fsynced: like the chain's copy of
+    a remote hit, it is a copy of what the remote keeps, and a torn one is a checksum miss
+    fetched again) and, when ``memory`` (the default), put in the cache's memory tier, so
+    that this process's first lookups are memory hits. An entry already on disk is only
+    copied into memory.
+    ``progress(done, total, where, label)``: called per entry, ``where`` is ``"local"``,
+    ``"remote"`` or ``"missing"``. Torch extensions are never fetched (they are rebuilt
+    from their stanza): they are listed in ``report.missing``."""
     cache = resolve(cache)
     records = read_lock(os.fspath(lock))
-    local = cache.replace(remotes=(), bundles=())
-    # read past the disk tier: a remote hit would be promoted into it, then put again
-    far = cache.replace(disk=False)
     wanted = lock_keys(records)
     report = LockReport()
-    disk = _disk_tier(local)
-    # one journal batch and one round of fsyncs for the whole set, not one per entry
-    with disk.bulk() if disk is not None else _nothing():
+    tiers = _tiers(cache)
+    mem = next((t for t in tiers if t.tier == "memory"), None) if memory else None
+    disk = _disk_tier(cache)
+    far: list | None = None  # the remotes, then the bundles: opened on the first local miss
+    total = len(wanted)
+    # one journal batch for the whole set, and no fsync: what is written is a copy of what
+    # a remote (or bundle) keeps, as the chain's own promotion of a remote hit is; losing it
+    # to a power cut costs a fetch (the checksum makes a torn entry a miss), never wrong code
+    with disk.bulk(durable=False) if disk is not None else _nothing():
         for i, (kind, key, name) in enumerate(wanted, 1):
             where = "local"
-            if _find(local, kind, key) is not None:
+            entry = mem.get(key, kind=kind) if mem is not None else None
+            if entry is None and disk is not None:
+                entry = disk.get(key, kind=kind)
+                if entry is not None and mem is not None:
+                    mem.put(entry)
+            if entry is not None:
                 report.copied += 1
             else:
-                entry = _find(far, kind, key)
+                if far is None:
+                    far = _far_tiers(cache)
+                for tier in far:
+                    entry = tier.get(key, kind=kind)
+                    if entry is not None:
+                        break
                 if entry is None:
                     where = "missing"
                     report.missing.append(f"{kind} {name} {key[:16]}")
                 else:
                     where = "remote"
-                    local.put(entry)
+                    if disk is not None:
+                        disk.put(entry, durable=False)
+                    if mem is not None:
+                        mem.put(entry)
                     report.fetched += 1
-            if on_entry is not None:
-                on_entry(i, len(wanted), where, f"{kind} {name}")
-    skipped = [r for r in records if r["kind"] == "torch"]
-    for r in skipped:
-        report.missing.append(f"{r['system']} {r['name']} (built from its stanza only)")
+            if progress is not None:
+                progress(i, total, where, f"{kind} {name}")
+    for r in records:
+        if r["kind"] == "torch":
+            report.missing.append(f"{r['system']} {r['name']} (built from its stanza only)")
     return report

@@ -35,7 +35,8 @@ def run(args: argparse.Namespace) -> int:
             bar.set_total(total)
             bar.advance(description=f"prefetching: {label} ({where})")
 
-        report = prefetch(args.lock, on_entry=on_entry)
+        # this process ends here: filling its memory tier would be wasted work
+        report = prefetch(args.lock, progress=on_entry, memory=False)
     for line in report.missing:
         output.error(f"missing: {line}")
     if args.json:

@@ -202,6 +202,11 @@ class DiskStore(Store):
             if os.path.isdir(directory):
                 trusted.update(unchecked)
                 trusted.add(parent)
+            elif parent == self.layout.root and os.path.isdir(self.layout.entries):
+                # a fan-out dir not made yet (a fresh cache, a prefetch): the entries dir
+                # passed with the rest of the path, so the next new fan-out dir checks only
+                # its own two levels (two lstats), not the whole path again
+                trusted.add(self.layout.entries)
             return True
         if problem not in _warned:
             _warned.add(problem)
