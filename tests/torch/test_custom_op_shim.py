@@ -177,11 +177,21 @@ def test_which_ops_keep_the_python_kernel(shim, prog):
     assert "launcher" in launcher._cuforge_cpp_why
 
 
-def test_default_is_off_without_a_gpu_and_with_the_environment_switch(monkeypatch):
+def test_default_is_off_until_opted_in(monkeypatch):
+    monkeypatch.delenv("CUFORGE_TORCH_OP_SHIM", raising=False)
+    assert opshim.DEFAULT_ON is False
+    assert opshim.enabled(None) is False
+    assert opshim.enabled(True) is True
+    monkeypatch.setenv("CUFORGE_TORCH_OP_SHIM", "1")
     assert opshim.enabled(None) is torch.cuda.is_available()
     monkeypatch.setenv("CUFORGE_TORCH_OP_SHIM", "0")
     assert opshim.enabled(None) is False
     assert opshim.enabled(True) is True
+    # the one constant that turns the default back on
+    monkeypatch.setattr(opshim, "DEFAULT_ON", True)
+    assert opshim.enabled(None) is False  # the switch still wins
+    monkeypatch.delenv("CUFORGE_TORCH_OP_SHIM")
+    assert opshim.enabled(None) is torch.cuda.is_available()
 
 
 def test_cdiv_grid_in_the_python_kernel(prog):
@@ -251,11 +261,15 @@ def recorded(shim, monkeypatch):
     """Ops registered while this is active get the C++ kernel on the CPU key; each launch
     appends (grid, block, shmem, stream, func, params pointer array) to the list."""
     launches: list = []
-    result = {"code": 0}
+    result = {"code": 0, "n": 5}  # n: the kernel's parameter count (muladd's; saxpy: 4)
 
     def launch(cfg, func, params, extra):
         c = cfg.contents
-        launches.append(((c.gx, c.gy, c.gz), (c.bx, c.by, c.bz), c.shmem, c.stream, func, params))
+        # the parameter buffer lives on the C++ kernel's stack: copied now, during the launch
+        slots = [bytes((ctypes.c_char * 8).from_address(params[i])) for i in range(result["n"])]
+        launches.append(((c.gx, c.gy, c.gz), (c.bx, c.by, c.bz), c.shmem, c.stream, func, slots))
+        if result.get("run") is not None:  # runs the kernel on the packed buffer, now
+            result["run"]((c.gx, c.gy, c.gz), (c.bx, c.by, c.bz), params)
         return result["code"]
 
     def stream(device, out):
@@ -270,6 +284,10 @@ def recorded(shim, monkeypatch):
 
 
 def value(params, i: int, ctype):
+    """Kernel parameter ``i`` as ``ctype``: from a launch's copied slots, or (during the
+    launch) from the live parameter pointer array."""
+    if isinstance(params, list):
+        return ctype.from_buffer_copy(params[i][: ctypes.sizeof(ctype)]).value
     return ctypes.cast(params[i], ctypes.POINTER(ctype))[0]
 
 
@@ -316,7 +334,8 @@ def test_cpp_kernel_packs_allocates_and_launches(recorded, prog):
 
 
 def test_cpp_kernel_in_place_bumps_the_version_and_refuses_strided_writes(recorded, prog):
-    launches, _ = recorded
+    launches, result = recorded
+    result["n"] = 4
     op = custom_op(
         qual("saxpy"), prog.kernel("saxpy"), mutates_args=("y",), grid=(3, 2), block=64, cpp=True
     )
@@ -353,3 +372,108 @@ def test_no_shim_keeps_the_python_kernel_with_one_reason_line(prog, monkeypatch,
     assert [r.getMessage() for r in caplog.records if "no c++" in r.getMessage()] == [
         f"cuforge.torch.custom_op: the Python CUDA kernel stays: {why}"
     ]
+
+
+def floats(params, i: int, n: int):
+    """The ``float*`` kernel parameter ``i`` as a numpy array of ``n`` (no copy)."""
+    import numpy as np
+
+    ptr = value(params, i, ctypes.c_void_p)
+    return np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(n,))
+
+
+def muladd_on_the_cpu(grid, block, params):
+    """extension-cpp's muladd, run on what the C++ kernel packed, during the launch: every
+    pointer must still point at live memory holding the right values then."""
+    n = value(params, 0, ctypes.c_int)
+    assert grid[0] * block[0] >= n and (n == 0 or (grid[0] - 1) * block[0] < n)
+    if n:
+        a, b, out = floats(params, 1, n), floats(params, 2, n), floats(params, 4, n)
+        out[:] = a * b + value(params, 3, ctypes.c_float)
+
+
+def saxpy_on_the_cpu(grid, block, params):
+    n = value(params, 3, ctypes.c_int)
+    assert grid[0] * block[0] >= n
+    y, x = floats(params, 0, n), floats(params, 1, n)
+    y[:] = value(params, 2, ctypes.c_float) * x + y
+
+
+def test_cpp_kernel_on_the_cpu_key_step_by_step(recorded, prog):
+    """tests/torch/test_custom_op_gpu.py::test_cpp_kernel_matches_the_python_kernel, step by
+    step, on the CPU key, with a launch that runs the kernel on the packed buffer during the
+    launch (so a dangling pointer -- a contiguous() copy freed before the launch -- shows)."""
+    launches, result = recorded
+    result["run"] = muladd_on_the_cpu
+    fast = custom_op(
+        qual("muladd"),
+        prog.kernel("muladd"),
+        outputs=("result",),
+        out_like="a",
+        grid=cdiv_grid("numel", 256),
+        block=256,
+        cpp=True,
+    )
+    assert fast._cuforge_cpp_why is None
+    for n in (1, 255, 256, 4097, 1 << 20):  # cdiv_grid from an int parameter
+        g = torch.Generator().manual_seed(n)
+        a, b = torch.randn(n, generator=g), torch.randn(n, generator=g)
+        launches.clear()
+        out = fast(n, a, b, 0.25)
+        torch.testing.assert_close(out, a * b + 0.25, rtol=0, atol=0)
+        torch.testing.assert_close(fast(n, a, b, 0.25), out, rtol=0, atol=0)
+        assert [grid for grid, *_ in launches] == [(-(-n // 256), 1, 1)] * 2
+    assert opshim.calls(fast) == 10
+    # zero-size: an empty output, no launch
+    launches.clear()
+    assert fast(0, torch.empty(0), torch.empty(0), 1.0).numel() == 0
+    assert launches == [] and opshim.calls(fast) == 11
+    # a read-only non-contiguous input: its contiguous copy is what the kernel reads
+    m = torch.randn(64, 32).t()
+    torch.testing.assert_close(fast(m.numel(), m, m, 1.0), (m * m + 1.0).contiguous())
+    # cdiv_grid from a tensor's numel, and a float parameter packed as 4 bytes
+    by_numel = custom_op(
+        qual("muladd"),
+        prog.kernel("muladd"),
+        outputs=("result",),
+        out_like="a",
+        grid=cdiv_grid("a", 128),
+        block=128,
+        cpp=True,
+    )
+    a, b = torch.randn(1000), torch.randn(1000)
+    launches.clear()
+    torch.testing.assert_close(by_numel(1000, a, b, 1.0 / 3.0), a * b + 1.0 / 3.0)
+    assert launches[0][0] == (8, 1, 1)
+    assert value(launches[0][5], 3, ctypes.c_float) == ctypes.c_float(1.0 / 3.0).value
+    # in place: same result as the Python expression, version counter bumped once
+    result["run"], result["n"] = saxpy_on_the_cpu, 4
+    ifast = custom_op(
+        qual("saxpy"),
+        prog.kernel("saxpy"),
+        mutates_args=("y",),
+        grid=cdiv_grid("n", 128),
+        block=128,
+        cpp=True,
+    )
+    x = torch.randn(5000)
+    y = torch.ones(5000)
+    v = y._version
+    launches.clear()
+    assert ifast(y, x, 3.0, 5000) is None
+    torch.testing.assert_close(y, 3.0 * x + 1.0)
+    assert y._version == v + 1 and launches[0][0] == (40, 1, 1)
+    # the checks, in the GPU test's order; none launches, none leaves a version bump
+    launches.clear()
+    with pytest.raises(RuntimeError, match="expects another dtype"):
+        fast(8, a[:8].double(), a[:8].double(), 1.0)
+    with pytest.raises(RuntimeError, match="not contiguous"):
+        ifast(torch.ones(8, 2).t(), torch.ones(2, 8), 1.0, 16)
+    with pytest.raises(RuntimeError, match="requires grad"):
+        fast(8, a[:8].clone().requires_grad_(), a[:8], 1.0)
+    with pytest.raises(RuntimeError, match="out of its C type's range"):
+        ifast(y, x, 1.0, 1 << 40)
+    assert launches == [] and y._version == v + 1
+    # and the op still works after every error
+    result["run"], result["n"] = muladd_on_the_cpu, 5
+    torch.testing.assert_close(fast(4, a[:4], b[:4], 0.0), a[:4] * b[:4])

@@ -85,46 +85,59 @@ int launch(const Plan& p, const unsigned* g, uint64_t func, void* stream, void**
                   p.block[2], p.shmem, stream, ptrs, nullptr);
 }
 
+// Errors: the kernel's own checks never throw from a frame that holds a CUDA tensor, a
+// contiguous() copy or a device guard. run() validates everything it can before it allocates
+// (devices, grad, contiguity of written tensors, dtypes, scalar ranges, the grid), returns
+// false with the message on a failed check, and operator() throws only after run()'s frame
+// is gone (tensors freed, the device restored): the unwinding crosses no CUDA state.
 struct Kernel final : c10::OperatorKernel {
   explicit Kernel(std::shared_ptr<Plan> p) : plan(std::move(p)) {}
   std::shared_ptr<Plan> plan;
 
   void operator()(const c10::OperatorHandle&, c10::DispatchKeySet, torch::jit::Stack* stack) {
+    std::string err;
+    if (!run(*stack, err)) TORCH_CHECK(false, err);
+  }
+
+  bool run(torch::jit::Stack& stack, std::string& err) {
     Plan& p = *plan;
-    const size_t base = stack->size() - p.n_in;
-    std::vector<at::Tensor> outs;
-    at::Tensor tensors[MAXP];
+    TORCH_INTERNAL_ASSERT(stack.size() >= static_cast<size_t>(p.n_in), p.label,
+                          ": the stack holds fewer values than the op's inputs");
+    const size_t base = stack.size() - p.n_in;
+    at::Tensor tensors[MAXP];  // the inputs, read-only ones made contiguous (phase 2)
     int device = -1;
+    // phase 1: checks only, nothing allocated
     for (int i = 0; i < p.n_in; i++) {
-      const c10::IValue& v = (*stack)[base + i];
-      const Input& in = p.inputs[i];
-      if (in.type != A_TENSOR) continue;
-      at::Tensor t = v.toTensor();
-      TORCH_CHECK(p.cpu || t.is_cuda(), p.label, ": argument '", p.input_names[i],
-                  "' is on ", t.device(), ", not a CUDA device");
+      if (p.inputs[i].type != A_TENSOR) continue;
+      const at::Tensor& t = stack[base + i].toTensor();
+      if (!p.cpu && !t.is_cuda()) {
+        err = c10::str(p.label, ": argument '", p.input_names[i], "' is on ", t.device(),
+                       ", not a CUDA device");
+        return false;
+      }
       const int dev = p.cpu ? 0 : t.get_device();
       if (device < 0) device = dev;
-      TORCH_CHECK(dev == device, p.label, ": argument '", p.input_names[i],
-                  "' is on cuda:", t.get_device(), " but an earlier tensor is on cuda:", device);
-      if (p.grad_check && t.requires_grad() && c10::GradMode::is_enabled())
-        TORCH_CHECK(false, "custom op ", p.label, ": argument '", p.input_names[i],
-                    "' requires grad but the op has no autograd formula; register one with "
-                    "op.register_autograd(backward, setup_context=...), or call it under "
-                    "torch.no_grad() / on .detach()ed tensors");
-      if (!t.is_contiguous()) {
-        TORCH_CHECK(in.readonly, p.label, ": argument '", p.input_names[i],
-                    "' is written by the kernel but is not contiguous");
-        t = t.contiguous();
+      if (dev != device) {
+        err = c10::str(p.label, ": argument '", p.input_names[i], "' is on cuda:", dev,
+                       " but an earlier tensor is on cuda:", device);
+        return false;
       }
-      tensors[i] = std::move(t);
+      if (p.grad_check && t.requires_grad() && c10::GradMode::is_enabled()) {
+        err = c10::str("custom op ", p.label, ": argument '", p.input_names[i],
+                       "' requires grad but the op has no autograd formula; register one with "
+                       "op.register_autograd(backward, setup_context=...), or call it under "
+                       "torch.no_grad() / on .detach()ed tensors");
+        return false;
+      }
+      if (!p.inputs[i].readonly && !t.is_contiguous()) {
+        err = c10::str(p.label, ": argument '", p.input_names[i],
+                       "' is written by the kernel but is not contiguous");
+        return false;
+      }
     }
-    TORCH_CHECK(device >= 0 && device < MAXDEV, p.label, ": no CUDA tensor argument");
-    c10::OptionalDeviceGuard guard;
-    if (!p.cpu) guard.reset_device(c10::Device(c10::DeviceType::CUDA, device));
-    outs.reserve(p.n_out);
-    for (int j = 0; j < p.n_out; j++) {  // empty_like(x, contiguous) in one dispatch, not two
-      const at::Tensor& like = tensors[p.out_like[j]];
-      outs.push_back(at::empty(like.sizes(), like.options(), at::MemoryFormat::Contiguous));
+    if (device < 0 || device >= MAXDEV) {
+      err = c10::str(p.label, ": no CUDA tensor argument");
+      return false;
     }
     alignas(16) char buf[MAXBUF];
     void* ptrs[MAXP];
@@ -133,16 +146,18 @@ struct Kernel final : c10::OperatorKernel {
       const Param& q = p.params[k];
       char* slot = buf + q.offset;
       ptrs[k] = slot;
-      if (q.kind == K_PTR) {
-        const at::Tensor& t = q.src >= 0 ? tensors[q.src] : outs[-(q.src + 1)];
-        TORCH_CHECK(q.dtype < 0 || static_cast<int>(t.scalar_type()) == q.dtype, p.label,
-                    ": kernel parameter ", k, " expects another dtype than ", t.scalar_type());
-        void* ptr = t.data_ptr();
-        std::memcpy(slot, &ptr, sizeof(ptr));
+      if (q.kind == K_PTR) {  // packed in phase 2; its dtype (an output's: its model's) now
+        const int src = q.src >= 0 ? q.src : p.out_like[-(q.src + 1)];
+        const at::Tensor& t = stack[base + src].toTensor();
+        if (q.dtype >= 0 && static_cast<int>(t.scalar_type()) != q.dtype) {
+          err = c10::str(p.label, ": kernel parameter ", k, " expects another dtype than ",
+                         t.scalar_type());
+          return false;
+        }
         if (p.grid_mode == 1 && p.grid_src == static_cast<int>(k)) grid_value = t.numel();
         continue;
       }
-      const c10::IValue& v = (*stack)[base + q.src];
+      const c10::IValue& v = stack[base + q.src];
       if (q.kind == K_F32 || q.kind == K_F64 || q.kind == K_F16) {
         double d = v.isDouble() ? v.toDouble() : static_cast<double>(v.toInt());
         if (q.kind == K_F32) {
@@ -172,8 +187,11 @@ struct Kernel final : c10::OperatorKernel {
         case K_U64: lo = 0; break;
         default: break;
       }
-      TORCH_CHECK(x >= lo && x <= hi, p.label, ": kernel parameter ", k, " = ", x,
-                  " is out of its C type's range [", lo, ", ", hi, "]");
+      if (x < lo || x > hi) {
+        err = c10::str(p.label, ": kernel parameter ", k, " = ", x,
+                       " is out of its C type's range [", lo, ", ", hi, "]");
+        return false;
+      }
       switch (q.kind) {
         case K_I8: case K_U8: { uint8_t b = static_cast<uint8_t>(x); std::memcpy(slot, &b, 1); break; }
         case K_I16: case K_U16: { uint16_t b = static_cast<uint16_t>(x); std::memcpy(slot, &b, 2); break; }
@@ -184,37 +202,71 @@ struct Kernel final : c10::OperatorKernel {
     unsigned g[3] = {p.grid[0], p.grid[1], p.grid[2]};
     bool empty = false;
     if (p.grid_mode == 1) {
-      TORCH_CHECK(grid_value >= 0, p.label, ": the grid's size argument is ", grid_value);
-      int64_t n = (grid_value + p.grid_per - 1) / p.grid_per;
-      TORCH_CHECK(n <= 0x7fffffffLL, p.label, ": grid ", n, " is too large");
+      const int64_t n = grid_value < 0 ? -1 : grid_value / p.grid_per + (grid_value % p.grid_per != 0);
+      if (n < 0 || n > 0x7fffffffLL) {
+        err = c10::str(p.label, ": the grid's size argument ", grid_value, " gives grid ", n,
+                       " (must be 0 .. 2^31 - 1)");
+        return false;
+      }
       g[0] = static_cast<unsigned>(n);
       empty = n == 0;
+    }
+    // phase 2: copies, outputs, pointers, launch. The copies and outputs live in tensors /
+    // outs until run() returns: the packed pointers stay valid through the launch.
+    for (int i = 0; i < p.n_in; i++) {
+      if (p.inputs[i].type != A_TENSOR) continue;
+      const at::Tensor& t = stack[base + i].toTensor();
+      tensors[i] = t.is_contiguous() ? t : t.contiguous();
+    }
+    c10::OptionalDeviceGuard guard;
+    if (!p.cpu) guard.reset_device(c10::Device(c10::DeviceType::CUDA, device));
+    std::vector<at::Tensor> outs;
+    outs.reserve(p.n_out);
+    for (int j = 0; j < p.n_out; j++) {  // empty_like(x, contiguous) in one dispatch, not two
+      const at::Tensor& like = tensors[p.out_like[j]];
+      outs.push_back(at::empty(like.sizes(), like.options(), at::MemoryFormat::Contiguous));
+    }
+    for (size_t k = 0; k < p.params.size(); k++) {
+      const Param& q = p.params[k];
+      if (q.kind != K_PTR) continue;
+      const at::Tensor& t = q.src >= 0 ? tensors[q.src] : outs[-(q.src + 1)];
+      void* ptr = t.data_ptr();
+      std::memcpy(buf + q.offset, &ptr, sizeof(ptr));
     }
     if (!empty) {
       uint64_t func = p.funcs[device].load(std::memory_order_acquire);
       if (func == 0) {
         func = p.prepare(device);  // Python (ctypes takes the GIL): loads the kernel there
-        TORCH_CHECK(func != 0, p.label, ": cannot load the kernel on cuda:", device,
-                    " (the error was printed above)");
+        if (func == 0) {
+          err = c10::str(p.label, ": cannot load the kernel on cuda:", device,
+                         " (the error was printed above)");
+          return false;
+        }
         p.funcs[device].store(func, std::memory_order_release);
       }
       void* stream = nullptr;
-      TORCH_CHECK(p.stream(device, &stream) == 0, p.label,
-                  ": cannot get torch's current CUDA stream");
+      if (p.stream(device, &stream) != 0) {
+        err = c10::str(p.label, ": cannot get torch's current CUDA stream");
+        return false;
+      }
       int code = launch(p, g, func, stream, ptrs);
       if (code == 201) {  // CUDA_ERROR_INVALID_CONTEXT: a thread with no context current yet
         p.prepare(-(device + 1));  // Python: make the device's primary context current
         code = launch(p, g, func, stream, ptrs);
       }
-      TORCH_CHECK(code == 0, p.label, ": the driver refused the launch (CUresult ", code,
-                  ") with grid ", g[0], "x", g[1], "x", g[2], ", block ", p.block[0], "x",
-                  p.block[1], "x", p.block[2], ", shared_mem ", p.shmem);
+      if (code != 0) {
+        err = c10::str(p.label, ": the driver refused the launch (CUresult ", code,
+                       ") with grid ", g[0], "x", g[1], "x", g[2], ", block ", p.block[0], "x",
+                       p.block[1], "x", p.block[2], ", shared_mem ", p.shmem);
+        return false;
+      }
     }
     for (int i = 0; i < p.n_in; i++)
-      if (p.inputs[i].mutated) (*stack)[base + i].toTensor().unsafeGetTensorImpl()->bump_version();
+      if (p.inputs[i].mutated) stack[base + i].toTensor().unsafeGetTensorImpl()->bump_version();
     p.calls.fetch_add(1, std::memory_order_relaxed);
-    torch::jit::drop(*stack, p.n_in);
-    for (auto& o : outs) stack->emplace_back(std::move(o));
+    torch::jit::drop(stack, p.n_in);  // the inputs (and the references above) go here
+    for (auto& o : outs) stack.emplace_back(std::move(o));
+    return true;
   }
 };
 
@@ -267,6 +319,26 @@ void* cfshim_register(const char* ns, const char* name, const char* label, const
       at += 3;
     }
     for (int j = 0; j < p->n_out; j++) p->out_like.push_back(static_cast<int>(spec[at++]));
+    // every index the kernel follows at call time, checked once here
+    for (int j = 0; j < p->n_out; j++)
+      TORCH_CHECK(p->out_like[j] >= 0 && p->out_like[j] < p->n_in &&
+                      p->inputs[p->out_like[j]].type == A_TENSOR,
+                  "output ", j, " is shaped like input ", p->out_like[j], ", not a tensor input");
+    for (size_t k = 0; k < p->params.size(); k++) {
+      const Param& q = p->params[k];
+      TORCH_CHECK(q.kind >= K_PTR && q.kind <= K_U64, "parameter ", k, ": bad kind ", q.kind);
+      if (q.src < 0) {
+        TORCH_CHECK(q.kind == K_PTR && -(q.src + 1) < p->n_out, "parameter ", k,
+                    ": bad output index");
+      } else {
+        TORCH_CHECK(q.src < p->n_in, "parameter ", k, ": bad input index");
+        TORCH_CHECK((q.kind == K_PTR) == (p->inputs[q.src].type == A_TENSOR), "parameter ", k,
+                    ": a pointer must come from a tensor input, a scalar from a scalar one");
+      }
+    }
+    TORCH_CHECK(p->grid_mode == 0 ||
+                    (p->grid_src >= 0 && p->grid_src < static_cast<int>(p->params.size())),
+                "bad grid parameter index");
     std::string all(names);
     size_t start = 0;
     for (int i = 0; i < p->n_in; i++) {

@@ -596,8 +596,9 @@ def custom_op(
     gets a fake returning None. ``device_types``: where the implementation is registered
     ("cuda"; None: every device). ``tags``: torch.Tag values for the op's definition.
     ``cpp``: the CUDA kernel of a kernel-mode op in C++ (:mod:`cuforge.torch.opshim`; ~6 us
-    less per call): None (default) when the op qualifies and torch sees a GPU (and
-    ``CUFORGE_TORCH_OP_SHIM`` is not ``0``); True: try it even without a GPU; False: never.
+    less per call): True: try it (even without a GPU); False: never; None (default): off
+    for now (``cuforge.torch.opshim.DEFAULT_ON``), on with ``CUFORGE_TORCH_OP_SHIM=1``
+    when torch sees a GPU.
     When it cannot be used the Python kernel stays (``op._cuforge_cpp_why`` says why; with
     ``cpp=True`` a warning does too). ``grid=cuforge.torch.cdiv_grid(param, per)`` is the
     grid form the C++ kernel evaluates itself.

@@ -84,12 +84,19 @@ def _bind_grid(grid: CdivGrid, names: list[str], label: str):
     return g, i
 
 
+#: What ``cpp=None`` means: False (off) until the C++ kernel has passed the GPU tests
+#: (tests/torch/test_custom_op_gpu.py -k cpp) on the torch versions we ship for; then True
+#: (on when torch sees a GPU). ``CUFORGE_TORCH_OP_SHIM=1`` / ``0`` overrides it either way.
+DEFAULT_ON = False
+
+
 def enabled(cpp) -> bool:
-    """Whether to try the shim: ``cpp`` True / False, or None: when the
-    ``CUFORGE_TORCH_OP_SHIM`` environment variable is not ``0`` and torch sees a GPU."""
+    """Whether to try the shim: ``cpp`` True / False, or None: ``CUFORGE_TORCH_OP_SHIM``
+    ``1`` (on when torch sees a GPU) or ``0`` (off); unset: :data:`DEFAULT_ON` (off for now)."""
     if cpp is not None:
         return bool(cpp)
-    if os.environ.get("CUFORGE_TORCH_OP_SHIM", "") == "0":
+    switch = os.environ.get("CUFORGE_TORCH_OP_SHIM", "")
+    if switch == "0" or (switch != "1" and not DEFAULT_ON):
         return False
     import torch
 
