@@ -8,8 +8,13 @@ Run (on the GPU machine, from the repository root)::
 
     PYTHONPATH=src python3 -X faulthandler bench/opshim_gpu_steps.py
 
-It ends with ``all steps passed``. Not a benchmark: a diagnosis script kept next to the
-custom-op bench (bench/custom_op_overhead.py) that exercises the same shim.
+It ends with ``all steps passed``. Each error case prints three steps (its arguments, the
+call, what it raised) and a good call after it. For the native frames of a crash::
+
+    PYTHONPATH=src gdb -q -batch -ex run -ex bt --args python3 bench/opshim_gpu_steps.py
+
+Not a benchmark: a diagnosis script kept next to the custom-op bench
+(bench/custom_op_overhead.py) that exercises the same shim.
 """
 
 from __future__ import annotations
@@ -95,43 +100,79 @@ def main() -> int:
     islow(y2, x, 3.0, 5000)
     torch.testing.assert_close(y1, y2, rtol=0, atol=0)
     assert y1._version == v + 1
-    # the error paths: the first C++ exceptions the shim throws in this process
+    # the error paths: the first C++ exceptions the shim throws in this process. Each case is
+    # three steps (its arguments built, the call, what it raised), and each op's dtype error
+    # comes on its own (saxpy: an in-place op without outputs; muladd: an op with an output
+    # shaped like the wrong-dtype input, and with only its second input wrong), so a native
+    # crash names the op, the argument and the phase.
+    d8 = a[:8].double()
     errors = [
         (
-            "error: a written tensor that is not contiguous",
+            "error: a written tensor that is not contiguous (saxpy)",
             "not contiguous",
-            lambda: ifast(
-                torch.ones(8, 2, device="cuda").t(), torch.ones(2, 8, device="cuda"), 1.0, 16
+            ifast,
+            lambda: (
+                torch.ones(8, 2, device="cuda").t(),
+                torch.ones(2, 8, device="cuda"),
+                1.0,
+                16,
             ),
         ),
         (
-            "error: another dtype (float64 for float*)",
+            "error: another dtype, a written input (saxpy: float64 y for float*)",
             "expects another dtype",
-            lambda: fast(8, a[:8].double(), a[:8].double(), 1.0),
+            ifast,
+            lambda: (torch.ones(16, device="cuda", dtype=torch.float64), x[:16], 1.0, 16),
+        ),
+        (
+            "error: another dtype, the second input only (muladd: float64 b for const float*)",
+            "expects another dtype",
+            fast,
+            lambda: (8, a[:8], d8, 1.0),
+        ),
+        (
+            "error: another dtype, the output's model (muladd: float64 a and b for float*)",
+            "expects another dtype",
+            fast,
+            lambda: (8, d8, d8, 1.0),
         ),
         (
             "error: a tensor that requires grad",
             "requires grad",
-            lambda: fast(8, a[:8].clone().requires_grad_(), a[:8], 1.0),
+            fast,
+            lambda: (8, a[:8].clone().requires_grad_(), a[:8], 1.0),
         ),
         (
             "error: an int out of range",
             "out of its C type's range",
-            lambda: fast(1 << 40, a, b, 1.0),
+            fast,
+            lambda: (1 << 40, a, b, 1.0),
         ),
     ]
-    for text, match, call in errors:
-        step(text)
+    for text, match, op, make in errors:
+        step(f"{text}: the arguments")
+        call_args = make()
+        shown = [
+            f"{tuple(t.shape)}/{t.stride()}/{t.dtype}" if isinstance(t, torch.Tensor) else repr(t)
+            for t in call_args
+        ]
+        print(f"  args: {', '.join(shown)}", flush=True)
+        step(f"{text}: the call")
         try:
-            call()
+            op(*call_args)
         except RuntimeError as exc:
+            step(f"{text}: raised, the message")
             if match not in str(exc):
                 print(f"  unexpected message: {exc}", flush=True)
                 return 1
-            print(f"  raised: {str(exc).splitlines()[0][:160]}", flush=True)
+            print(f"  raised: {str(exc).splitlines()[0][:200]}", flush=True)
         else:
             print("  did not raise", flush=True)
             return 1
+        del call_args
+        step(f"{text}: a good call after it")
+        torch.testing.assert_close(fast(4, a[:4], b[:4], 0.0), a[:4] * b[:4])
+        torch.cuda.synchronize()
     step("a call after the errors")
     torch.testing.assert_close(fast(4, a[:4], b[:4], 0.0), a[:4] * b[:4])
     torch.cuda.synchronize()

@@ -477,3 +477,82 @@ def test_cpp_kernel_on_the_cpu_key_step_by_step(recorded, prog):
     # and the op still works after every error
     result["run"], result["n"] = muladd_on_the_cpu, 5
     torch.testing.assert_close(fast(4, a[:4], b[:4], 0.0), a[:4] * b[:4])
+
+
+VOID_SOURCE = r"""
+extern "C" __global__ void scale(int n, const void* x, float* out) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = 2.0f * ((const float*)x)[i];
+}
+"""
+
+
+def test_every_dtype_is_checked_with_its_input_before_anything_is_allocated(recorded, prog):
+    """The dtype checks run in phase 1 with the input's other checks (the path of the
+    not-contiguous error): an input's own pointer parameter, the second input alone, an
+    in-place input, and an output's dtype checked on the input it is shaped like (here a
+    ``const void*`` one, which takes any dtype itself). The message names the argument, the
+    kernel parameter and both dtypes; nothing is launched, no version bumped, and the op
+    works after each error."""
+    launches, result = recorded
+    result["run"] = muladd_on_the_cpu
+    fast = custom_op(
+        qual("muladd"),
+        prog.kernel("muladd"),
+        outputs=("result",),
+        out_like="a",
+        grid=cdiv_grid("numel", 256),
+        block=256,
+        cpp=True,
+    )
+    assert fast._cuforge_cpp_why is None
+    a, b, d = torch.randn(8), torch.randn(8), torch.randn(8, dtype=torch.float64)
+    cases = [
+        ((8, d, d, 1.0), r"argument 'a' is torch\.float64 \(code 7\) but kernel parameter 1 "),
+        ((8, a, d, 1.0), r"argument 'b' is torch\.float64 \(code 7\) but kernel parameter 2 "),
+        ((8, a.half(), b, 1.0), r"argument 'a' is torch\.float16 \(code 5\)"),
+        ((8, a, b.to(torch.int32), 1.0), r"argument 'b' is torch\.int32 \(code 3\)"),
+    ]
+    for call_args, message in cases:
+        with pytest.raises(
+            RuntimeError, match=message + r".*expects another dtype: torch\.float32"
+        ):
+            fast(*call_args)
+        assert launches == []
+        torch.testing.assert_close(fast(4, a[:4], b[:4], 0.0), a[:4] * b[:4])
+        launches.clear()
+    # in place: the written input's dtype, no version bump
+    result["run"], result["n"] = saxpy_on_the_cpu, 4
+    ifast = custom_op(
+        qual("saxpy"),
+        prog.kernel("saxpy"),
+        mutates_args=("y",),
+        grid=cdiv_grid("n", 128),
+        block=128,
+        cpp=True,
+    )
+    y = torch.ones(16, dtype=torch.float64)
+    v = y._version
+    with pytest.raises(RuntimeError, match=r"argument 'y' is torch\.float64 .*parameter 0 "):
+        ifast(y, torch.ones(16), 1.0, 16)
+    assert launches == [] and y._version == v
+    # an output's dtype is its model's: checked on the model, even one that takes any dtype
+    result["run"], result["n"] = None, 3
+    scale = custom_op(
+        qual("scale"),
+        cuforge.compile(VOID_SOURCE, name="custom_op_shim_void.cu", arch="sm_90").kernel("scale"),
+        outputs=("out",),
+        out_like="x",
+        grid=cdiv_grid("n", 64),
+        block=64,
+        cpp=True,
+    )
+    assert scale._cuforge_cpp_why is None, scale._cuforge_cpp_why
+    with pytest.raises(
+        RuntimeError,
+        match=r"argument 'x' is torch\.int32 \(code 3\) but kernel parameter 2 expects another "
+        r"dtype: torch\.float32",
+    ):
+        scale(4, torch.ones(4, dtype=torch.int32))
+    assert launches == []
+    assert scale(4, torch.ones(4)).dtype == torch.float32 and len(launches) == 1

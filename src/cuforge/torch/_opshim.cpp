@@ -20,6 +20,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -53,7 +54,24 @@ struct Input {
   int type;
   bool readonly;  // made contiguous when it is not
   bool mutated;   // version counter bumped
+  // the dtypes the kernel's parameters need of this tensor: (parameter index, ScalarType
+  // code) for each pointer parameter it is passed as, and for each output shaped like it
+  // (an output is allocated with its model's dtype). Checked in phase 1, with the rest of
+  // the input's checks.
+  std::vector<std::pair<int, int>> dtypes;
 };
+
+// torch's name of a c10::ScalarType code (the codes are stable: torch's C shim
+// aoti_torch_dtype_* returns them). Not operator<<(ScalarType): the kernel's messages use
+// nothing of torch but the tensor's own fields.
+const char* dtype_name(int code) {
+  static const char* const names[] = {
+      "torch.uint8",     "torch.int8",      "torch.int16",      "torch.int32",
+      "torch.int64",     "torch.float16",   "torch.float32",    "torch.float64",
+      "torch.complex32", "torch.complex64", "torch.complex128", "torch.bool",
+      "torch.qint8",     "torch.quint8",    "torch.qint32",     "torch.bfloat16"};
+  return code >= 0 && code < 16 ? names[code] : "another dtype";
+}
 
 struct Plan {
   std::string label;
@@ -87,9 +105,11 @@ int launch(const Plan& p, const unsigned* g, uint64_t func, void* stream, void**
 
 // Errors: the kernel's own checks never throw from a frame that holds a CUDA tensor, a
 // contiguous() copy or a device guard. run() validates everything it can before it allocates
-// (devices, grad, contiguity of written tensors, dtypes, scalar ranges, the grid), returns
-// false with the message on a failed check, and operator() throws only after run()'s frame
-// is gone (tensors freed, the device restored): the unwinding crosses no CUDA state.
+// -- each tensor input in one loop (device, grad, contiguity of written tensors, every dtype
+// the kernel's pointer parameters and the outputs shaped like it need), then the scalars'
+// ranges and the grid -- returns false with the message on a failed check, and operator()
+// throws only after run()'s frame is gone (tensors freed, the device restored): the unwinding
+// crosses no CUDA state. After phase 1 only the driver can refuse (loading, stream, launch).
 struct Kernel final : c10::OperatorKernel {
   explicit Kernel(std::shared_ptr<Plan> p) : plan(std::move(p)) {}
   std::shared_ptr<Plan> plan;
@@ -106,7 +126,7 @@ struct Kernel final : c10::OperatorKernel {
     const size_t base = stack.size() - p.n_in;
     at::Tensor tensors[MAXP];  // the inputs, read-only ones made contiguous (phase 2)
     int device = -1;
-    // phase 1: checks only, nothing allocated
+    // phase 1: checks only, nothing allocated; every tensor check here, per input
     for (int i = 0; i < p.n_in; i++) {
       if (p.inputs[i].type != A_TENSOR) continue;
       const at::Tensor& t = stack[base + i].toTensor();
@@ -134,6 +154,16 @@ struct Kernel final : c10::OperatorKernel {
                        "' is written by the kernel but is not contiguous");
         return false;
       }
+      const int have = static_cast<int>(t.scalar_type());
+      for (const auto& need : p.inputs[i].dtypes) {
+        if (have != need.second) {
+          err = c10::str(p.label, ": argument '", p.input_names[i], "' is ", dtype_name(have),
+                         " (code ", have, ") but kernel parameter ", need.first,
+                         " expects another dtype: ", dtype_name(need.second), " (code ",
+                         need.second, ")");
+          return false;
+        }
+      }
     }
     if (device < 0 || device >= MAXDEV) {
       err = c10::str(p.label, ": no CUDA tensor argument");
@@ -146,15 +176,11 @@ struct Kernel final : c10::OperatorKernel {
       const Param& q = p.params[k];
       char* slot = buf + q.offset;
       ptrs[k] = slot;
-      if (q.kind == K_PTR) {  // packed in phase 2; its dtype (an output's: its model's) now
-        const int src = q.src >= 0 ? q.src : p.out_like[-(q.src + 1)];
-        const at::Tensor& t = stack[base + src].toTensor();
-        if (q.dtype >= 0 && static_cast<int>(t.scalar_type()) != q.dtype) {
-          err = c10::str(p.label, ": kernel parameter ", k, " expects another dtype than ",
-                         t.scalar_type());
-          return false;
+      if (q.kind == K_PTR) {  // packed in phase 2; its dtype was checked with its input
+        if (p.grid_mode == 1 && p.grid_src == static_cast<int>(k)) {
+          const int src = q.src >= 0 ? q.src : p.out_like[-(q.src + 1)];
+          grid_value = stack[base + src].toTensor().numel();
         }
-        if (p.grid_mode == 1 && p.grid_src == static_cast<int>(k)) grid_value = t.numel();
         continue;
       }
       const c10::IValue& v = stack[base + q.src];
@@ -315,7 +341,8 @@ void* cfshim_register(const char* ns, const char* name, const char* label, const
       p->params.push_back(q);
     }
     for (int i = 0; i < p->n_in; i++) {
-      p->inputs.push_back(Input{static_cast<int>(spec[at]), spec[at + 1] != 0, spec[at + 2] != 0});
+      p->inputs.push_back(
+          Input{static_cast<int>(spec[at]), spec[at + 1] != 0, spec[at + 2] != 0, {}});
       at += 3;
     }
     for (int j = 0; j < p->n_out; j++) p->out_like.push_back(static_cast<int>(spec[at++]));
@@ -335,6 +362,14 @@ void* cfshim_register(const char* ns, const char* name, const char* label, const
         TORCH_CHECK((q.kind == K_PTR) == (p->inputs[q.src].type == A_TENSOR), "parameter ", k,
                     ": a pointer must come from a tensor input, a scalar from a scalar one");
       }
+    }
+    // each pointer parameter's dtype, checked on the tensor input it comes from (an
+    // output's: the input it is shaped like, whose dtype it is allocated with)
+    for (size_t k = 0; k < p->params.size(); k++) {
+      const Param& q = p->params[k];
+      if (q.kind != K_PTR || q.dtype < 0) continue;
+      const int src = q.src >= 0 ? q.src : p->out_like[-(q.src + 1)];
+      p->inputs[src].dtypes.emplace_back(static_cast<int>(k), q.dtype);
     }
     TORCH_CHECK(p->grid_mode == 0 ||
                     (p->grid_src >= 0 && p->grid_src < static_cast<int>(p->params.size())),
