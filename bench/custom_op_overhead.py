@@ -38,6 +38,7 @@ Prints a markdown table.
 # hints, which name a Tensor imported inside main()
 import argparse
 import json
+import os
 import sys
 import uuid
 
@@ -53,6 +54,8 @@ extern "C" __global__ void muladd(int numel, const float* a, const float* b, flo
 
 
 def main() -> int:
+    # the C++ rows need the experimental switch (cuforge.torch.opshim.EXPERIMENTAL_WHY)
+    os.environ.setdefault("CUFORGE_TORCH_OP_SHIM", "experimental")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=15, help="rounds (samples) per row")
     parser.add_argument("--calls", type=int, default=1000, help="calls per timed sample")

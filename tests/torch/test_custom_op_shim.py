@@ -51,6 +51,12 @@ print(json.dumps({"ok": lib is not None, **opshim.shim_info()}))
 """
 
 
+@pytest.fixture(autouse=True)
+def _experimental(monkeypatch):
+    """The C++ kernel is behind CUFORGE_TORCH_OP_SHIM=experimental (opshim.EXPERIMENTAL_WHY)."""
+    monkeypatch.setenv("CUFORGE_TORCH_OP_SHIM", "experimental")
+
+
 @pytest.fixture(scope="module")
 def shim_dir(tmp_path_factory):
     """A cache dir holding the built shim: (dir, first child's info, second child's info)."""
@@ -177,21 +183,35 @@ def test_which_ops_keep_the_python_kernel(shim, prog):
     assert "launcher" in launcher._cuforge_cpp_why
 
 
-def test_default_is_off_until_opted_in(monkeypatch):
+def test_off_unless_the_experimental_switch_is_set(monkeypatch):
     monkeypatch.delenv("CUFORGE_TORCH_OP_SHIM", raising=False)
-    assert opshim.DEFAULT_ON is False
-    assert opshim.enabled(None) is False
-    assert opshim.enabled(True) is True
-    monkeypatch.setenv("CUFORGE_TORCH_OP_SHIM", "1")
-    assert opshim.enabled(None) is torch.cuda.is_available()
+    assert opshim.enabled(None) == opshim.EXPERIMENTAL_WHY
+    assert opshim.enabled(True) == opshim.EXPERIMENTAL_WHY  # cpp=True alone is not enough
+    assert opshim.enabled(False) == "cpp=False"
     monkeypatch.setenv("CUFORGE_TORCH_OP_SHIM", "0")
-    assert opshim.enabled(None) is False
-    assert opshim.enabled(True) is True
-    # the one constant that turns the default back on
-    monkeypatch.setattr(opshim, "DEFAULT_ON", True)
-    assert opshim.enabled(None) is False  # the switch still wins
-    monkeypatch.delenv("CUFORGE_TORCH_OP_SHIM")
-    assert opshim.enabled(None) is torch.cuda.is_available()
+    assert opshim.enabled(True) == opshim.EXPERIMENTAL_WHY
+    monkeypatch.setenv("CUFORGE_TORCH_OP_SHIM", "experimental")
+    assert opshim.enabled(True) is None
+    assert opshim.enabled(False) == "cpp=False"
+    assert (opshim.enabled(None) is None) is torch.cuda.is_available()
+    monkeypatch.setenv("CUFORGE_TORCH_OP_SHIM", "1")  # not a value it takes: says which
+    with pytest.raises(ValueError, match="CUFORGE_TORCH_OP_SHIM"):
+        opshim.enabled(True)
+
+
+def test_cpp_true_without_the_switch_warns_and_keeps_the_python_kernel(prog, monkeypatch):
+    monkeypatch.delenv("CUFORGE_TORCH_OP_SHIM", raising=False)
+    with pytest.warns(UserWarning, match="CUFORGE_TORCH_OP_SHIM=experimental"):
+        op = custom_op(
+            qual("off"),
+            prog.kernel("muladd"),
+            outputs=("result",),
+            out_like="a",
+            grid=cdiv_grid("numel", 256),
+            block=256,
+            cpp=True,
+        )
+    assert op._cuforge_cpp_why == opshim.EXPERIMENTAL_WHY
 
 
 def test_cdiv_grid_in_the_python_kernel(prog):

@@ -595,10 +595,10 @@ def custom_op(
     that returns tensors unless ``out_like`` says how outputs look. An op that only mutates
     gets a fake returning None. ``device_types``: where the implementation is registered
     ("cuda"; None: every device). ``tags``: torch.Tag values for the op's definition.
-    ``cpp``: the CUDA kernel of a kernel-mode op in C++ (:mod:`cuforge.torch.opshim`; ~6 us
-    less per call): True: try it (even without a GPU); False: never; None (default): off
-    for now (``cuforge.torch.opshim.DEFAULT_ON``), on with ``CUFORGE_TORCH_OP_SHIM=1``
-    when torch sees a GPU.
+    ``cpp``: the CUDA kernel of a kernel-mode op in C++ (:mod:`cuforge.torch.opshim`; ~3-5 us
+    less per call), **experimental**: used only under ``CUFORGE_TORCH_OP_SHIM=experimental``
+    (it crashed the process on an H100 when a call failed its dtype check); then True: try
+    it (even without a GPU); False: never; None (default): when torch sees a GPU.
     When it cannot be used the Python kernel stays (``op._cuforge_cpp_why`` says why; with
     ``cpp=True`` a warning does too). ``grid=cuforge.torch.cdiv_grid(param, per)`` is the
     grid form the C++ kernel evaluates itself.
@@ -771,8 +771,8 @@ def custom_op(
                 )[0]
             except ValueError as exc:
                 raise CustomOpError(str(exc)) from None
-        cpp_plan = "cpp=False"
-        if opshim.enabled(cpp):
+        cpp_plan = opshim.enabled(cpp)
+        if cpp_plan is None:
             cpp_plan = opshim.plan(
                 kernel_or_launcher,
                 args,
