@@ -556,3 +556,22 @@ def test_a_bulk_copy_bigger_than_the_cap_is_evicted_as_it_goes(tmp_path):
             assert sum(_files(store).values()) <= 40_000 + 6 * 4200
     assert store.total_bytes() <= 40_000
     assert _entry(39).key in store.index()
+
+
+def test_an_entry_its_kind_would_refuse_on_read_is_not_written(tmp_path, caplog):
+    """An entry whose meta breaks its kind's schema would read back as damaged (and be
+    deleted): the disk tier refuses it at put, with one warning naming the problem."""
+    import logging
+
+    from cuforge.store.base import Entry
+    from cuforge.store.disk import DiskStore
+
+    store = DiskStore(str(tmp_path / "c"), 1 << 30)
+    bad = Entry("ab" * 32, "inductor", b"payload", {"name": "fx"})  # no "cache" field
+    with caplog.at_level(logging.WARNING, logger="cuforge"):
+        assert store.put(bad) is False
+    assert "not storing a 'inductor' entry" in caplog.text and "cache" in caplog.text
+    assert store.get(bad.key) is None and store.corrupt == 0
+    good = Entry("ab" * 32, "inductor", b"payload", {"name": "fx", "cache": "fx_graph"})
+    assert store.put(good) is True
+    assert store.get(good.key).payload == b"payload"

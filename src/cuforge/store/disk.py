@@ -72,6 +72,7 @@ from cuforge.store.entry_codec import (
 )
 from cuforge.store.entry_codec import not_regular as _not_regular
 from cuforge.store.journal import JOURNAL_VERSION, Journal, index_info, put_record
+from cuforge.store.schema import entry_problem
 
 TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs ~10 ms
 if TYPE_CHECKING:  # pragma: no cover
@@ -350,6 +351,16 @@ class DiskStore(Store):
             retry_at = self._retry_at
             if retry_at is None or monotonic() < retry_at:
                 return False
+        problem = entry_problem(entry.kind, entry.meta)
+        if problem is not None:
+            # it would read back as damaged (and be deleted): refuse it now, saying why
+            where = f"{entry.kind}:{problem}"
+            if where not in _warned:
+                _warned.add(where)
+                _logger().warning(
+                    "cuforge: not storing a %r entry (%s): %s", entry.kind, entry.key[:16], problem
+                )
+            return False
         path = self.path_for(entry.key)
         if not self._dir_trusted(path):
             return False
