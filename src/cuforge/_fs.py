@@ -196,16 +196,26 @@ def atomic_write(
         unlink(tmp)
         raise
     if durable:
-        try:
-            dfd = os.open(directory, os.O_RDONLY | _O_CLOEXEC)
-        except OSError:
-            return
-        try:
-            os.fsync(dfd)
-        except OSError:
-            pass  # some filesystems cannot fsync a directory; the file itself is synced
-        finally:
-            os.close(dfd)
+        sync(directory, directory=True)
+
+
+def sync(path: str, *, directory: bool = False) -> None:
+    """``fsync`` ``path``, best effort: a regular file (not through a symlink) or, with
+    ``directory``, a directory. A path gone since, or a filesystem that cannot sync a
+    directory, is skipped: durability is best effort, correctness rests on checksums."""
+    try:
+        if directory:
+            fd = os.open(path, os.O_RDONLY | _O_CLOEXEC)
+        else:
+            fd = open_regular(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # e.g. a filesystem that cannot fsync a directory
+    finally:
+        os.close(fd)
 
 
 def write_if_changed(path: str, data: bytes | str, *, mode: int = 0o600) -> bool:

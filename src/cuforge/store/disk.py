@@ -831,33 +831,12 @@ class DiskStore(Store):
 
 # ---------------------------------------------------------------------- filters
 def _fsync_all(paths: list[str]) -> None:
-    """``fsync`` each file of ``paths``, then each directory holding one, once each. A file
-    gone since (evicted, replaced) or a filesystem that cannot sync a directory is skipped:
-    durability is best effort, correctness rests on the checksums."""
-    dirs: dict[str, None] = {}
+    """``fsync`` each file of ``paths``, then each directory holding one, once each (best
+    effort, :func:`cuforge._fs.sync`: correctness rests on the checksums)."""
     for path in paths:
-        dirs[os.path.dirname(path)] = None
-        try:
-            fd = _fs.open_regular(path, os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            os.fsync(fd)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-    for directory in dirs:
-        try:
-            fd = os.open(directory, os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            os.fsync(fd)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
+        _fs.sync(path)
+    for directory in dict.fromkeys(os.path.dirname(path) for path in paths):
+        _fs.sync(directory, directory=True)
 
 
 class _Bulk:
