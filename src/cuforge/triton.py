@@ -61,6 +61,7 @@ from cuforge import _fs
 from cuforge.blobcache import make_key, offline_error, pack, unpack
 from cuforge.caching import Cache, default_cache
 from cuforge.store.base import Entry
+from cuforge.toolchain import wheel_record
 
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any
@@ -372,26 +373,19 @@ def _record_build_key(dist_info: str | None = None) -> tuple[str | None, str]:
     dist = dist_info if dist_info is not None else _triton_dist_info(site)
     if dist is None:
         return None, f"no triton-{triton.__version__}.dist-info next to the triton package"
-    try:
-        with open(os.path.join(dist, "RECORD"), encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError) as exc:
-        return None, f"the RECORD of {os.path.basename(dist)} cannot be read ({exc})"
+    if not os.path.isfile(os.path.join(dist, "RECORD")):
+        return None, f"the RECORD of {os.path.basename(dist)} cannot be read (no such file)"
     wanted = _covered_files(root)
     if isinstance(wanted, str):
         return None, wanted
-    need = set(wanted)
+    table = wheel_record.record(dist)
     lines: dict[str, str] = {}
-    for line in text.splitlines():
-        path, sep, rest = line.partition(",")
-        if sep and path in need:
-            lines[path] = line.rstrip("\r")
     for path in wanted:
-        line = lines.get(path)
-        if line is None:
+        entry = table.get(path)
+        if entry is None:
             return None, f"RECORD does not list {path}"
-        _, digest, size = line.rsplit(",", 2)
-        if not digest.startswith("sha256=") or not size.isdigit():
+        digest, size = entry
+        if not digest or not size.isdigit():
             return None, f"RECORD has no sha256 and size of {path}"
         try:
             actual = os.stat(os.path.join(site, path)).st_size
@@ -399,6 +393,7 @@ def _record_build_key(dist_info: str | None = None) -> tuple[str | None, str]:
             return None, f"{path} cannot be read ({exc})"
         if actual != int(size):
             return None, f"{path} is {actual} bytes, RECORD says {size}"
+        lines[path] = f"{path},sha256={digest},{size}"  # the RECORD line, as pip wrote it
     body = "\n".join([triton.__version__, *sorted(lines.values())])
     digest = hashlib.sha256(body.encode("utf-8")).hexdigest()
     return f"{triton.__version__}-record-{digest}", "record"

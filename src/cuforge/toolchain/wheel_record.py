@@ -22,7 +22,7 @@ import binascii
 import hashlib
 import os
 
-__all__ = ["recorded_sha256", "installed_sha256", "hash_file", "reset"]
+__all__ = ["recorded_sha256", "installed_sha256", "hash_file", "record", "reset"]
 
 # dist-info dir -> {relative path: (sha256 field, size field)}
 _records: dict[str, dict[str, tuple[str, str]]] = {}
@@ -65,7 +65,10 @@ def _listing(directory: str) -> list[str]:
     return found
 
 
-def _record(dist_info: str) -> dict[str, tuple[str, str]]:
+def record(dist_info: str) -> dict[str, tuple[str, str]]:
+    """``dist_info``'s ``RECORD`` as ``{relative path: (urlsafe sha256, size)}``, parsed once
+    per process; a line with no ``sha256=`` hash (an editable install's, the RECORD's own)
+    maps to ``("", size)``; an unreadable RECORD gives ``{}``."""
     table = _records.get(dist_info)
     if table is not None:
         return table
@@ -78,11 +81,12 @@ def _record(dist_info: str) -> dict[str, tuple[str, str]]:
     for line in text.splitlines():
         path, sep, rest = line.rpartition(",")  # rest: the size
         path, sep2, digest = path.rpartition(",")
-        if not (sep and sep2 and digest.startswith("sha256=")):
+        if not (sep and sep2):
             continue
         if path.startswith('"') and path.endswith('"'):  # csv quoting (a comma in the path)
             path = path[1:-1].replace('""', '"')
-        table[path] = (digest[len("sha256=") :], rest)
+        hashed = digest.startswith("sha256=")
+        table[path] = (digest[len("sha256=") :] if hashed else "", rest)
     _records[dist_info] = table
     return table
 
@@ -120,13 +124,13 @@ def recorded_sha256(path: str) -> str | None:
             rel = os.path.relpath(real, directory).replace(os.sep, "/")
             hint = _owners.get(home)
             if hint is not None and os.path.dirname(hint) == directory:
-                line = _record(hint).get(rel)
-                if line is not None:
+                line = record(hint).get(rel)
+                if line is not None and line[0]:
                     return _checked(line, size)
             for name in sorted(infos, key=lambda n: -_likeness(n, rel)):
                 info = os.path.join(directory, name)
-                line = _record(info).get(rel)
-                if line is not None:
+                line = record(info).get(rel)
+                if line is not None and line[0]:  # an unhashed line vouches for nothing
                     _owners[home] = info
                     return _checked(line, size)
         parent = os.path.dirname(directory)
