@@ -23,13 +23,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 import tempfile
-import textwrap
 
-SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+import triton_cache  # bench/: the child runner and the fresh dirs of issue 21's GPU bench
+from triton_cache import fresh
 
 CHILD = """
 import json, time
@@ -87,35 +84,11 @@ print(json.dumps({
 """
 
 
-def run(root: str, dirs: dict[str, str], use_cuforge: bool, remote: str | None, args) -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = SRC + os.pathsep + env.get("PYTHONPATH", "")
-    env.update(
-        CUFORGE_CACHE_DIR=dirs["cuforge"],
-        TORCHINDUCTOR_CACHE_DIR=dirs["inductor"],
-        TRITON_CACHE_DIR=dirs["triton"],
+def run(dirs: dict[str, str], use_cuforge: bool, remote: str | None, args) -> dict:
+    """One fresh process, through bench/triton_cache.py's child runner (same env, dirs)."""
+    return triton_cache.run(
+        f"D = {args.d}\nDEVICE = {args.device!r}\n" + CHILD, dirs, use_cuforge, remote
     )
-    env.pop("CUFORGE_REMOTE", None)
-    if remote:
-        env["CUFORGE_REMOTE"] = remote
-    program = (
-        f"USE_CUFORGE = {use_cuforge!r}\nD = {args.d}\nDEVICE = {args.device!r}\n"
-        + textwrap.dedent(CHILD)
-    )
-    script = os.path.join(root, "child.py")
-    with open(script, "w") as f:
-        f.write(program)
-    done = subprocess.run(
-        [sys.executable, script], env=env, capture_output=True, text=True, check=False, cwd=root
-    )
-    if done.returncode != 0:
-        raise SystemExit(f"a benchmark process failed:\n{done.stdout}\n{done.stderr[-4000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def fresh(root: str, label: str) -> dict[str, str]:
-    base = tempfile.mkdtemp(prefix=label + "-", dir=root)
-    return {k: os.path.join(base, k) for k in ("cuforge", "inductor", "triton")}
 
 
 def main() -> int:
@@ -125,13 +98,13 @@ def main() -> int:
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="cuforge-torch-phases-") as root:
-        out = {"no_cache": run(root, fresh(root, "cold"), False, None, args)}
+        out = {"no_cache": run(fresh(root, "cold"), False, None, args)}
         warm = fresh(root, "warm")
-        run(root, warm, False, None, args)
-        out["own_warm"] = run(root, warm, False, None, args)
+        run(warm, False, None, args)
+        out["own_warm"] = run(warm, False, None, args)
         remote = tempfile.mkdtemp(prefix="remote-", dir=root)
-        run(root, fresh(root, "fill"), True, f"file://{remote}", args)
-        out["cuforge_remote"] = run(root, fresh(root, "hit"), True, f"file://{remote}", args)
+        run(fresh(root, "fill"), True, f"file://{remote}", args)
+        out["cuforge_remote"] = run(fresh(root, "hit"), True, f"file://{remote}", args)
     anchor = out["own_warm"]["first_output_s"]
     for case, r in out.items():
         print(
