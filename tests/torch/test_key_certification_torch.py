@@ -78,9 +78,11 @@ def torch_fields(
     fields: dict[str, Any] = dict(p.load_fields)
     keys = [p.load_key]
     torch_header = os.path.join(p.env.torch_dir, "include", "torch", "extension.h")
-    os.makedirs(spec.build_directory, exist_ok=True)
+    # the depfiles in a dir of this process's own: perturbation children run at once and may
+    # share a build dir (one child's torch include path must not reach another's key)
+    private = tempfile.mkdtemp(prefix="cuforge-depfiles-")
     for tu in p.tus:
-        depfile = os.path.join(spec.build_directory, tu.obj + ".d")
+        depfile = os.path.join(private, tu.obj + ".d")
         deps = [tu.source, os.path.join(root, "h.h"), os.path.join(root, "inc", "w.h")]
         with open(depfile, "w") as f:
             f.write(f"{tu.obj}: " + " ".join([*deps, torch_header]) + "\n")
@@ -90,6 +92,7 @@ def torch_fields(
         for label, value in okey.fields.items():
             if fields.get(label) != value:
                 fields[f"object:{os.path.basename(tu.source)}:{label}"] = value
+    shutil.rmtree(private, ignore_errors=True)
     fields["objects"] = [t.okey for t in p.tus]
     keys.append(B._link_key(p))
     fields["<key>"] = " ".join(keys)
