@@ -15,7 +15,12 @@ synchronize):
   with the Python CUDA kernel (``cpp=False``);
 * ``op, kernel mode, in place``: the same kernel as an op that writes a passed-in tensor;
 * ``op, kernel mode, C++ kernel``: both again with the C++ CUDA kernel of
-  ``cuforge.torch.opshim`` (``grid=cdiv_grid(...)``, ``cpp=True``), eagerly and compiled;
+  ``cuforge.torch.opshim`` (``grid=cdiv_grid(...)``, ``cpp=True``), eagerly (the op's eager
+  entry) and compiled, and the same op called as ``torch.ops.<ns>.<op>.default`` (torch's
+  Python -> dispatcher path, which the eager entry skips);
+* ``each op a compiled model adds``: a ``torch.compile``'d chain of 9 ops against the
+  one-op function, per extra op, round by round (the compiled region's own per-call cost
+  cancels);
 * floors, for context: ``torch.ops.aten.empty_like`` called eagerly (a C++ aten op through
   the dispatcher from Python) and a ``torch.compile``'d function holding only
   ``torch.empty_like(x)`` (the per-call floor of a compiled region);
@@ -38,7 +43,6 @@ Prints a markdown table.
 # hints, which name a Tensor imported inside main()
 import argparse
 import json
-import os
 import sys
 import uuid
 
@@ -53,9 +57,14 @@ extern "C" __global__ void muladd(int numel, const float* a, const float* b, flo
 """
 
 
+CHAIN = 8
+CPP_CHAIN = f"torch.compile(fullgraph=True), {CHAIN + 1} C++ kernel ops in a chain"
+LAUNCHER_CHAIN = f"torch.compile(fullgraph=True), {CHAIN + 1} launcher ops in a chain"
+CPP_MARGINAL = "torch.compile(fullgraph=True), C++ kernel op: each op a compiled model adds"
+LAUNCHER_MARGINAL = "torch.compile(fullgraph=True), launcher op: each op a compiled model adds"
+
+
 def main() -> int:
-    # the C++ rows need the experimental switch (cuforge.torch.opshim.EXPERIMENTAL_WHY)
-    os.environ.setdefault("CUFORGE_TORCH_OP_SHIM", "experimental")
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=15, help="rounds (samples) per row")
     parser.add_argument("--calls", type=int, default=1000, help="calls per timed sample")
@@ -141,9 +150,28 @@ def main() -> int:
     compiled_cpp_inplace = torch.compile(cpp_inplace_fn, fullgraph=True)
     out.zero_()
     torch.testing.assert_close(compiled_cpp_inplace(a, b, out), ref)
+
+    # the marginal cost of one op inside a compiled model: a chain of CHAIN + 1 ops against
+    # the one-op function, per extra op (what each op a model adds costs; the compiled
+    # region's own per-call cost, the floor row below, cancels)
+    def cpp_chain(x, y):
+        for _ in range(CHAIN + 1):
+            x = cpp_op(n, x, y, 0.5)
+        return x
+
+    def launcher_chain(x, y):
+        for _ in range(CHAIN + 1):
+            x = launcher_op(x, y, 0.5)
+        return x
+
+    compiled_cpp_chain = torch.compile(cpp_chain, fullgraph=True)
+    compiled_launcher_chain = torch.compile(launcher_chain, fullgraph=True)
+    for chain in (compiled_cpp_chain, compiled_launcher_chain):
+        torch.testing.assert_close(chain(a, b), cpp_chain(a, b))
     compiled_floor = torch.compile(lambda x: torch.empty_like(x), fullgraph=True)
     compiled_floor(a)
     aten_empty_like = torch.ops.aten.empty_like.default
+    cpp_overload = cpp_op._opoverload
     # torch.compile's CUDA graphs: the compiled region is replayed, Python runs once per call
     graphed = torch.compile(lambda x, y: launcher_op(x, y, 0.5), mode="reduce-overhead")
     for _ in range(3):
@@ -175,6 +203,11 @@ def main() -> int:
         ("op, kernel mode, in place", lambda: inplace_op(n, a, b, 0.5, out)),
         ("op, kernel mode, C++ kernel (allocates the output)", lambda: cpp_op(n, a, b, 0.5)),
         ("op, kernel mode, C++ kernel, in place", lambda: cpp_inplace(n, a, b, 0.5, out)),
+        (
+            "op, C++ kernel through the dispatcher (`torch.ops...default`: what the eager "
+            "entry skips)",
+            lambda: cpp_overload(n, a, b, 0.5),
+        ),
         ("op, launcher mode (allocates the output)", lambda: launcher_op(a, b, 0.5)),
         ("torch's own `torch.library.custom_op`, same launcher", lambda: torch_op(a, b, 0.5)),
         ("torch.compile(fullgraph=True), launcher op", lambda: compiled(a, b)),
@@ -184,6 +217,8 @@ def main() -> int:
             "torch.compile(fullgraph=True), in-place C++ kernel op",
             lambda: compiled_cpp_inplace(a, b, out),
         ),
+        (CPP_CHAIN, lambda: compiled_cpp_chain(a, b)),
+        (LAUNCHER_CHAIN, lambda: compiled_launcher_chain(a, b)),
         ("floor: torch.compile'd `torch.empty_like(x)` alone", lambda: compiled_floor(a)),
         ("floor: `torch.ops.aten.empty_like.default(a)`, eager", lambda: aten_empty_like(a)),
         ('torch.compile(mode="reduce-overhead"), launcher op', lambda: graphed(a, b)),
@@ -194,6 +229,13 @@ def main() -> int:
     samples["CUDA graph replay (per op, 10 per graph)"] = [
         t / 10 for t in samples["CUDA graph replay (per op, 10 per graph)"]
     ]
+    # per extra op in the chains, round by round (each round measured every row once)
+    for chain, one, label in (
+        (CPP_CHAIN, "torch.compile(fullgraph=True), C++ kernel op", CPP_MARGINAL),
+        (LAUNCHER_CHAIN, "torch.compile(fullgraph=True), launcher op", LAUNCHER_MARGINAL),
+    ):
+        samples[label] = [(c - o) / CHAIN for c, o in zip(samples[chain], samples[one], strict=True)]
+        rows.append((label, None))
     med = _peers.medians(samples)
     raw, plain = med.get(_peers.RAW), med[anchor]
     print(
@@ -219,6 +261,8 @@ def main() -> int:
         ("torch.compile(fullgraph=True), in-place kernel op", 3.0),
         ("torch.compile(fullgraph=True), C++ kernel op", 3.0),
         ("torch.compile(fullgraph=True), in-place C++ kernel op", 3.0),
+        (CPP_MARGINAL, 3.0),
+        (LAUNCHER_MARGINAL, 3.0),
     )
     for label, goal in goals:
         print(f"{label} / kernel = {med[label] / plain:.2f} (goal <= {goal}, issue 25)")

@@ -20,7 +20,6 @@ Not a benchmark: a diagnosis script kept next to the custom-op bench
 from __future__ import annotations
 
 import faulthandler
-import os
 import sys
 import uuid
 
@@ -44,8 +43,6 @@ def step(text: str) -> None:
 
 
 def main() -> int:
-    # the C++ rows need the experimental switch (cuforge.torch.opshim.EXPERIMENTAL_WHY)
-    os.environ.setdefault("CUFORGE_TORCH_OP_SHIM", "experimental")
     import torch
 
     import cuforge

@@ -139,6 +139,73 @@ def test_prefetch_pulls_exactly_the_lock(tmp_path, isolated_cache):
     assert all(again.get_with_tier(key, kind=kind)[1] == "memory" for kind, key, _ in wanted)
 
 
+def test_background_prefetch_holds_builds_until_it_is_done(tmp_path, isolated_cache):
+    """cuforge.prefetch(background=True): the pull runs in a thread; a compile asked for
+    meanwhile waits for it and is then a hit (0 compiles), never a miss racing it."""
+    import threading
+
+    (tmp_path / "k.cu").write_text('extern "C" __global__ void k(float* x) { x[0] = TILE; }\n')
+    remote = tmp_path / "remote"
+    remote.mkdir(mode=0o700)
+    url = f"file://{remote}"
+    _run(tmp_path, tmp_path / "c1", CUFORGE_RECORD="cuforge.lock", CUFORGE_REMOTE=url)
+    lock = tmp_path / "cuforge.lock"
+    wanted = lock_keys(read_lock(lock))
+    svc = cuforge.Cache(str(tmp_path / "c2"), remotes=(url,))
+    go, first = threading.Event(), threading.Event()
+
+    def progress(done, total, where, label):  # the pull stops after its first entry
+        first.set()
+        assert go.wait(60)
+
+    task = cuforge.prefetch(lock, cache=svc, progress=progress, background=True)
+    assert first.wait(60) and not task.done()
+    compiled = []
+
+    def service():  # the service's first kernel, while the pull is still under way
+        with cuforge.using(svc):
+            z = 'extern "C" __global__ void z(int* p) { *p = 1; }'
+            compiled.append(cuforge.compile(z, name="z.cu", arch="sm_90"))
+
+    worker = threading.Thread(target=service)
+    worker.start()
+    worker.join(0.5)
+    assert worker.is_alive() and not compiled  # held: the entry is not fetched yet
+    go.set()
+    worker.join(60)
+    report = task.wait(60)
+    assert report.ok and report.fetched == 6 and task.done() and task.seconds > 0
+    assert compiled and svc.counters["compiles"] == 0
+    assert all(svc.get_with_tier(key, kind=kind)[1] == "memory" for kind, key, _ in wanted)
+    assert svc._prefetching is None  # later builds do not wait on anything
+
+
+def test_background_prefetch_failure_is_warned_and_builds_go_on(tmp_path, caplog):
+    """A background prefetch that fails (here: its progress callback raises) raises from
+    wait(); a build meanwhile compiles as it would without it, with one warning."""
+    lock = tmp_path / "cuforge.lock"
+    (tmp_path / "k.cu").write_text('extern "C" __global__ void k(float* x) { x[0] = TILE; }\n')
+    _run(tmp_path, tmp_path / "c1", CUFORGE_RECORD="cuforge.lock")
+    svc = cuforge.Cache(str(tmp_path / "c2"))
+
+    def broken(*_args):
+        raise OSError("the remote went away")
+
+    task = cuforge.prefetch(lock, cache=svc, progress=broken, background=True)
+    with cuforge.using(svc), caplog.at_level("WARNING", logger="cuforge"):
+        cuforge.compile(
+            'extern "C" __global__ void z(int* p) { *p = 1; }', name="z.cu", arch="sm_90"
+        )
+    assert svc.counters["compiles"] == 1
+    assert "the remote went away" in caplog.text and "background" in caplog.text
+    try:
+        task.wait(60)
+    except OSError as exc:
+        assert "went away" in str(exc)
+    else:
+        raise AssertionError("wait() did not raise the prefetch's error")
+
+
 def test_record_context_manager_sees_memoized_calls(tmp_path, cache):
     src = 'extern "C" __global__ void m(int* p) { *p = 2; }'
     with cuforge.using(cache):

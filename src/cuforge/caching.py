@@ -197,6 +197,8 @@ class Cache:
         self._settings: Settings | None = None  # the remote options (default caches)
         #: installed bundle wheels are still to be looked for (the default cache's first miss)
         self._wheels_pending = False
+        #: a background cuforge.prefetch still running (cuforge.aot.lock.PrefetchTask)
+        self._prefetching: Any = None
         for bundle in bundles:
             self.add_bundle(bundle)
 
@@ -470,7 +472,10 @@ class Cache:
         6. ``build()``, which builds, stores (:meth:`record_build`) and returns (then the
            lease is released).
 
-        With the cache disabled there is no lock and nothing to look up: it builds."""
+        With the cache disabled there is no lock and nothing to look up: it builds. While a
+        background :func:`cuforge.prefetch` runs, this first waits for it."""
+        if self._prefetching is not None:
+            self._prefetching.settle()
         hit = lookup()
         if hit is None and self._wheels_pending:
             hit = self._load_bundle_wheels(lookup)

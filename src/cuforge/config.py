@@ -27,8 +27,8 @@ CUFORGE_FAST_LAUNCH        ``python``: never build or use the C launch helper (d
 CUFORGE_TORCH_LAUNCHER     ``ccache`` / ``sccache`` / ``auto`` (or a launcher program):
                            compiler launcher for torch builds; ``0``/``off``/``none``: none
 CUFORGE_TORCH_SPLIT        ``0`` / ``1``: force nvcc's parallel host/device pipelines off / on
-CUFORGE_TORCH_OP_SHIM      ``experimental``: let ``cuforge.torch.custom_op`` use its C++ CUDA
-                           kernel (docs/custom_ops.md; default ``0``, off)
+CUFORGE_TORCH_OP_SHIM      ``0``: ``cuforge.torch.custom_op`` never uses its C++ CUDA kernel
+                           (docs/custom_ops.md; default ``1``, where it qualifies)
 CUFORGE_DEBUG              ``1``: the CLI shows tracebacks
 CUFORGE_PROGRESS           ``1`` / ``0``: force progress output on / off (default: on a
                            terminal, off under ``CI=true`` or when stderr is not a terminal)
@@ -272,9 +272,10 @@ class Settings:
         self.torch_launcher: str = "" if launcher in ("0", "off", "none", "no") else launcher
         #: True / False forces nvcc's split host/device pipelines; None: decide per file.
         self.torch_split: bool | None = _switch(get, "CUFORGE_TORCH_SPLIT", None)
-        #: True: custom ops may use the experimental C++ CUDA kernel (cuforge.torch.opshim)
+        #: False: custom ops never use their C++ CUDA kernel (cuforge.torch.opshim);
+        #: "experimental" is the last release's spelling of 1
         self.torch_op_shim: bool = (
-            _choice(get, "CUFORGE_TORCH_OP_SHIM", ("0", "experimental"), "0") == "experimental"
+            _choice(get, "CUFORGE_TORCH_OP_SHIM", ("0", "1", "experimental"), "1") != "0"
         )
         self.debug: bool = _switch(get, "CUFORGE_DEBUG", False)
         #: show progress (a spinner for a compile over a second, torch build progress):

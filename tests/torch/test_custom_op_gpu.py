@@ -353,12 +353,7 @@ def test_cuda_graph_first_call_inside_capture():
 
 def both_paths(name: str, kernel_name: str, **kw):
     """The same kernel op twice: with the C++ kernel (cpp=True) and the Python one."""
-    import os
-
     from cuforge.torch import opshim
-
-    if os.environ.get("CUFORGE_TORCH_OP_SHIM") != "experimental":
-        pytest.skip(opshim.EXPERIMENTAL_WHY)
 
     prog = cuforge.compile(SOURCE, name="custom_op_gpu.cu")
     fast = custom_op(qual(name), prog.kernel(kernel_name), cpp=True, **kw)

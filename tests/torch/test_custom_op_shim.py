@@ -52,9 +52,9 @@ print(json.dumps({"ok": lib is not None, **opshim.shim_info()}))
 
 
 @pytest.fixture(autouse=True)
-def _experimental(monkeypatch):
-    """The C++ kernel is behind CUFORGE_TORCH_OP_SHIM=experimental (opshim.EXPERIMENTAL_WHY)."""
-    monkeypatch.setenv("CUFORGE_TORCH_OP_SHIM", "experimental")
+def _switch_unset(monkeypatch):
+    """The C++ kernel is on unless CUFORGE_TORCH_OP_SHIM=0 (the process's own setting aside)."""
+    monkeypatch.delenv("CUFORGE_TORCH_OP_SHIM", raising=False)
 
 
 @pytest.fixture(scope="module")
@@ -183,25 +183,24 @@ def test_which_ops_keep_the_python_kernel(shim, prog):
     assert "launcher" in launcher._cuforge_cpp_why
 
 
-def test_off_unless_the_experimental_switch_is_set(monkeypatch):
-    monkeypatch.delenv("CUFORGE_TORCH_OP_SHIM", raising=False)
-    assert opshim.enabled(None) == opshim.EXPERIMENTAL_WHY
-    assert opshim.enabled(True) == opshim.EXPERIMENTAL_WHY  # cpp=True alone is not enough
-    assert opshim.enabled(False) == "cpp=False"
-    monkeypatch.setenv("CUFORGE_TORCH_OP_SHIM", "0")
-    assert opshim.enabled(True) == opshim.EXPERIMENTAL_WHY
-    monkeypatch.setenv("CUFORGE_TORCH_OP_SHIM", "experimental")
+def test_on_unless_the_switch_turns_it_off(monkeypatch):
     assert opshim.enabled(True) is None
     assert opshim.enabled(False) == "cpp=False"
     assert (opshim.enabled(None) is None) is torch.cuda.is_available()
-    monkeypatch.setenv("CUFORGE_TORCH_OP_SHIM", "1")  # not a value it takes: says which
+    monkeypatch.setenv("CUFORGE_TORCH_OP_SHIM", "0")
+    assert opshim.enabled(True) == opshim.OFF_WHY  # cpp=True does not override the process
+    assert opshim.enabled(None) == opshim.OFF_WHY
+    for on in ("1", "experimental"):  # the last release's spelling still means on
+        monkeypatch.setenv("CUFORGE_TORCH_OP_SHIM", on)
+        assert opshim.enabled(True) is None
+    monkeypatch.setenv("CUFORGE_TORCH_OP_SHIM", "yes")  # not a value it takes: says which
     with pytest.raises(ValueError, match="CUFORGE_TORCH_OP_SHIM"):
         opshim.enabled(True)
 
 
-def test_cpp_true_without_the_switch_warns_and_keeps_the_python_kernel(prog, monkeypatch):
-    monkeypatch.delenv("CUFORGE_TORCH_OP_SHIM", raising=False)
-    with pytest.warns(UserWarning, match="CUFORGE_TORCH_OP_SHIM=experimental"):
+def test_cpp_true_with_the_switch_off_warns_and_keeps_the_python_kernel(prog, monkeypatch):
+    monkeypatch.setenv("CUFORGE_TORCH_OP_SHIM", "0")
+    with pytest.warns(UserWarning, match="CUFORGE_TORCH_OP_SHIM=0"):
         op = custom_op(
             qual("off"),
             prog.kernel("muladd"),
@@ -211,7 +210,7 @@ def test_cpp_true_without_the_switch_warns_and_keeps_the_python_kernel(prog, mon
             block=256,
             cpp=True,
         )
-    assert op._cuforge_cpp_why == opshim.EXPERIMENTAL_WHY
+    assert op._cuforge_cpp_why == opshim.OFF_WHY
 
 
 def test_cdiv_grid_in_the_python_kernel(prog):
@@ -353,6 +352,59 @@ def test_cpp_kernel_packs_allocates_and_launches(recorded, prog):
         op(300, a, b, 1.0)
 
 
+def test_eager_entry_takes_plain_calls_and_hands_the_rest_to_the_dispatcher(recorded, prog):
+    """op(...) eagerly runs the C++ kernel straight from its METH_FASTCALL entry when the
+    dispatcher would do nothing else; a dispatch mode, a tensor subclass, an input that
+    needs grad, the profiler or keyword arguments go through torch's OpOverload instead."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    launches, _ = recorded
+    q = qual("muladd")
+    op = custom_op(
+        q,
+        prog.kernel("muladd"),
+        outputs=("result",),
+        out_like="a",
+        grid=cdiv_grid("numel", 256),
+        block=256,
+        cpp=True,
+    )
+    a, b = torch.arange(300, dtype=torch.float32), torch.ones(300)
+    out = op(300, a, b, 1.5)
+    assert out.shape == (300,) and (opshim.calls(op), opshim.fast_calls(op)) == (1, 1)
+    with pytest.raises(RuntimeError, match="expects another dtype"):  # its own checks
+        op(4, torch.ones(4, dtype=torch.float64), torch.ones(4, dtype=torch.float64), 1.0)
+    assert opshim.fast_calls(op) == 2
+
+    seen = []
+
+    class Seen(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Seen():
+        op(300, a, b, 1.5)
+    assert seen == [f"{q.replace('::', '.')}.default"]
+
+    class Sub(torch.Tensor):
+        pass
+
+    assert op(300, a.as_subclass(Sub), b, 1.5).shape == (300,)
+    op(300, a, b, c=1.5)  # keyword arguments: torch binds them
+    with pytest.raises(RuntimeError, match="requires grad but the op has no autograd formula"):
+        op(300, a.clone().requires_grad_(), b, 1.0)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        op(300, a, b, 1.5)
+    assert any(e.name == f"{q}" or q in e.name for e in prof.events())
+    # each of those ran the kernel (two raised in its checks) through the dispatcher, none
+    # through the eager entry
+    assert (opshim.calls(op), opshim.fast_calls(op)) == (5, 2)
+    with torch.no_grad():  # grad off: an input that requires grad is plain data
+        op(300, a.clone().requires_grad_(), b, 1.0)
+    assert opshim.fast_calls(op) == 3 and len(launches) == 6
+
+
 def test_cpp_kernel_in_place_bumps_the_version_and_refuses_strided_writes(recorded, prog):
     launches, result = recorded
     result["n"] = 4
@@ -363,7 +415,7 @@ def test_cpp_kernel_in_place_bumps_the_version_and_refuses_strided_writes(record
     y, x = torch.zeros(16), torch.ones(16)
     v = y._version
     assert op(y, x, 2.0, 16) is None
-    assert y._version == v + 1
+    assert y._version == v + 1 and opshim.fast_calls(op) == 1  # the eager entry bumps it too
     ((grid, block, _, _, _, params),) = launches
     assert grid == (3, 2, 1) and block == (64, 1, 1)
     assert value(params, 0, ctypes.c_void_p) == y.data_ptr()

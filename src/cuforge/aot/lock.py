@@ -184,19 +184,99 @@ def _far_tiers(cache: Cache) -> list:
     return [t for t in far if not isinstance(t, _PendingRemotes)] + list(cache.bundles)
 
 
+class PrefetchTask:
+    """A :func:`prefetch` running in a background thread (``background=True``).
+
+    While it runs, every build of its cache (:meth:`cuforge.Cache.build_once`, the path of
+    every compile, before its first lookup) waits for it to finish: a kernel the lockfile
+    names is then a memory hit, never a compile racing the download. ``wait()`` returns
+    the :class:`LockReport` (or raises what the prefetch raised); a build that waited for
+    a failed prefetch goes on without it, and the cache warns the reason once."""
+
+    def __init__(self, cache: Cache, run: Callable[[], LockReport]) -> None:
+        import threading
+
+        self._cache = cache
+        self._run = run
+        self._done = threading.Event()
+        self._report: LockReport | None = None
+        self._error: BaseException | None = None
+        #: the prefetch's own wall time, seconds (overlapping whatever the process did)
+        self.seconds = 0.0
+        self._thread = threading.Thread(target=self._main, name="cuforge-prefetch", daemon=True)
+
+    def _start(self) -> PrefetchTask:
+        self._cache._prefetching = self
+        self._thread.start()
+        return self
+
+    def _main(self) -> None:
+        from time import perf_counter
+
+        t0 = perf_counter()
+        try:
+            self._report = self._run()
+        except BaseException as exc:  # noqa: BLE001 - kept for wait() and the waiting builds
+            self._error = exc
+        finally:
+            self.seconds = perf_counter() - t0
+            if self._cache._prefetching is self:
+                self._cache._prefetching = None
+            self._done.set()
+
+    def done(self) -> bool:
+        """True once the prefetch has finished (or failed)."""
+        return self._done.is_set()
+
+    def settle(self) -> None:
+        """Wait for the prefetch to finish; never raises (a failure is warned once by the
+        cache: its lookups go on without the prefetch)."""
+        import threading
+
+        if threading.current_thread() is self._thread:
+            return  # the prefetch itself (never builds; no waiting on itself)
+        self._done.wait()
+        if self._error is not None:
+            self._cache.warn_once(
+                f"cuforge.prefetch (background) failed, lookups go on without it: "
+                f"{type(self._error).__name__}: {self._error}"
+            )
+
+    def wait(self, timeout: float | None = None) -> LockReport:
+        """The prefetch's :class:`LockReport`, once it has finished (``TimeoutError`` after
+        ``timeout`` seconds); raises what the prefetch raised."""
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"cuforge.prefetch has not finished after {timeout} s")
+        if self._error is not None:
+            raise self._error
+        assert self._report is not None
+        return self._report
+
+
 def prefetch(
     lock: str | os.PathLike[str],
     *,
     cache: Cache | None = None,
     progress: Callable[[int, int, str, str], None] | None = None,
     memory: bool = True,
-) -> LockReport:
+    background: bool = False,
+) -> LockReport | PrefetchTask:
     """Pull the entries of ``lock`` (a lockfile written by :func:`cuforge.record`) from the
     remote tiers (and the bundles) of ``cache`` (default: :func:`cuforge.default_cache`)
     into its local ones, before the first kernel::
 
         report = cuforge.prefetch("cuforge.lock")   # at service start-up
         if not report.ok: ...                       # report.missing: what no tier has
+
+    ``background=True`` returns at once a :class:`PrefetchTask` and pulls in a thread,
+    overlapping what the process does next (creating its CUDA context, loading weights);
+    the cache's builds wait for it, so no lookup misses what it is still fetching. It
+    also settles the NVRTC identity the first key needs (in a fresh cache dir that is
+    NVRTC located and probed, ~40 ms, else paid by the first lookup)::
+
+        task = cuforge.prefetch("cuforge.lock", background=True)
+        ...                                         # torch.cuda.init(), model loading
+        report = task.wait()
 
     Each entry is read once from the first tier that has it (the remote checks its
     envelope, and its signature when a keyring is set, as every remote read does), then
@@ -210,7 +290,32 @@ def prefetch(
     ``"remote"`` or ``"missing"``. Torch extensions are never fetched (they are rebuilt
     from their stanza): they are listed in ``report.missing``."""
     cache = resolve(cache)
-    records = read_lock(os.fspath(lock))
+    if background:
+        records = read_lock(os.fspath(lock))  # a bad lockfile raises here, in the caller
+
+        def run() -> LockReport:
+            report = _prefetch(cache, records, progress, memory)
+            _settle_nvrtc_identity()
+            return report
+
+        return PrefetchTask(cache, run)._start()
+    return _prefetch(cache, read_lock(os.fspath(lock)), progress, memory)
+
+
+def _settle_nvrtc_identity() -> None:
+    """Compute (and memo) the NVRTC identity every ``cuforge.compile`` key holds, as the
+    first lookup would. Where NVRTC is missing or broken the first compile says so itself,
+    with its own message; here there is nothing to report it to."""
+    from cuforge.errors import ToolchainError
+    from cuforge.toolchain.identity import compiler_identity
+
+    try:
+        compiler_identity("nvrtc")
+    except (ToolchainError, OSError):
+        pass
+
+
+def _prefetch(cache: Cache, records: list[dict], progress, memory: bool) -> LockReport:
     wanted = lock_keys(records)
     report = LockReport()
     tiers = _tiers(cache)

@@ -8,22 +8,64 @@
 // It needs only torch's CPU headers: the driver's launch entry point and torch's
 // aoti_torch_get_current_cuda_stream come in as addresses, so the shim compiles against a
 // CPU-only torch and links against no CUDA library. A plain C API (ctypes), no pybind.
+//
+// The eager entry (cfshim_fast): a METH_FASTCALL builtin per op that the op's __call__
+// calls outside torch.compile. When nothing would change what the dispatcher does with the
+// call -- plain torch.Tensor arguments (no subclass, no functionalization / batching /
+// conj / neg key), no dispatch or torch-function mode, no TLS-included key beyond torch's
+// defaults (BackendSelect, ADInplaceOrView), no input
+// that needs grad, no RecordFunction callback (the profiler) -- it runs the same kernel
+// as the dispatcher would, skipping torch's Python -> IValue -> dispatcher hop (~2.5 us);
+// otherwise it calls the op's OpOverload, so every other path is torch's own.
+#include <Python.h>
+#include <ATen/PythonTorchFunctionTLS.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/DeviceGuard.h>
+#include <ATen/record_function.h>
 #include <c10/core/GradMode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/library.h>
 
 #include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 namespace {
+
+// Messages are built from strings and std::to_string, never through an ostream (c10::str,
+// TORCH_CHECK with arguments). On the H200 host (torch 2.11), formatting an integer through
+// an ostream made in this library called a wrong locale facet and crashed the process: the
+// shim's link there carries its own copy of parts of libstdc++ (a devtoolset-style compiler
+// links libstdc++_nonshared statically), whose facet ids torch's locale does not know.
+// to_string formats through snprintf: no locale facet.
+inline void put(std::string& s, const std::string& v) { s += v; }
+inline void put(std::string& s, const char* v) { s += v; }
+template <typename T, typename = std::enable_if_t<std::is_integral_v<T>>>
+inline void put(std::string& s, T v) {
+  s += std::to_string(v);
+}
+template <typename... A>
+std::string cat(const A&... a) {
+  std::string s;
+  (put(s, a), ...);
+  return s;
+}
+
+// cfshim_register's checks: a plain exception its own catch turns into the error text
+inline void need(bool ok, const std::string& what) {
+  if (!ok) throw std::runtime_error(what);
+}
 
 enum { K_PTR = 0, K_F32, K_F64, K_F16, K_I8, K_U8, K_I16, K_U16, K_I32, K_U32, K_I64, K_U64 };
 enum { A_TENSOR = 0, A_INT, A_FLOAT, A_BOOL };
@@ -91,6 +133,7 @@ struct Plan {
   prepare_t prepare = nullptr;
   std::atomic<uint64_t> funcs[MAXDEV];
   std::atomic<uint64_t> calls{0};
+  std::atomic<uint64_t> fast_calls{0};  // of calls: the ones the eager entry took itself
 };
 
 int launch(const Plan& p, const unsigned* g, uint64_t func, void* stream, void** ptrs) {
@@ -116,13 +159,14 @@ struct Kernel final : c10::OperatorKernel {
 
   void operator()(const c10::OperatorHandle&, c10::DispatchKeySet, torch::jit::Stack* stack) {
     std::string err;
-    if (!run(*stack, err)) TORCH_CHECK(false, err);
+    if (!run(*plan, *stack, err)) TORCH_CHECK(false, err);
   }
 
-  bool run(torch::jit::Stack& stack, std::string& err) {
-    Plan& p = *plan;
-    TORCH_INTERNAL_ASSERT(stack.size() >= static_cast<size_t>(p.n_in), p.label,
-                          ": the stack holds fewer values than the op's inputs");
+  static bool run(Plan& p, torch::jit::Stack& stack, std::string& err) {
+    if (stack.size() < static_cast<size_t>(p.n_in)) {
+      err = cat(p.label, ": the stack holds fewer values than the op's inputs");
+      return false;
+    }
     const size_t base = stack.size() - p.n_in;
     at::Tensor tensors[MAXP];  // the inputs, read-only ones made contiguous (phase 2)
     int device = -1;
@@ -131,42 +175,43 @@ struct Kernel final : c10::OperatorKernel {
       if (p.inputs[i].type != A_TENSOR) continue;
       const at::Tensor& t = stack[base + i].toTensor();
       if (!p.cpu && !t.is_cuda()) {
-        err = c10::str(p.label, ": argument '", p.input_names[i], "' is on ", t.device(),
-                       ", not a CUDA device");
+        err = cat(p.label, ": argument '", p.input_names[i], "' is on ",
+                  c10::DeviceTypeName(t.device().type(), /*lower_case=*/true),
+                  ", not a CUDA device");
         return false;
       }
       const int dev = p.cpu ? 0 : t.get_device();
       if (device < 0) device = dev;
       if (dev != device) {
-        err = c10::str(p.label, ": argument '", p.input_names[i], "' is on cuda:", dev,
-                       " but an earlier tensor is on cuda:", device);
+        err = cat(p.label, ": argument '", p.input_names[i], "' is on cuda:", dev,
+                  " but an earlier tensor is on cuda:", device);
         return false;
       }
       if (p.grad_check && t.requires_grad() && c10::GradMode::is_enabled()) {
-        err = c10::str("custom op ", p.label, ": argument '", p.input_names[i],
-                       "' requires grad but the op has no autograd formula; register one with "
-                       "op.register_autograd(backward, setup_context=...), or call it under "
-                       "torch.no_grad() / on .detach()ed tensors");
+        err = cat("custom op ", p.label, ": argument '", p.input_names[i],
+                  "' requires grad but the op has no autograd formula; register one with "
+                  "op.register_autograd(backward, setup_context=...), or call it under "
+                  "torch.no_grad() / on .detach()ed tensors");
         return false;
       }
       if (!p.inputs[i].readonly && !t.is_contiguous()) {
-        err = c10::str(p.label, ": argument '", p.input_names[i],
-                       "' is written by the kernel but is not contiguous");
+        err = cat(p.label, ": argument '", p.input_names[i],
+                  "' is written by the kernel but is not contiguous");
         return false;
       }
       const int have = static_cast<int>(t.scalar_type());
-      for (const auto& need : p.inputs[i].dtypes) {
-        if (have != need.second) {
-          err = c10::str(p.label, ": argument '", p.input_names[i], "' is ", dtype_name(have),
-                         " (code ", have, ") but kernel parameter ", need.first,
-                         " expects another dtype: ", dtype_name(need.second), " (code ",
-                         need.second, ")");
+      for (const auto& want : p.inputs[i].dtypes) {
+        if (have != want.second) {
+          err = cat(p.label, ": argument '", p.input_names[i], "' is ", dtype_name(have),
+                    " (code ", have, ") but kernel parameter ", want.first,
+                    " expects another dtype: ", dtype_name(want.second), " (code ",
+                    want.second, ")");
           return false;
         }
       }
     }
     if (device < 0 || device >= MAXDEV) {
-      err = c10::str(p.label, ": no CUDA tensor argument");
+      err = cat(p.label, ": no CUDA tensor argument");
       return false;
     }
     alignas(16) char buf[MAXBUF];
@@ -214,8 +259,8 @@ struct Kernel final : c10::OperatorKernel {
         default: break;
       }
       if (x < lo || x > hi) {
-        err = c10::str(p.label, ": kernel parameter ", k, " = ", x,
-                       " is out of its C type's range [", lo, ", ", hi, "]");
+        err = cat(p.label, ": kernel parameter ", k, " = ", x,
+                  " is out of its C type's range [", lo, ", ", hi, "]");
         return false;
       }
       switch (q.kind) {
@@ -230,8 +275,8 @@ struct Kernel final : c10::OperatorKernel {
     if (p.grid_mode == 1) {
       const int64_t n = grid_value < 0 ? -1 : grid_value / p.grid_per + (grid_value % p.grid_per != 0);
       if (n < 0 || n > 0x7fffffffLL) {
-        err = c10::str(p.label, ": the grid's size argument ", grid_value, " gives grid ", n,
-                       " (must be 0 .. 2^31 - 1)");
+        err = cat(p.label, ": the grid's size argument ", grid_value, " gives grid ", n,
+                  " (must be 0 .. 2^31 - 1)");
         return false;
       }
       g[0] = static_cast<unsigned>(n);
@@ -264,15 +309,15 @@ struct Kernel final : c10::OperatorKernel {
       if (func == 0) {
         func = p.prepare(device);  // Python (ctypes takes the GIL): loads the kernel there
         if (func == 0) {
-          err = c10::str(p.label, ": cannot load the kernel on cuda:", device,
-                         " (the error was printed above)");
+          err = cat(p.label, ": cannot load the kernel on cuda:", device,
+                    " (the error was printed above)");
           return false;
         }
         p.funcs[device].store(func, std::memory_order_release);
       }
       void* stream = nullptr;
       if (p.stream(device, &stream) != 0) {
-        err = c10::str(p.label, ": cannot get torch's current CUDA stream");
+        err = cat(p.label, ": cannot get torch's current CUDA stream");
         return false;
       }
       int code = launch(p, g, func, stream, ptrs);
@@ -281,9 +326,9 @@ struct Kernel final : c10::OperatorKernel {
         code = launch(p, g, func, stream, ptrs);
       }
       if (code != 0) {
-        err = c10::str(p.label, ": the driver refused the launch (CUresult ", code,
-                       ") with grid ", g[0], "x", g[1], "x", g[2], ", block ", p.block[0], "x",
-                       p.block[1], "x", p.block[2], ", shared_mem ", p.shmem);
+        err = cat(p.label, ": the driver refused the launch (CUresult ", code,
+                  ") with grid ", g[0], "x", g[1], "x", g[2], ", block ", p.block[0], "x",
+                  p.block[1], "x", p.block[2], ", shared_mem ", p.shmem);
         return false;
       }
     }
@@ -301,11 +346,125 @@ struct Handle {
   std::unique_ptr<torch::Library> lib;
 };
 
+// -- the eager entry ------------------------------------------------------------------------
+
+struct Fast {
+  std::shared_ptr<Plan> plan;
+  PyObject* fallback;  // the op's OpOverload (a new reference)
+};
+
+constexpr const char* FAST_CAPSULE = "cuforge.opshim.fast";
+
+// the dispatch functionalities a plain tensor may carry (the backend bits are kept by
+// operator-, so this serves the CUDA key and the tests' CPU key alike)
+const c10::DispatchKeySet PLAIN = c10::DispatchKeySet(c10::DispatchKey::CUDA) |
+                                  c10::DispatchKeySet(c10::DispatchKey::AutogradCUDA) |
+                                  c10::DispatchKeySet(c10::DispatchKey::ADInplaceOrView) |
+                                  c10::DispatchKeySet(c10::DispatchKey::AutocastCUDA) |
+                                  c10::DispatchKeySet(c10::DispatchKey::AutocastCPU);
+
+// the call as the dispatcher would see it is the same as the kernel's own: see the header
+bool plain_call(const Plan& p, PyObject* const* args, torch::jit::Stack& stack) {
+  if (c10::impl::TorchDispatchModeTLS::any_modes_set() || at::impl::torch_function_mode_enabled() ||
+      !(c10::impl::tls_local_dispatch_key_set().included_ - c10::default_included_set).empty() ||
+      at::hasCallbacks())
+    return false;
+  const bool grad = c10::GradMode::is_enabled();
+  for (int i = 0; i < p.n_in; i++) {
+    PyObject* a = args[i];
+    switch (p.inputs[i].type) {
+      case A_TENSOR: {
+        if (!THPVariable_CheckExact(a)) return false;
+        const at::Tensor& t = THPVariable_Unpack(a);
+        if ((t.key_set() - PLAIN).highestFunctionalityKey() != c10::DispatchKey::Undefined)
+          return false;
+        if (grad && t.requires_grad()) return false;
+        stack.emplace_back(t);
+        break;
+      }
+      case A_INT: {
+        if (!PyLong_CheckExact(a)) return false;
+        int overflow = 0;
+        const long long v = PyLong_AsLongLongAndOverflow(a, &overflow);
+        if (overflow != 0 || (v == -1 && PyErr_Occurred())) {
+          PyErr_Clear();
+          return false;
+        }
+        stack.emplace_back(static_cast<int64_t>(v));
+        break;
+      }
+      case A_FLOAT:
+        if (PyFloat_CheckExact(a)) {
+          stack.emplace_back(PyFloat_AS_DOUBLE(a));
+        } else if (PyLong_CheckExact(a)) {
+          const double v = PyLong_AsDouble(a);
+          if (v == -1.0 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return false;
+          }
+          stack.emplace_back(v);
+        } else {
+          return false;
+        }
+        break;
+      default:  // A_BOOL
+        if (!PyBool_Check(a)) return false;
+        stack.emplace_back(a == Py_True);
+        break;
+    }
+  }
+  return true;
+}
+
+PyObject* fast_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  auto* f = static_cast<Fast*>(PyCapsule_GetPointer(self, FAST_CAPSULE));
+  if (f == nullptr) return nullptr;
+  const Plan& p = *f->plan;
+  torch::jit::Stack stack;
+  stack.reserve(p.n_in + p.n_out);
+  if (nargs != p.n_in || !plain_call(p, args, stack))
+    return PyObject_Vectorcall(f->fallback, args, static_cast<size_t>(nargs), nullptr);
+  f->plan->fast_calls.fetch_add(1, std::memory_order_relaxed);
+  std::string err;
+  if (!Kernel::run(*f->plan, stack, err)) {
+    PyErr_SetString(PyExc_RuntimeError, err.c_str());
+    return nullptr;
+  }
+  if (p.n_out == 0) Py_RETURN_NONE;
+  if (p.n_out == 1) return THPVariable_Wrap(std::move(stack[0]).toTensor());
+  PyObject* out = PyTuple_New(p.n_out);
+  if (out == nullptr) return nullptr;
+  for (int j = 0; j < p.n_out; j++) {
+    PyObject* t = THPVariable_Wrap(std::move(stack[j]).toTensor());
+    if (t == nullptr) {
+      Py_DECREF(out);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(out, j, t);
+  }
+  return out;
+  END_HANDLE_TH_ERRORS
+}
+
+PyMethodDef FAST_DEF = {"cuforge_opshim_call", reinterpret_cast<PyCFunction>(fast_call),
+                        METH_FASTCALL, "a cuforge custom op's eager entry (cuforge.torch.opshim)"};
+
+void fast_free(PyObject* capsule) {
+  auto* f = static_cast<Fast*>(PyCapsule_GetPointer(capsule, FAST_CAPSULE));
+  if (f == nullptr) {
+    PyErr_Clear();
+    return;
+  }
+  Py_XDECREF(f->fallback);
+  delete f;
+}
+
 }  // namespace
 
 extern "C" {
 
-int cfshim_abi_version() { return 1; }
+int cfshim_abi_version() { return 2; }
 
 // spec (int64): n_in, n_params, n_out, buf_size, gx, gy, gz, bx, by, bz, shmem, grid_mode,
 // grid_src, grid_per, grad_check, cpu; per param: src, kind, offset, dtype; per input: type,
@@ -330,14 +489,14 @@ void* cfshim_register(const char* ns, const char* name, const char* label, const
     p->grid_per = spec[at++];
     p->grad_check = spec[at++] != 0;
     p->cpu = spec[at++] != 0;
-    TORCH_CHECK(n_params >= 1 && n_params <= MAXP && p->n_in <= MAXP, "bad parameter count");
-    TORCH_CHECK(p->buf_size >= 0 && p->buf_size <= MAXBUF, "parameter buffer too large");
-    TORCH_CHECK(p->grid_per >= 1, "grid divisor must be >= 1");
+    need(n_params >= 1 && n_params <= MAXP && p->n_in <= MAXP, "bad parameter count");
+    need(p->buf_size >= 0 && p->buf_size <= MAXBUF, "parameter buffer too large");
+    need(p->grid_per >= 1, "grid divisor must be >= 1");
     for (int k = 0; k < n_params; k++) {
       Param q{static_cast<int>(spec[at]), static_cast<int>(spec[at + 1]), spec[at + 2],
               static_cast<int>(spec[at + 3])};
       at += 4;
-      TORCH_CHECK(q.offset >= 0 && q.offset + 8 <= MAXBUF, "bad parameter offset");
+      need(q.offset >= 0 && q.offset + 8 <= MAXBUF, "bad parameter offset");
       p->params.push_back(q);
     }
     for (int i = 0; i < p->n_in; i++) {
@@ -348,19 +507,20 @@ void* cfshim_register(const char* ns, const char* name, const char* label, const
     for (int j = 0; j < p->n_out; j++) p->out_like.push_back(static_cast<int>(spec[at++]));
     // every index the kernel follows at call time, checked once here
     for (int j = 0; j < p->n_out; j++)
-      TORCH_CHECK(p->out_like[j] >= 0 && p->out_like[j] < p->n_in &&
-                      p->inputs[p->out_like[j]].type == A_TENSOR,
-                  "output ", j, " is shaped like input ", p->out_like[j], ", not a tensor input");
+      need(p->out_like[j] >= 0 && p->out_like[j] < p->n_in &&
+               p->inputs[p->out_like[j]].type == A_TENSOR,
+           cat("output ", j, " is shaped like input ", p->out_like[j], ", not a tensor input"));
     for (size_t k = 0; k < p->params.size(); k++) {
       const Param& q = p->params[k];
-      TORCH_CHECK(q.kind >= K_PTR && q.kind <= K_U64, "parameter ", k, ": bad kind ", q.kind);
+      need(q.kind >= K_PTR && q.kind <= K_U64, cat("parameter ", k, ": bad kind ", q.kind));
       if (q.src < 0) {
-        TORCH_CHECK(q.kind == K_PTR && -(q.src + 1) < p->n_out, "parameter ", k,
-                    ": bad output index");
+        need(q.kind == K_PTR && -(q.src + 1) < p->n_out,
+             cat("parameter ", k, ": bad output index"));
       } else {
-        TORCH_CHECK(q.src < p->n_in, "parameter ", k, ": bad input index");
-        TORCH_CHECK((q.kind == K_PTR) == (p->inputs[q.src].type == A_TENSOR), "parameter ", k,
-                    ": a pointer must come from a tensor input, a scalar from a scalar one");
+        need(q.src < p->n_in, cat("parameter ", k, ": bad input index"));
+        need((q.kind == K_PTR) == (p->inputs[q.src].type == A_TENSOR),
+             cat("parameter ", k,
+                 ": a pointer must come from a tensor input, a scalar from a scalar one"));
       }
     }
     // each pointer parameter's dtype, checked on the tensor input it comes from (an
@@ -371,9 +531,9 @@ void* cfshim_register(const char* ns, const char* name, const char* label, const
       const int src = q.src >= 0 ? q.src : p->out_like[-(q.src + 1)];
       p->inputs[src].dtypes.emplace_back(static_cast<int>(k), q.dtype);
     }
-    TORCH_CHECK(p->grid_mode == 0 ||
-                    (p->grid_src >= 0 && p->grid_src < static_cast<int>(p->params.size())),
-                "bad grid parameter index");
+    need(p->grid_mode == 0 ||
+             (p->grid_src >= 0 && p->grid_src < static_cast<int>(p->params.size())),
+         "bad grid parameter index");
     std::string all(names);
     size_t start = 0;
     for (int i = 0; i < p->n_in; i++) {
@@ -385,9 +545,9 @@ void* cfshim_register(const char* ns, const char* name, const char* label, const
     p->launch = reinterpret_cast<launch_t>(launch);
     p->stream = reinterpret_cast<stream_t>(stream);
     p->prepare = reinterpret_cast<prepare_t>(prepare);
-    TORCH_CHECK(p->stream != nullptr && p->prepare != nullptr &&
-                    (p->launch_ex != nullptr || p->launch != nullptr),
-                "an entry point address is 0");
+    need(p->stream != nullptr && p->prepare != nullptr &&
+             (p->launch_ex != nullptr || p->launch != nullptr),
+         "an entry point address is 0");
     for (auto& f : p->funcs) f.store(0);
     auto h = std::make_unique<Handle>();
     h->plan = p;
@@ -414,6 +574,31 @@ void cfshim_set_func(void* handle, int device, uint64_t func) {
 
 uint64_t cfshim_calls(void* handle) {
   return handle ? static_cast<Handle*>(handle)->plan->calls.load() : 0;
+}
+
+uint64_t cfshim_fast_calls(void* handle) {
+  return handle ? static_cast<Handle*>(handle)->plan->fast_calls.load() : 0;
+}
+
+// the op's eager entry: a new builtin (a new reference; nullptr with a Python error set),
+// calling ``fallback`` (the op's OpOverload) for any call it does not take itself. Called
+// through ctypes.PyDLL: the GIL is held.
+PyObject* cfshim_fast(void* handle, PyObject* fallback) {
+  if (handle == nullptr || fallback == nullptr) {
+    PyErr_SetString(PyExc_ValueError, "cfshim_fast: no handle or no fallback");
+    return nullptr;
+  }
+  auto* f = new Fast{static_cast<Handle*>(handle)->plan, fallback};
+  Py_INCREF(fallback);
+  PyObject* capsule = PyCapsule_New(f, FAST_CAPSULE, fast_free);
+  if (capsule == nullptr) {
+    Py_DECREF(fallback);
+    delete f;
+    return nullptr;
+  }
+  PyObject* fn = PyCFunction_NewEx(&FAST_DEF, capsule, nullptr);
+  Py_DECREF(capsule);  // the function holds it
+  return fn;
 }
 
 // drop the registration (the dispatcher forgets the kernel)

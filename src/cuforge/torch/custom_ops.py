@@ -596,9 +596,8 @@ def custom_op(
     gets a fake returning None. ``device_types``: where the implementation is registered
     ("cuda"; None: every device). ``tags``: torch.Tag values for the op's definition.
     ``cpp``: the CUDA kernel of a kernel-mode op in C++ (:mod:`cuforge.torch.opshim`; ~3-5 us
-    less per call), **experimental**: used only under ``CUFORGE_TORCH_OP_SHIM=experimental``
-    (it crashed the process on an H100 when a call failed its dtype check); then True: try
-    it (even without a GPU); False: never; None (default): when torch sees a GPU.
+    less per call): True: try it (even without a GPU); False: never; None (default): when
+    torch sees a GPU. ``CUFORGE_TORCH_OP_SHIM=0`` turns it off for the process.
     When it cannot be used the Python kernel stays (``op._cuforge_cpp_why`` says why; with
     ``cpp=True`` a warning does too). ``grid=cuforge.torch.cdiv_grid(param, per)`` is the
     grid form the C++ kernel evaluates itself.
@@ -905,6 +904,7 @@ def _op_type():
     import torch
     from torch._library import autograd as torch_autograd
     from torch._library.custom_ops import CustomOpDef
+    from torch.compiler import is_compiling
 
     class CuforgeOp(CustomOpDef):
         """A torch custom op registered the cheap way (docs/custom_ops.md, "Cost per call").
@@ -921,6 +921,18 @@ def _op_type():
         that returns tensors raises at the call when grad mode is on and a Tensor input
         requires grad (torch's autograd fallback would only warn at backward and leave the
         gradient out)."""
+
+        #: the C++ kernel's eager entry (cuforge.torch.opshim), when the op has one
+        _cuforge_fast = None
+
+        def __call__(self, *args, **kwargs):
+            # eagerly, the C++ kernel's own entry: it takes a plain call itself and hands
+            # any other (a mode, a subclass, grad, the profiler) to the OpOverload; under
+            # torch.compile (Dynamo folds is_compiling() to True) the OpOverload, as torch's
+            fast = self._cuforge_fast
+            if fast is None or kwargs or is_compiling():
+                return self._opoverload(*args, **kwargs)
+            return fast(*args)
 
         def _register_to_dispatcher(self, tags=()) -> None:
             tags = [t for t in tags or () if t is not torch.Tag.pt2_compliant_tag]

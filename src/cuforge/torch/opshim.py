@@ -84,24 +84,20 @@ def _bind_grid(grid: CdivGrid, names: list[str], label: str):
     return g, i
 
 
-#: Why the C++ kernel is off unless asked for: on the H100 (torch 2.11) a call that failed
-#: its dtype check crashed the process (bench/opshim_gpu_steps.py), not yet understood.
-EXPERIMENTAL_WHY = (
-    "the C++ CUDA kernel is experimental (a call that failed its dtype check crashed the "
-    "process on an H100 with torch 2.11); set CUFORGE_TORCH_OP_SHIM=experimental to use it"
-)
+#: Why the C++ kernel is off when the process turned it off
+OFF_WHY = "CUFORGE_TORCH_OP_SHIM=0 turns the C++ CUDA kernel off"
 
 
 def enabled(cpp) -> str | None:
-    """None when the shim may be tried for ``cpp`` (True / False / None), else why not.
-    Only under ``CUFORGE_TORCH_OP_SHIM=experimental`` (see :data:`EXPERIMENTAL_WHY`); then
-    ``cpp=True`` tries it, ``False`` never, None when torch sees a GPU."""
+    """None when the shim may be tried for ``cpp`` (True / False / None), else why not:
+    ``cpp=True`` tries it (even without a GPU), ``False`` never, None when torch sees a GPU;
+    ``CUFORGE_TORCH_OP_SHIM=0`` turns it off for the process (:data:`OFF_WHY`)."""
     if cpp is False:
         return "cpp=False"
     from cuforge.config import settings
 
     if not settings().torch_op_shim:
-        return EXPERIMENTAL_WHY
+        return OFF_WHY
     if cpp:
         return None
     import torch
@@ -134,7 +130,7 @@ def load_shim(cache=None):
         _state["path"] = result.path
         _state["compiled"] = len(result.compiled)
         lib = ctypes.CDLL(result.path)
-        if lib.cfshim_abi_version() != 1:
+        if lib.cfshim_abi_version() != 2:
             raise RuntimeError(f"the shim at {result.path} has another ABI version")
         lib.cfshim_register.restype = c_void_p
         lib.cfshim_register.argtypes = [c_char_p] * 4 + [ctypes.POINTER(c_int64)]
@@ -143,6 +139,13 @@ def load_shim(cache=None):
         lib.cfshim_set_func.argtypes = [c_void_p, c_int, c_uint64]
         lib.cfshim_calls.argtypes = [c_void_p]
         lib.cfshim_calls.restype = c_uint64
+        lib.cfshim_fast_calls.argtypes = [c_void_p]
+        lib.cfshim_fast_calls.restype = c_uint64
+        # the eager entry makes a Python object: called with the GIL held (a PyDLL)
+        fast = ctypes.PyDLL(result.path).cfshim_fast
+        fast.restype = ctypes.py_object
+        fast.argtypes = [c_void_p, ctypes.py_object]
+        _state["fast"] = fast
     except Exception as exc:  # noqa: BLE001 - any build/load failure: the Python kernel stays
         _state["why"] = f"the C++ op shim is not available ({type(exc).__name__}: {exc})".split(
             "\n"
@@ -154,7 +157,7 @@ def load_shim(cache=None):
 
 def shim_info() -> dict:
     """What :func:`load_shim` found (path, files compiled in this process, why not)."""
-    return {k: v for k, v in _state.items() if k != "lib"}
+    return {k: v for k, v in _state.items() if k not in ("lib", "fast")}
 
 
 def _driver_entries():
@@ -328,6 +331,8 @@ def register(op, kernel, spec, names, cache=None):
     if not handle:
         return f"the shim refused the op: {err.value.decode(errors='replace')}"
     op._cuforge_cpp = (handle, cb, lib)  # the callback lives as long as the registration
+    # the eager entry (see _opshim.cpp): the op's __call__ takes it outside torch.compile
+    op._cuforge_fast = _state["fast"](handle, op._opoverload)
     return None
 
 
@@ -371,3 +376,12 @@ def calls(op) -> int:
         return 0
     handle, _, lib = found
     return int(lib.cfshim_calls(handle))
+
+
+def fast_calls(op) -> int:
+    """How many of :func:`calls` the op's eager entry ran itself, without the dispatcher."""
+    found = getattr(op, "_cuforge_cpp", None)
+    if found is None:
+        return 0
+    handle, _, lib = found
+    return int(lib.cfshim_fast_calls(handle))
