@@ -234,7 +234,9 @@ def main() -> int:
         (CPP_CHAIN, "torch.compile(fullgraph=True), C++ kernel op", CPP_MARGINAL),
         (LAUNCHER_CHAIN, "torch.compile(fullgraph=True), launcher op", LAUNCHER_MARGINAL),
     ):
-        samples[label] = [(c - o) / CHAIN for c, o in zip(samples[chain], samples[one], strict=True)]
+        samples[label] = [
+            (c - o) / CHAIN for c, o in zip(samples[chain], samples[one], strict=True)
+        ]
         rows.append((label, None))
     med = _peers.medians(samples)
     raw, plain = med.get(_peers.RAW), med[anchor]
