@@ -44,11 +44,13 @@
 namespace {
 
 // Messages are built from strings and std::to_string, never through an ostream (c10::str,
-// TORCH_CHECK with arguments). On the H200 host (torch 2.11), formatting an integer through
-// an ostream made in this library called a wrong locale facet and crashed the process: the
-// shim's link there carries its own copy of parts of libstdc++ (a devtoolset-style compiler
-// links libstdc++_nonshared statically), whose facet ids torch's locale does not know.
-// to_string formats through snprintf: no locale facet.
+// TORCH_CHECK with arguments). On the H200 host (torch 2.11.0+cu130, g++ 13.3), formatting
+// an integer through an ostream made in this library crashed the process: cuda-gdb showed
+// std::basic_ostream::_M_insert<long> and then a locale facet's virtual call
+// (codecvt<char16_t>::do_unshift, a wrong slot) resolved inside the shim itself, so the
+// ostream's num_put facet came from a facet id torch's libstdc++ locale does not hold.
+// to_string formats through snprintf: no locale facet. (Strings alone never reached a
+// facet: the not-contiguous message always worked.)
 inline void put(std::string& s, const std::string& v) { s += v; }
 inline void put(std::string& s, const char* v) { s += v; }
 template <typename T, typename = std::enable_if_t<std::is_integral_v<T>>>

@@ -904,7 +904,11 @@ def _op_type():
     import torch
     from torch._library import autograd as torch_autograd
     from torch._library.custom_ops import CustomOpDef
-    from torch.compiler import is_compiling
+
+    # one Python call (is_compiling() makes two); Dynamo folds it to True. torch.export's
+    # non-strict tracing is not Dynamo: its fake and proxy modes send the eager entry to
+    # the OpOverload anyway
+    from torch.compiler import is_dynamo_compiling
 
     class CuforgeOp(CustomOpDef):
         """A torch custom op registered the cheap way (docs/custom_ops.md, "Cost per call").
@@ -928,9 +932,9 @@ def _op_type():
         def __call__(self, *args, **kwargs):
             # eagerly, the C++ kernel's own entry: it takes a plain call itself and hands
             # any other (a mode, a subclass, grad, the profiler) to the OpOverload; under
-            # torch.compile (Dynamo folds is_compiling() to True) the OpOverload, as torch's
+            # torch.compile the OpOverload, as torch's
             fast = self._cuforge_fast
-            if fast is None or kwargs or is_compiling():
+            if fast is None or kwargs or is_dynamo_compiling():
                 return self._opoverload(*args, **kwargs)
             return fast(*args)
 
