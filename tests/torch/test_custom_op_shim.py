@@ -82,6 +82,19 @@ def qual(name: str) -> str:
     return f"cuforge_shim_{uuid.uuid4().hex[:10]}::{name}"
 
 
+def muladd_op(prog, q: str):
+    """``muladd`` as a kernel-mode op that qualifies for the C++ kernel (``cpp=True``)."""
+    return custom_op(
+        q,
+        prog.kernel("muladd"),
+        outputs=("result",),
+        out_like="a",
+        grid=cdiv_grid("numel", 256),
+        block=256,
+        cpp=True,
+    )
+
+
 def test_shim_builds_once_and_a_second_process_compiles_nothing(shim_dir):
     _, first, second = shim_dir
     assert first["ok"] and second["ok"], (first, second)
@@ -93,15 +106,7 @@ def test_shim_builds_once_and_a_second_process_compiles_nothing(shim_dir):
 
 def test_cpp_kernel_is_registered_for_the_cuda_key(shim, prog):
     q = qual("muladd")
-    op = custom_op(
-        q,
-        prog.kernel("muladd"),
-        outputs=("result",),
-        out_like="a",
-        grid=cdiv_grid("numel", 256),
-        block=256,
-        cpp=True,
-    )
+    op = muladd_op(prog, q)
     assert op._cuforge_cpp_why is None
     assert op._cuforge_cpp is not None
     assert torch._C._dispatch_has_kernel_for_dispatch_key(q, "CUDA")
@@ -312,15 +317,7 @@ def value(params, i: int, ctype):
 
 def test_cpp_kernel_packs_allocates_and_launches(recorded, prog):
     launches, result = recorded
-    op = custom_op(
-        qual("muladd"),
-        prog.kernel("muladd"),
-        outputs=("result",),
-        out_like="a",
-        grid=cdiv_grid("numel", 256),
-        block=256,
-        cpp=True,
-    )
+    op = muladd_op(prog, qual("muladd"))
     assert op._cuforge_cpp_why is None
     a, b = torch.arange(300, dtype=torch.float32), torch.ones(300)
     out = op(300, a, b, 1.5)
@@ -360,15 +357,7 @@ def test_eager_entry_takes_plain_calls_and_hands_the_rest_to_the_dispatcher(reco
 
     launches, _ = recorded
     q = qual("muladd")
-    op = custom_op(
-        q,
-        prog.kernel("muladd"),
-        outputs=("result",),
-        out_like="a",
-        grid=cdiv_grid("numel", 256),
-        block=256,
-        cpp=True,
-    )
+    op = muladd_op(prog, q)
     a, b = torch.arange(300, dtype=torch.float32), torch.ones(300)
     out = op(300, a, b, 1.5)
     assert out.shape == (300,) and (opshim.calls(op), opshim.fast_calls(op)) == (1, 1)
@@ -477,15 +466,7 @@ def test_cpp_kernel_on_the_cpu_key_step_by_step(recorded, prog):
     launch (so a dangling pointer -- a contiguous() copy freed before the launch -- shows)."""
     launches, result = recorded
     result["run"] = muladd_on_the_cpu
-    fast = custom_op(
-        qual("muladd"),
-        prog.kernel("muladd"),
-        outputs=("result",),
-        out_like="a",
-        grid=cdiv_grid("numel", 256),
-        block=256,
-        cpp=True,
-    )
+    fast = muladd_op(prog, qual("muladd"))
     assert fast._cuforge_cpp_why is None
     for n in (1, 255, 256, 4097, 1 << 20):  # cdiv_grid from an int parameter
         g = torch.Generator().manual_seed(n)
@@ -568,15 +549,7 @@ def test_every_dtype_is_checked_with_its_input_before_anything_is_allocated(reco
     works after each error."""
     launches, result = recorded
     result["run"] = muladd_on_the_cpu
-    fast = custom_op(
-        qual("muladd"),
-        prog.kernel("muladd"),
-        outputs=("result",),
-        out_like="a",
-        grid=cdiv_grid("numel", 256),
-        block=256,
-        cpp=True,
-    )
+    fast = muladd_op(prog, qual("muladd"))
     assert fast._cuforge_cpp_why is None
     a, b, d = torch.randn(8), torch.randn(8), torch.randn(8, dtype=torch.float64)
     cases = [

@@ -7,7 +7,8 @@
 //
 // It needs only torch's CPU headers: the driver's launch entry point and torch's
 // aoti_torch_get_current_cuda_stream come in as addresses, so the shim compiles against a
-// CPU-only torch and links against no CUDA library. A plain C API (ctypes), no pybind.
+// CPU-only torch and links against no CUDA library. A plain C API (ctypes); the eager entry
+// below uses torch's Python headers (THPVariable, HANDLE_TH_ERRORS) and the CPython API.
 //
 // The eager entry (cfshim_fast): a METH_FASTCALL builtin per op that the op's __call__
 // calls outside torch.compile. When nothing would change what the dispatcher does with the

@@ -369,19 +369,19 @@ _no_launch = ctypes.CFUNCTYPE(ctypes.c_int, *[ctypes.c_void_p] * 11)(_no_launch)
 _no_stream = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p)(_no_stream_fn)
 
 
-def calls(op) -> int:
-    """How many calls the op's C++ kernel has run (0 without one)."""
+def _counter(op, name: str) -> int:
     found = getattr(op, "_cuforge_cpp", None)
     if found is None:
         return 0
     handle, _, lib = found
-    return int(lib.cfshim_calls(handle))
+    return int(getattr(lib, name)(handle))
+
+
+def calls(op) -> int:
+    """How many calls the op's C++ kernel has run (0 without one)."""
+    return _counter(op, "cfshim_calls")
 
 
 def fast_calls(op) -> int:
     """How many of :func:`calls` the op's eager entry ran itself, without the dispatcher."""
-    found = getattr(op, "_cuforge_cpp", None)
-    if found is None:
-        return 0
-    handle, _, lib = found
-    return int(lib.cfshim_fast_calls(handle))
+    return _counter(op, "cfshim_fast_calls")
