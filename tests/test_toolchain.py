@@ -227,9 +227,10 @@ def test_corrupt_memo_is_ignored_and_rewritten(isolated_cache):
 
 LOCATE_CHILD = """
 import json, sys
-from cuforge.toolchain import nvrtc_library_path
-path = nvrtc_library_path()
-print(json.dumps({"path": path, "searched": "cuda.pathfinder" in sys.modules}))
+from cuforge.toolchain import locate
+path = locate.nvrtc_library_path()
+# searched: derived in this process (replayed or by cuda-pathfinder), not read from the memo
+print(json.dumps({"path": path, "searched": bool(locate._derived_memo or locate._found_memo)}))
 """
 
 
@@ -251,6 +252,74 @@ def test_remembered_nvrtc_location_is_revalidated(isolated_cache):
     entry["path"] = str(isolated_cache / "gone" / "libnvrtc.so.13")
     memo_path.write_text(json.dumps(memo))
     assert run_python(LOCATE_CHILD, env) == {"path": first["path"], "searched": True}
+
+
+REPLAY_CHILD = """
+import json, sys
+from cuforge.toolchain import compiler_identity, locate
+identity = compiler_identity("nvrtc")
+out = {"derived": locate.derive_nvrtc_library(), "identity": identity,
+       "pathfinder": "cuda.pathfinder" in sys.modules}
+out["found"] = locate.find_nvrtc_library()  # cuda-pathfinder's own search
+print(json.dumps(out))
+"""
+
+
+def test_a_fresh_cache_dir_locates_nvrtc_as_cuda_pathfinder_does_without_importing_it(
+    isolated_cache,
+):
+    out = run_python(REPLAY_CHILD, child_env())
+    if not locate_is_a_wheel(out["found"]):
+        pytest.skip("NVRTC is not a pip wheel here: cuda-pathfinder searches for it")
+    # the replayed search (a few stats) named the library cuda-pathfinder then found,
+    # and the key was made without importing cuda-pathfinder (~45 ms)
+    assert out["pathfinder"] is False
+    assert out["derived"] == out["found"]
+    assert out["identity"] == toolchain.compiler_identity("nvrtc")
+
+
+def locate_is_a_wheel(path: str) -> bool:
+    return f"{os.sep}site-packages{os.sep}nvidia{os.sep}" in path
+
+
+def _keyed_with(library: str) -> None:
+    """Make this process key with ``library`` (as a stale or wrong replay would)."""
+    from cuforge.toolchain import identity, locate
+
+    locate._nvrtc_path_memo[locate._nvrtc_locate_key()] = library
+    identity._identity_memo.clear()
+
+
+def test_compiling_with_another_nvrtc_than_the_keyed_one_is_refused_once(isolated_cache, tmp_path):
+    from cuforge.toolchain import locate
+
+    found = locate.find_nvrtc_library()
+    alt = os.path.join(os.path.dirname(found), os.path.basename(found).replace(".so", ".alt.so"))
+    if not os.path.isfile(alt):
+        pytest.skip("no second build of NVRTC (the wheel's .alt.so) to key with")
+    other = tmp_path / "elsewhere" / os.path.basename(found)
+    other.parent.mkdir()
+    other.write_bytes(open(alt, "rb").read())  # same release, other content
+    _keyed_with(str(other))
+    with pytest.raises(ToolchainError, match="cuda-bindings loaded"):
+        toolchain.check_loaded_nvrtc()
+    # repaired: the next try keys with the loaded library, and the check passes
+    assert toolchain.nvrtc_library_path() == found
+    toolchain.check_loaded_nvrtc()
+
+
+def test_a_copy_of_the_loaded_nvrtc_keys_the_same_and_passes_the_check(isolated_cache, tmp_path):
+    from cuforge.toolchain import locate
+
+    found = locate.find_nvrtc_library()
+    before = toolchain.compiler_identity("nvrtc")
+    copy = tmp_path / "copy" / os.path.basename(found)
+    copy.parent.mkdir()
+    copy.write_bytes(open(found, "rb").read())
+    _keyed_with(str(copy))
+    toolchain.check_loaded_nvrtc()  # same content: the keys stand
+    assert toolchain.nvrtc_library_path() == found
+    assert toolchain.compiler_identity("nvrtc") == before
 
 
 def test_unknown_backend():

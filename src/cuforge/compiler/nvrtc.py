@@ -22,6 +22,7 @@ from cuforge.compiler.base import Backend, CompileJob
 from cuforge.compiler.outputs import CompileOutput
 from cuforge.errors import ArchError, CompileError, ToolchainError
 from cuforge.toolchain import (
+    check_loaded_nvrtc,
     compiler_identity,
     nvrtc_library_path,
     nvrtc_supported_archs,
@@ -55,6 +56,9 @@ def _nvrtc():
                     f"cuda-bindings is not importable ({exc}). Install it with "
                     "`pip install 'cuforge[cu13]'` (or 'cuforge[cu12]' for CUDA 12)."
                 ) from None
+            # the NVRTC cuda-bindings loads is the one the keys name (a replayed search
+            # stands in for cuda-pathfinder's where it can: this checks it, once)
+            check_loaded_nvrtc()
             _module = nvrtc
     return _module
 

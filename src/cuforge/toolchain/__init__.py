@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from cuforge.toolchain.gpu import driver_version, libcuda, visible_gpu_archs
 from cuforge.toolchain.identity import (
+    check_loaded_nvrtc,
     compiler_identity,
     cuda_bindings_version,
     nvcc_supported_archs,
@@ -60,6 +61,7 @@ __all__ = [
     "is_toolkit",
     "which",
     "compiler_identity",
+    "check_loaded_nvrtc",
     "nvcc_version",
     "nvrtc_version",
     "nvrtc_version_tuple",

@@ -22,6 +22,7 @@ from cuforge.toolchain.memo import file_stat_key
 
 __all__ = [
     "compiler_identity",
+    "check_loaded_nvrtc",
     "nvcc_version",
     "nvrtc_version",
     "nvrtc_version_tuple",
@@ -188,6 +189,44 @@ def compiler_identity(backend: str) -> dict[str, str]:
     return dict(identity)
 
 
+def check_loaded_nvrtc() -> None:
+    """Raise :class:`~cuforge.errors.ToolchainError` when the NVRTC that compiles (the one
+    cuda-pathfinder loads) is not the one this process's keys identify (a replayed search
+    that pathfinder would not make: a newer pathfinder that searches elsewhere). Its path
+    is remembered, so the next try keys with it. Called once, when NVRTC is first loaded to
+    compile."""
+    keyed = locate.nvrtc_library_path()
+    found = locate.find_nvrtc_library()
+    if os.path.realpath(keyed) == os.path.realpath(found):
+        return
+    with _memo.lock:
+        memo = _memo.load()
+        same = _probe_memoized(memo, keyed) == _probe_memoized(memo, found)
+        locate.remember_nvrtc_library(memo, found)
+        _memo.save(memo)
+    _identity_memo.clear()
+    if same:  # two copies of one release (version and content): the keys stand
+        return
+    raise ToolchainError(
+        f"cuforge keyed this process's compiles with the NVRTC at {keyed}, but cuda-bindings "
+        f"loaded the one at {found}. Nothing was compiled; try again (cuforge now keys with "
+        "the loaded one). Please report it with `cuforge doctor`'s output."
+    )
+
+
+def _probe_memoized(memo: dict, library: str) -> dict | None:
+    """``library``'s probe (version, SHA-256) from ``memo``, or probed now and put there;
+    None when the file is gone."""
+    sig = file_stat_key(library)
+    if sig is None:
+        return None
+    lib = _memo.probed(memo, "nvrtc", library, sig)
+    if lib is None:
+        lib = _probe_nvrtc(library)
+        _memo.remember(memo, "nvrtc", library, sig, lib)
+    return {"version": lib.get("version"), "sha256": lib.get("sha256")}
+
+
 def _nvrtc_identity():
     library = locate.nvrtc_library_path()  # identifies NVRTC; never loaded from here
     with _memo.lock:
@@ -198,8 +237,8 @@ def _nvrtc_identity():
             raise ToolchainError(f"the NVRTC library {library} disappeared; reinstall it")
         lib = _memo.probed(memo, "nvrtc", library, sig)
         if lib is None:
-            # a probe loads the library: take the path found in this process, not the memo's
-            found = locate.find_nvrtc_library()
+            # a probe loads the library: take the path derived in this process, not the memo's
+            found = locate.derive_nvrtc_library()
             if found != library:
                 library = found
                 locate.remember_nvrtc_library(memo, library)

@@ -27,6 +27,7 @@ __all__ = [
     "nvcc_path",
     "nvrtc_library_path",
     "find_nvrtc_library",
+    "derive_nvrtc_library",
     "toolkit_include_dirs",
     "header_cuda_version",
     "nvrtc_library_major",
@@ -225,7 +226,7 @@ def nvrtc_library_path() -> str:
         entry = memo.get("locate", {}).get("nvrtc|" + key)
         path = entry.get("path") if isinstance(entry, dict) else None
         if not (isinstance(path, str) and entry.get("site") == site and os.path.isfile(path)):
-            path = find_nvrtc_library()
+            path = derive_nvrtc_library()
             memo.setdefault("locate", {})["nvrtc|" + key] = {"path": path, "site": site}
             _memo.save(memo)
         _nvrtc_path_memo[key] = path
@@ -245,6 +246,77 @@ def find_nvrtc_library() -> str:
     if _nvrtc_path_memo.get(key) not in (None, path):
         _nvrtc_path_memo[key] = path  # what this process found beats what a memo said
     return path
+
+
+def derive_nvrtc_library() -> str:
+    """NVRTC's path as cuda-pathfinder would find it, derived in this process (never read
+    from a memo, so it may be loaded, e.g. to probe its version): pathfinder's own answer
+    once this process has one; else, when no NVRTC is loaded yet, its first search step
+    replayed (:func:`_nvrtc_wheel_in_site_packages`: the pip wheel it prefers, a few
+    ``stat`` calls); else pathfinder's search. Importing cuda-pathfinder costs ~45 ms, most
+    of a fresh cache dir's first lookup; the compile path checks that the NVRTC
+    cuda-bindings loads is this one (:func:`cuforge.toolchain.identity.check_loaded_nvrtc`). Raises
+    :class:`~cuforge.errors.ToolchainError` when NVRTC cannot be found."""
+    key = _nvrtc_locate_key()
+    path = _found_memo.get(key) or _derived_memo.get(key)
+    if path is not None and os.path.isfile(path):
+        return path
+    path = _nvrtc_wheel_in_site_packages() if not _nvrtc_loaded() else None
+    if path is None:
+        return find_nvrtc_library()
+    _derived_memo[key] = path
+    return path
+
+
+# locate key -> path derive_nvrtc_library() replayed from pathfinder's search in this process
+_derived_memo: dict[str, str] = {}
+
+#: cuda-pathfinder's first search step for NVRTC on Linux (its ``descriptor_catalog``,
+#: cuda-pathfinder 1.x): these dirs under each site-packages dir, in this order, and in
+#: each the first of these file names
+_NVRTC_WHEEL_DIRS = (("nvidia", "cu13", "lib"), ("nvidia", "cuda_nvrtc", "lib"))
+_NVRTC_SONAMES = ("libnvrtc.so.13", "libnvrtc.so.12")
+
+
+def _nvrtc_wheel_in_site_packages() -> str | None:
+    """The NVRTC of a pip wheel, searched as cuda-pathfinder's first step searches
+    (``find_sub_dirs_all_sitepackages``: ``site.getsitepackages()``, the user site
+    second in a venv and first outside one); None when there is none there, or off Linux."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import site
+
+    parents = list(site.getsitepackages())
+    if site.ENABLE_USER_SITE:
+        user = site.getusersitepackages()
+        if user:
+            parents.insert(1 if sys.prefix != sys.base_prefix else 0, user)
+    for rel in _NVRTC_WHEEL_DIRS:
+        for parent in parents:
+            lib_dir = os.path.join(parent, *rel)
+            if not os.path.isdir(lib_dir):
+                continue
+            for soname in _NVRTC_SONAMES:
+                path = os.path.join(lib_dir, soname)
+                if os.path.isfile(path):
+                    return path
+    return None
+
+
+def _nvrtc_loaded() -> bool:
+    """Whether some NVRTC is already loaded in this process (pathfinder's step 0 then
+    answers with it: leave the search to pathfinder)."""
+    if not sys.platform.startswith("linux"):
+        return True
+    import ctypes
+
+    for soname in _NVRTC_SONAMES:
+        try:
+            ctypes.CDLL(soname, mode=os.RTLD_NOLOAD)
+        except OSError:
+            continue
+        return True
+    return False
 
 
 def _search_nvrtc() -> str:
