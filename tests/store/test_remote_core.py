@@ -417,7 +417,7 @@ _LAZY_CHILD = """
         entry, tier = store.get_with_tier(key, kind="kernel")
         tier_module = "cuforge.store.remote.tier" in sys.modules  # a local hit opens nothing
         store.stats()  # stats of every tier: must not connect either
-        heavy = ("redis", "http.client", "urllib.parse", "hmac")
+        heavy = ("redis", "cuforge.store.remote.resp", "http.client", "urllib.parse", "hmac")
         print(json.dumps({{
             "tier": tier,
             "payload_ok": entry is not None and entry.payload == b"payload" * 100,
@@ -445,7 +445,7 @@ def _lazy_child(key: str, mode: str, env: dict) -> dict:
 
 def test_local_hit_with_redis_remote_imports_and_connects_nothing(tmp_path, redis_server):
     """A fresh process whose entry is on local disk gets the disk hit without importing
-    redis-py (or urllib / http.client / hmac) and without connecting to the server; a miss
+    the Redis client (or urllib / http.client / hmac) and without connecting to the server; a miss
     still reaches the remote and hits there."""
     pytest.importorskip("redis", reason="the 'redis' package (pip install 'cuforge[redis]')")
     from tests.conftest import child_env
@@ -465,7 +465,9 @@ def test_local_hit_with_redis_remote_imports_and_connects_nothing(tmp_path, redi
     assert _lazy_child(other, "put", remote)["ok"]
     fresh = child_env(CUFORGE_CACHE_DIR=str(tmp_path / "b"), CUFORGE_REMOTE=redis_server.url)
     got = _lazy_child(other, "get", fresh)
-    assert got["tier"] == "remote" and got["payload_ok"] and "redis" in got["imported"]
+    assert got["tier"] == "remote" and got["payload_ok"]
+    assert "cuforge.store.remote.resp" in got["imported"]  # cuforge's own client ...
+    assert "redis" not in got["imported"]  # ... not redis-py
     assert raw.info("stats")["total_connections_received"] > before
 
 

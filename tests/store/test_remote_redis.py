@@ -11,12 +11,9 @@ import time
 import pytest
 
 from cuforge.store.remote.base import RemoteError
+from cuforge.store.remote.redis import RedisBackend
 from tests.conftest import child_env, run_python
 from tests.store.helpers import key_of
-
-pytest.importorskip("redis", reason="the 'redis' package (pip install 'cuforge[redis]')")
-
-from cuforge.store.remote.redis import RedisBackend  # noqa: E402 - after the importorskip
 
 
 def backend(url: str, ns: str = "ns-test", timeout: float = 1.0, ttl: float = 0.0):
@@ -144,20 +141,47 @@ def test_wrong_type_is_an_error(redis_server):
         backend(redis_server.url).get("cubin", key_of(11))
 
 
-def test_missing_redis_package_says_what_to_install(redis_server):
+def test_redis_py_is_never_imported(redis_server):
+    """cuforge speaks RESP itself: redis-py's import (~85 ms) is not paid, nor needed."""
     out = run_python(
         f"""
         import json, sys
         sys.modules["redis"] = None  # as if the package were not installed
-        from cuforge.store.remote.base import RemoteError
         from cuforge.store.remote.redis import RedisBackend
-        try:
-            RedisBackend({redis_server.url!r}, namespace="n", connect_timeout=1, timeout=1)
-        except RemoteError as exc:
-            print(json.dumps({{"error": str(exc)}}))
-        else:
-            print(json.dumps({{"error": None}}))
+        b = RedisBackend({redis_server.url!r}, namespace="n", connect_timeout=1, timeout=1)
+        b.put("cubin", "k" * 64, b"v")
+        print(json.dumps({{"got": b.get("cubin", "k" * 64).decode(),
+                          "modules": sorted(m for m in sys.modules if m.startswith("redis"))}}))
         """,
         env=child_env(),
     )
-    assert out["error"] and "pip install 'cuforge[redis]'" in out["error"]
+    assert out == {"got": "v", "modules": ["redis"]}  # only the blocked None placeholder
+
+
+def test_get_many_reads_a_batch_in_order(redis_server):
+    raw = redis_server.client()
+    b = backend(redis_server.url)
+    big = os.urandom(700 * 1024)  # past the first read: the rest comes in GETRANGE chunks
+    values = {key_of(f"m{i}"): f"value {i}".encode() for i in range(150)}  # three batches
+    for key, value in values.items():
+        b.put("cubin", key, value)
+    b.put("cubin", key_of("big"), big)
+    b.put("cubin", key_of("empty"), b"")
+    items = [("cubin", k) for k in values] + [
+        ("cubin", key_of("big")),
+        ("cubin", key_of("absent")),
+        ("cubin", key_of("empty")),
+    ]
+    calls = raw.info("stats")["total_commands_processed"]
+    got = b.get_many(items)
+    assert got[: len(values)] == list(values.values())
+    assert bytes(got[-3]) == big and got[-2] is None and got[-1] == b""
+    # 3 commands a key, pipelined, + the big value's GETRANGEs (+ INFO itself)
+    assert raw.info("stats")["total_commands_processed"] - calls <= 3 * len(items) + 4
+
+
+def test_an_unknown_url_option_is_refused_by_name(redis_server):
+    with pytest.raises(RemoteError, match="unknown option 'sockettimeout'"):
+        backend(redis_server.url + "?sockettimeout=3")
+    with pytest.raises(RemoteError, match="ssl_cert_reqs"):
+        backend(redis_server.url + "?ssl_cert_reqs=maybe")

@@ -40,7 +40,8 @@ _nvrtc_dll_lock = _thread.allocate_lock()
 
 
 def _nvrtc_dll(path: str):
-    """``ctypes.CDLL`` of NVRTC. Only ever given :func:`locate.find_nvrtc_library`'s path."""
+    """``ctypes.CDLL`` of NVRTC. Only ever given a path derived in this process
+    (:func:`locate.find_nvrtc_library`, :func:`locate.derive_nvrtc_library`)."""
     import ctypes  # ctypes: only when NVRTC is probed (the result is memoized)
 
     with _nvrtc_dll_lock:
@@ -48,6 +49,30 @@ def _nvrtc_dll(path: str):
 
 
 def _probe_nvrtc(path: str) -> dict:
+    # the version: the pip wheel's (its .dist-info's name, "13.0.88" -> "13.0": nothing
+    # loaded; loading NVRTC here, before cuda-pathfinder does, would skip the NVRTC 13.0
+    # wheel's builtins preload pathfinder makes), else nvrtcVersion
+    wheel = locate.nvrtc_wheel_version(path)
+    if wheel is not None:
+        major, minor = wheel
+    else:
+        major, minor = _loaded_nvrtc_version(path)
+    # by content: the SHA-256 the wheel's RECORD gives for it (size-checked), else read
+    # (~70 ms for a 100 MB library); the same value either way, and path-free
+    from cuforge.toolchain.wheel_record import installed_sha256  # only on a probe: memoized
+
+    try:
+        sha256 = installed_sha256(path)
+    except OSError as exc:
+        raise ToolchainError(
+            f"cannot read NVRTC at {path}: {exc.strerror or exc}. Reinstall it with "
+            "`pip install --force-reinstall nvidia-cuda-nvrtc`."
+        ) from None
+    return {"version": f"{major}.{minor}", "sha256": sha256}
+
+
+def _loaded_nvrtc_version(path: str) -> tuple[int, int]:
+    """``nvrtcVersion`` of the NVRTC at ``path`` (loaded: a path derived in this process)."""
     import ctypes
 
     try:
@@ -60,18 +85,7 @@ def _probe_nvrtc(path: str) -> dict:
             f"cannot load NVRTC from {path}: {exc}. Reinstall it with "
             "`pip install --force-reinstall nvidia-cuda-nvrtc`."
         ) from None
-    # by content: the SHA-256 the wheel's RECORD gives for it (size-checked), else read
-    # (~70 ms for a 100 MB library); the same value either way, and path-free
-    from cuforge.toolchain.wheel_record import installed_sha256  # only on a probe: memoized
-
-    try:
-        sha256 = installed_sha256(path)
-    except OSError as exc:
-        raise ToolchainError(
-            f"cannot read NVRTC at {path}: {exc.strerror or exc}. Reinstall it with "
-            "`pip install --force-reinstall nvidia-cuda-nvrtc`."
-        ) from None
-    return {"version": f"{major.value}.{minor.value}", "sha256": sha256}
+    return major.value, minor.value
 
 
 def _define(path: str, name: bytes) -> str:

@@ -4,25 +4,27 @@ Entries live under ``cuforge:{namespace}:{kind}:{key}`` as plain string values, 
 can serve several cuforge versions (and other tenants) without collisions, and an operator
 can see, count and drop cuforge's keys with ``SCAN MATCH cuforge:*``.
 
-Talks to Redis through redis-py (the ``redis`` extra: ``pip install 'cuforge[redis]'``),
-imported on the backend's first ``get`` / ``put`` / ``contains``, never by ``import
-cuforge`` nor by building the backend: a process that hits its local cache never imports
-redis-py (~65 ms) nor connects. Guarantees, on top of
+Talks to Redis through cuforge's own small RESP2 client (:mod:`cuforge.store.remote.resp`:
+redis-py's import alone costs ~85 ms, and nothing of it was used beyond sending commands),
+connecting on the backend's first ``get`` / ``put`` / ``contains``, never by ``import
+cuforge`` nor by building the backend. Guarantees, on top of
 :class:`~cuforge.store.remote.base.RemoteBackend`'s:
 
-* one redis-py client (and connection pool) per backend, shared by every thread; a forked
-  child opens its own connections (redis-py checks the pid);
+* one connection pool per backend, shared by every thread (a connection per concurrent
+  call); a forked child opens its own connections (the pool checks the pid);
 * connecting takes at most ``connect_timeout``, and then a whole ``get`` / ``put`` /
-  ``contains`` at most ``timeout`` (a deadline: redis-py's own timeout bounds each
+  ``contains`` at most ``timeout`` (a deadline: the socket's timeout bounds each
   ``recv``, so a watchdog shuts the connection's socket down when the deadline passes and
   the call fails with :class:`~cuforge.store.remote.base.RemoteTimeout`);
 * a ``get`` asks ``STRLEN`` and the first bytes (``GETRANGE``) in one round trip, refuses a
   value over ``max_bytes`` or with a bad header
   (:meth:`~cuforge.store.remote.base.RemoteBackend.check_head`) before transferring the
   rest, and reads the rest in ``GETRANGE`` chunks into one buffer;
-* redis-py never retries on its own (the tier's circuit breaker decides when to try again),
-  and no extra commands are sent on connect besides ``AUTH`` / ``SELECT`` when the URL asks
-  for them (RESP2, no ``CLIENT SETINFO``);
+* :meth:`RedisBackend.get_many` reads a batch of entries (``cuforge prefetch``) in one
+  round trip per 64 keys;
+* nothing retries on its own (the tier's circuit breaker decides when to try again), and
+  no extra commands are sent on connect besides ``AUTH`` / ``SELECT`` when the URL asks for
+  them (RESP2, no ``CLIENT SETINFO``);
 * every failure (refused, timed out, out of memory, wrong type, ...) is a
   :class:`~cuforge.store.remote.base.RemoteError` naming the URL without its password.
 """
@@ -30,7 +32,6 @@ redis-py (~65 ms) nor connects. Guarantees, on top of
 from __future__ import annotations
 
 import os
-import sys
 import time
 from _thread import allocate_lock
 
@@ -38,96 +39,71 @@ from cuforge.store.remote.base import (
     RemoteBackend,
     RemoteError,
     RemoteTimeout,
-    RemoteUnavailable,
     redact,
     split_url,
 )
 
-__all__ = ["RedisBackend"]
+__all__ = ["RedisBackend", "parse_url"]
 
-_INSTALL_HINT = "pip install 'cuforge[redis]'"
+#: the TLS options a URL may carry (redis-py's names)
+_TLS_OPTIONS = (
+    "ssl_ca_certs",
+    "ssl_certfile",
+    "ssl_keyfile",
+    "ssl_cert_reqs",
+    "ssl_check_hostname",
+)
+
 #: bytes a get asks for with STRLEN (most entries: all of them, in one round trip; never
 #: more than the cap)
 _FIRST = 256 * 1024
-#: bytes per GETRANGE after that (redis-py buffers a reply whole: this bounds the extra copy)
+#: bytes per GETRANGE after that (a reply is buffered whole: this bounds the extra copy)
 _CHUNK = 4 * 1024 * 1024
+#: keys per round trip of get_many
+_BATCH = 64
 
 
 class RedisBackend(RemoteBackend):
     """A Redis server (or anything speaking its protocol: Valkey, KeyDB, Dragonfly).
 
-    The constructor only checks ``url`` and that redis-py is installed (without importing
-    it); the first ``get`` / ``put`` / ``contains`` imports redis-py, builds the client and
+    The constructor only checks ``url``; the first ``get`` / ``put`` / ``contains``
     connects, so building a backend is cheap and does not fail for a server that is down.
-    The constructor raises :class:`RemoteError` when redis-py is not installed or when
-    ``url`` cannot name a Redis database (wrong scheme, bad port, a db that is not a
-    number); a redis-py that fails to import on first use raises
-    :class:`~cuforge.store.remote.base.RemoteUnavailable`.
+    The constructor raises :class:`RemoteError` when ``url`` cannot name a Redis database
+    (wrong scheme, bad port, a db that is not a number, an unknown query option).
     """
 
     schemes = ("redis", "rediss")
 
     def setup(self) -> None:
-        if _redis_missing():
-            raise RemoteError(
-                f"remote cache {redact(self.url)}: the Python package 'redis' is not installed; "
-                f"install it with: {_INSTALL_HINT}, or remove this URL from CUFORGE_REMOTE"
-            )
         _check_url(self.url)
+        try:
+            self._opts = parse_url(self.url)
+        except ValueError as exc:
+            raise RemoteError(f"remote cache {redact(self.url)}: bad Redis URL: {exc}") from None
         self._prefix = f"cuforge:{self.namespace}:"
-        self._redis = None  # the redis module, once imported
+        self._resp = None  # cuforge.store.remote.resp, and the pool: on the first call
         self._pool = None
-        self._client_obj = None
         self._lock = allocate_lock()
 
-    def _client(self):
-        """The redis-py client (one per backend, shared by every thread), built on first
-        use: imports redis-py."""
-        client = self._client_obj
-        if client is not None:
-            return client
-        with self._lock:
-            if self._client_obj is None:
-                self._build()
-            return self._client_obj
+    def _connections(self):
+        """The pool (built on first use: imports the client, which imports ``socket``)."""
+        pool = self._pool
+        if pool is None:
+            with self._lock:
+                if self._pool is None:
+                    from cuforge.store.remote import resp
 
-    def _build(self) -> None:
-        try:
-            import redis
-            from redis.backoff import NoBackoff
-            from redis.retry import Retry
-        except ImportError as exc:
-            raise RemoteUnavailable(
-                f"remote cache {redact(self.url)}: the Python package 'redis' cannot be "
-                f"imported ({exc}); install it with: {_INSTALL_HINT}, or remove this URL from "
-                "CUFORGE_REMOTE"
-            ) from exc
-        try:
-            pool = redis.ConnectionPool.from_url(
-                self.url,
-                socket_connect_timeout=self.connect_timeout,
-                socket_timeout=self.timeout,
-                retry=Retry(NoBackoff(), 0),
-                retry_on_timeout=False,
-                health_check_interval=0,
-                protocol=2,
-                driver_info=None,
-            )
-        except (ValueError, TypeError, redis.RedisError) as exc:
-            raise RemoteUnavailable(
-                f"remote cache {redact(self.url)}: not a usable Redis URL ({exc}); expected "
-                "redis://[:password@]host:port/db or rediss://..."
-            ) from exc
-        self._redis = redis
-        self._pool = pool
-        self._client_obj = redis.Redis(connection_pool=pool)
+                    self._resp = resp
+                    self._pool = resp.Pool(self._opts, self.connect_timeout, self.timeout)
+                pool = self._pool
+        return pool
 
     def _key(self, kind: str, key: str) -> str:
         return f"{self._prefix}{kind}:{key}"
 
     def _fail(self, op: str, kind: str, key: str, exc: BaseException) -> RemoteError:
         what = type(exc).__name__
-        timed_out = isinstance(exc, (TimeoutError, self._redis.TimeoutError))  # type: ignore[union-attr]
+        timed_out = isinstance(exc, TimeoutError)  # socket.timeout is TimeoutError
         return (RemoteTimeout if timed_out else RemoteError)(
             f"remote cache {self.describe()}: {op} {kind}/{key[:16]} failed: {what}: {exc}"
         )
@@ -135,15 +111,12 @@ class RedisBackend(RemoteBackend):
     def _call(self, op: str, kind: str, key: str, work):
         """``work(connection)`` on a connection of the pool, the whole of it within
         ``timeout`` after connecting (a watchdog shuts the socket down at the deadline);
-        redis-py's and socket errors become :class:`RemoteError` / :class:`RemoteTimeout`."""
-        self._client()
-        redis, pool = self._redis, self._pool
+        server, protocol and socket errors become :class:`RemoteError` /
+        :class:`RemoteTimeout`."""
+        pool = self._connections()
         try:
-            try:
-                conn = pool.get_connection()
-            except TypeError:  # redis-py < 5.3 wants a command name
-                conn = pool.get_connection(op)
-        except (redis.RedisError, OSError) as exc:  # type: ignore[union-attr]
+            conn = pool.get()
+        except OSError as exc:
             raise self._fail(op, kind, key, exc) from exc
         import threading
 
@@ -156,20 +129,27 @@ class RedisBackend(RemoteBackend):
             result = work(conn)
             ok = True
             return result
-        except (redis.RedisError, OSError) as exc:  # type: ignore[union-attr]
-            if fired and not isinstance(exc, RemoteError):
+        except self._resp.ReplyError as exc:
+            raise RemoteError(
+                f"remote cache {self.describe()}: {op} {kind}/{key[:16]} failed: {exc}"
+            ) from exc
+        except OSError as exc:  # socket, TLS and protocol errors; RemoteError is one too
+            if fired and not isinstance(exc, RemoteTimeout):
                 raise RemoteTimeout(
                     f"remote cache {self.describe()}: {op} {kind}/{key[:16]}: Timeout: not done "
                     f"within {self.timeout:g} s (CUFORGE_REMOTE_TIMEOUT)"
                 ) from exc
-            if isinstance(exc, RemoteError):
+            if isinstance(exc, RemoteError) and not isinstance(exc, self._resp.ProtocolError):
                 raise
+            raise self._fail(op, kind, key, exc) from exc
+        except ValueError as exc:  # a reply's length or number that is not one
             raise self._fail(op, kind, key, exc) from exc
         finally:
             timer.cancel()
-            if not ok or fired:  # a reply may be half read, or the socket is shut down
-                conn.disconnect()
-            pool.release(conn)
+            if ok and not fired:
+                pool.release(conn)
+            else:  # a reply may be half read, or the socket is shut down
+                pool.discard(conn)
 
     def get(self, kind: str, key: str) -> bytes | bytearray | None:
         """The value of ``cuforge:{namespace}:{kind}:{key}``, or None when it is not set.
@@ -180,49 +160,79 @@ class RedisBackend(RemoteBackend):
         def work(conn):
             # one round trip; EXISTS tells a missing key from an empty value (STRLEN is 0
             # for both)
-            conn.send_packed_command(
-                conn.pack_commands(
-                    [("EXISTS", name), ("STRLEN", name), ("GETRANGE", name, 0, first_end)]
-                )
-            )
-            exists = conn.read_response()
-            size = conn.read_response()
-            first = conn.read_response()
-            if not isinstance(size, int) or not isinstance(first, bytes):
-                raise RemoteError(
-                    f"remote cache {self.describe()}: GET {kind}/{key[:16]} answered a "
-                    f"{type(first).__name__}, not bytes"
-                )
-            if not exists:
-                return None
-            if size == 0:
-                return b""
-            end = self.check_head(first, size, kind, key)
-            if len(first) >= size:
-                return first
-            deadline = time.monotonic() + self.timeout
-            data = bytearray(size)
-            data[: len(first)] = first
-            done = len(first)
-            del first
-            while done < size:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"Timeout: the deadline of {self.timeout:g} s passed")
-                stop = min(size, done + _CHUNK)
-                conn.send_command("GETRANGE", name, done, stop - 1)
-                chunk = conn.read_response()
-                if not isinstance(chunk, bytes) or len(chunk) != stop - done:
-                    raise RemoteError(
-                        f"remote cache {self.describe()}: GET {kind}/{key[:16]}: the value "
-                        "changed while it was read"
-                    )
-                data[done:stop] = chunk
-                done = stop
-            if end > first_end + 1:  # a header longer than the first read: check it whole now
-                self.check_head(memoryview(data)[:end], size, kind, key)
-            return data
+            conn.send(("EXISTS", name), ("STRLEN", name), ("GETRANGE", name, 0, first_end))
+            exists, size, first = conn.read(), conn.read(), conn.read()
+            return self._rest(conn, kind, key, exists, size, first, first_end)
 
         return self._call("GET", kind, key, work)
+
+    def _rest(self, conn, kind: str, key: str, exists, size, first, first_end: int):
+        """The value whose ``EXISTS``, ``STRLEN`` and first ``GETRANGE`` answered
+        ``exists``, ``size`` and ``first``: checked, and the rest read on ``conn``."""
+        if not isinstance(size, int) or not isinstance(first, bytes):
+            raise RemoteError(
+                f"remote cache {self.describe()}: GET {kind}/{key[:16]} answered a "
+                f"{type(first).__name__}, not bytes"
+            )
+        if not exists:
+            return None
+        if size == 0:
+            return b""
+        end = self.check_head(first, size, kind, key)
+        if len(first) >= size:
+            return first
+        name = self._key(kind, key)
+        deadline = time.monotonic() + self.timeout
+        data = bytearray(size)
+        data[: len(first)] = first
+        done = len(first)
+        del first
+        while done < size:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"Timeout: the deadline of {self.timeout:g} s passed")
+            stop = min(size, done + _CHUNK)
+            conn.send(("GETRANGE", name, done, stop - 1))
+            chunk = conn.read()
+            if not isinstance(chunk, bytes) or len(chunk) != stop - done:
+                raise RemoteError(
+                    f"remote cache {self.describe()}: GET {kind}/{key[:16]}: the value "
+                    "changed while it was read"
+                )
+            data[done:stop] = chunk
+            done = stop
+        if end > first_end + 1:  # a header longer than the first read: check it whole now
+            self.check_head(memoryview(data)[:end], size, kind, key)
+        return data
+
+    def get_many(self, items: list[tuple[str, str]]) -> list[bytes | bytearray | None]:
+        """The values of ``items`` (``(kind, key)`` pairs), in order, None for each one not
+        set: the first bytes of up to 64 values per round trip (each round trip one call,
+        within ``timeout``), the rest of a large one as :meth:`get` reads it. A value that
+        fails its checks fails the batch (the tier then counts one error)."""
+        first_end = min(_FIRST, self.max_bytes) - 1
+        out: list[bytes | bytearray | None] = []
+        for start in range(0, len(items), _BATCH):
+            batch = items[start : start + _BATCH]
+            kind0, key0 = batch[0]
+
+            def work(conn, batch=batch):
+                commands = []
+                for kind, key in batch:
+                    name = self._key(kind, key)
+                    commands += [
+                        ("EXISTS", name),
+                        ("STRLEN", name),
+                        ("GETRANGE", name, 0, first_end),
+                    ]
+                conn.send(*commands)
+                replies = [conn.read() for _ in commands]
+                return [
+                    self._rest(conn, kind, key, *replies[3 * i : 3 * i + 3], first_end)
+                    for i, (kind, key) in enumerate(batch)
+                ]
+
+            out += self._call("GET", kind0, key0, work)
+        return out
 
     def put(self, kind: str, key: str, data: bytes) -> None:
         """``SET`` the value, with ``EX ttl`` (rounded up to whole seconds) when ttl > 0."""
@@ -230,8 +240,8 @@ class RedisBackend(RemoteBackend):
         args = ("SET", self._key(kind, key), bytes(data)) + (("EX", ex) if ex else ())
 
         def work(conn):
-            conn.send_command(*args)
-            return conn.read_response()
+            conn.send(args)
+            return conn.read()
 
         self._call("SET", kind, key, work)
 
@@ -240,8 +250,8 @@ class RedisBackend(RemoteBackend):
         name = self._key(kind, key)
 
         def work(conn):
-            conn.send_command("EXISTS", name)
-            return bool(conn.read_response())
+            conn.send(("EXISTS", name))
+            return bool(conn.read())
 
         return self._call("EXISTS", kind, key, work)
 
@@ -265,8 +275,8 @@ class RedisBackend(RemoteBackend):
             cursor, seen, found = b"0", 0, []
             while True:
                 count = max(1, min(1000, limit - seen))
-                conn.send_command("SCAN", cursor, "MATCH", pattern + b"*", "COUNT", count)
-                reply = conn.read_response()
+                conn.send(("SCAN", cursor, "MATCH", pattern + b"*", "COUNT", count))
+                reply = conn.read()
                 if not (isinstance(reply, list) and len(reply) == 2):
                     raise RemoteError(f"remote cache {self.describe()}: SCAN answered {reply!r}")
                 cursor, names = reply
@@ -297,11 +307,9 @@ class RedisBackend(RemoteBackend):
         value = f"{token} {holder}"
 
         def work(conn):
-            conn.send_packed_command(
-                conn.pack_commands([("SET", name, value, "NX", "PX", px), ("GET", name)])
-            )
-            taken = conn.read_response()
-            current = conn.read_response()
+            conn.send(("SET", name, value, "NX", "PX", px), ("GET", name))
+            taken = conn.read()
+            current = conn.read()
             if taken:
                 return token, holder
             text = current.decode("utf-8", "replace") if isinstance(current, bytes) else ""
@@ -321,20 +329,15 @@ class RedisBackend(RemoteBackend):
         name = self._lease_key(kind, key)
 
         def work(conn):
-            conn.send_command("EVAL", script, 1, name, f"{token} ", *args)
-            return conn.read_response()
+            conn.send(("EVAL", script, 1, name, f"{token} ", *args))
+            return conn.read()
 
         return self._call(op, kind, key, work)
 
     def close(self) -> None:
-        """Close the pool's connections (idempotent; a later call reconnects; nothing to do
-        before the first call)."""
-        if self._pool is None:
-            return
-        try:
+        """Close the pool's idle connections (idempotent; a later call reconnects)."""
+        if self._pool is not None:
             self._pool.disconnect()
-        except (self._redis.RedisError, OSError) as exc:  # type: ignore[union-attr]
-            raise RemoteError(f"remote cache {self.describe()}: closing failed: {exc}") from exc
 
 
 #: KEYS[1]: the lease; ARGV[1]: "<token> " (the value's prefix); ARGV[2]: the new TTL (ms)
@@ -367,25 +370,8 @@ def _cut(conn, fired: list) -> None:
             pass  # already closed
 
 
-def _redis_missing() -> bool:
-    """Whether redis-py is not installed, answered without importing it (~65 ms): a
-    ``redis`` package directory on ``sys.path`` settles it with a stat or two; only when
-    none is there is the import system asked (a zip, an editable install...)."""
-    if "redis" in sys.modules:
-        return sys.modules["redis"] is None  # None: imports of it are blocked
-    for entry in sys.path:
-        if os.path.isfile(os.path.join(entry or os.curdir, "redis", "__init__.py")):
-            return False
-    from importlib.util import find_spec
-
-    try:
-        return find_spec("redis") is None
-    except (ImportError, ValueError):
-        return True
-
-
 def _check_url(url: str) -> None:
-    """Refuse what redis-py would silently misread: a db path that is not a number, a port
+    """Refuse what a Redis client would silently misread: a db path that is not a number, a port
     that is not one, a missing host."""
     try:
         parts = split_url(url)
@@ -409,3 +395,56 @@ def _check_url(url: str) -> None:
             f"remote cache {redact(url)}: the path must be a database number "
             f"(redis://host:6379/0), not {parts.path!r}"
         )
+
+
+def parse_url(url: str) -> dict:
+    """The connection options in ``url``, read as redis-py reads them for what cuforge
+    needs: ``redis://[[user]:password@]host[:port][/db]`` and ``rediss://`` (TLS, verified
+    by default), user and password percent-decoded, and the TLS options ``ssl_ca_certs``,
+    ``ssl_certfile``, ``ssl_keyfile``, ``ssl_cert_reqs`` (``none`` / ``optional`` /
+    ``required``) and ``ssl_check_hostname``. Any other query option is refused by name,
+    never ignored. Raises ``ValueError`` saying what is wrong (the caller redacts the URL)."""
+    parts = split_url(url)
+    if parts.scheme not in ("redis", "rediss"):
+        raise ValueError(f"not a redis:// or rediss:// URL ({parts.scheme}://)")
+    if not parts.hostname:
+        raise ValueError("no host")
+    db = parts.path.strip("/") or "0"
+    if not db.isdigit():
+        raise ValueError(f"the path must be a database number, not {parts.path!r}")
+    opts: dict = {
+        "host": parts.hostname,
+        "port": parts.port or 6379,
+        "db": int(db),
+        "username": _unquote(parts.username) if parts.username else None,
+        "password": _unquote(parts.password) if parts.password is not None else None,
+        "tls": parts.scheme == "rediss",
+    }
+    for pair in (parts.query or "").split("&"):
+        if not pair:
+            continue
+        name, _, value = pair.partition("=")
+        name, value = _unquote(name), _unquote(value.replace("+", " "))
+        if name not in _TLS_OPTIONS:
+            raise ValueError(
+                f"unknown option {name!r} (cuforge's Redis client takes {', '.join(_TLS_OPTIONS)})"
+            )
+        opts[name] = value
+    reqs = opts.get("ssl_cert_reqs", "required").lower()
+    if reqs not in ("none", "optional", "required"):
+        raise ValueError(f"ssl_cert_reqs must be none, optional or required, not {reqs!r}")
+    opts["ssl_cert_reqs"] = reqs
+    check = opts.get("ssl_check_hostname")
+    if check is not None and check.lower() not in ("true", "false", "1", "0", "yes", "no"):
+        raise ValueError(f"ssl_check_hostname must be true or false, not {check!r}")
+    return opts
+
+
+def _unquote(text: str) -> str:
+    """Percent-decoded ``text``; :mod:`urllib.parse` is imported only when there is a
+    ``%`` (a backend is built by every process with ``CUFORGE_REMOTE`` set)."""
+    if "%" not in text:
+        return text
+    from urllib.parse import unquote
+
+    return unquote(text)
