@@ -214,3 +214,30 @@ def test_record_context_manager_sees_memoized_calls(tmp_path, cache):
             cuforge.compile(src, name="m.cu")  # a call-memo hit before the recording
     assert [r["name"] for r in rec.records] == ["m.cu"]
     assert read_lock(tmp_path / "a.lock")[0]["key"] == rec.records[0]["key"]
+
+
+def test_prefetch_from_redis_pulls_the_lock_through_batched_reads(tmp_path, redis_server):
+    """`cuforge prefetch` from a real redis-server: every entry of the lock fetched through
+    the backend's batched reads (3 pipelined commands a key, on one connection), then a
+    fresh process replays with the remote gone and 0 compiles."""
+    (tmp_path / "k.cu").write_text('extern "C" __global__ void k(float* x) { x[0] = TILE; }\n')
+    _run(tmp_path, tmp_path / "c1", CUFORGE_RECORD="cuforge.lock", CUFORGE_REMOTE=redis_server.url)
+    raw = redis_server.client()
+    before = raw.info("stats")
+    pulled = _cli(
+        tmp_path,
+        tmp_path / "c2",
+        "prefetch",
+        "--json",
+        "cuforge.lock",
+        CUFORGE_REMOTE=redis_server.url,
+    )
+    assert pulled.returncode == 0, pulled.stderr
+    report = json.loads(pulled.stdout)
+    assert report["fetched"] == 6 and report["missing"] == []
+    after = raw.info("stats")
+    assert after["total_connections_received"] - before["total_connections_received"] == 1
+    # EXISTS, STRLEN, GETRANGE per key (+ the INFO above): nothing else was asked
+    assert after["total_commands_processed"] - before["total_commands_processed"] == 3 * 6 + 1
+    replay = _run(tmp_path, tmp_path / "c2", CUFORGE_OFFLINE="1")
+    assert replay["compiles"] == 0

@@ -220,7 +220,8 @@ class PrefetchTask:
             self._error = exc
         finally:
             self.seconds = perf_counter() - t0
-            if self._cache._prefetching is self:
+            # a failure stays for the next build to warn about (settle), however soon it came
+            if self._error is None and self._cache._prefetching is self:
                 self._cache._prefetching = None
             self._done.set()
 
@@ -236,6 +237,8 @@ class PrefetchTask:
         if threading.current_thread() is self._thread:
             return  # the prefetch itself (never builds; no waiting on itself)
         self._done.wait()
+        if self._cache._prefetching is self:
+            self._cache._prefetching = None
         if self._error is not None:
             self._cache.warn_once(
                 f"cuforge.prefetch (background) failed, lookups go on without it: "
@@ -321,40 +324,56 @@ def _prefetch(cache: Cache, records: list[dict], progress, memory: bool) -> Lock
     tiers = _tiers(cache)
     mem = next((t for t in tiers if t.tier == "memory"), None) if memory else None
     disk = _disk_tier(cache)
-    far: list | None = None  # the remotes, then the bundles: opened on the first local miss
     total = len(wanted)
     # one journal batch for the whole set, and no fsync: what is written is a copy of what
     # a remote (or bundle) keeps, as the chain's own promotion of a remote hit is; losing it
     # to a power cut costs a fetch (the checksum makes a torn entry a miss), never wrong code
+    done = 0
+
+    def step(where: str, kind: str, name: str) -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done, total, where, f"{kind} {name}")
+
     with disk.bulk(durable=False) if disk is not None else _nothing():
-        for i, (kind, key, name) in enumerate(wanted, 1):
-            where = "local"
+        absent: list[tuple[str, str, str]] = []  # what no local tier has, in lock order
+        for kind, key, name in wanted:
             entry = mem.get(key, kind=kind) if mem is not None else None
             if entry is None and disk is not None:
                 entry = disk.get(key, kind=kind)
                 if entry is not None and mem is not None:
                     mem.put(entry)
-            if entry is not None:
-                report.copied += 1
+            if entry is None:
+                absent.append((kind, key, name))
+                continue
+            report.copied += 1
+            step("local", kind, name)
+        # the remotes, then the bundles, each asked once for what is still absent (a
+        # remote reads its batch in few round trips: Redis, 64 keys each)
+        for tier in _far_tiers(cache) if absent else ():
+            many = getattr(tier, "get_many", None)
+            if many is not None:
+                found = many([(kind, key) for kind, key, _ in absent])
             else:
-                if far is None:
-                    far = _far_tiers(cache)
-                for tier in far:
-                    entry = tier.get(key, kind=kind)
-                    if entry is not None:
-                        break
+                found = [tier.get(key, kind=kind) for kind, key, _ in absent]
+            left = []
+            for (kind, key, name), entry in zip(absent, found, strict=True):
                 if entry is None:
-                    where = "missing"
-                    report.missing.append(f"{kind} {name} {key[:16]}")
-                else:
-                    where = "remote"
-                    if disk is not None:
-                        disk.put(entry, durable=False)
-                    if mem is not None:
-                        mem.put(entry)
-                    report.fetched += 1
-            if progress is not None:
-                progress(i, total, where, f"{kind} {name}")
+                    left.append((kind, key, name))
+                    continue
+                if disk is not None:
+                    disk.put(entry, durable=False)
+                if mem is not None:
+                    mem.put(entry)
+                report.fetched += 1
+                step("remote", kind, name)
+            absent = left
+            if not absent:
+                break
+        for kind, key, name in absent:
+            report.missing.append(f"{kind} {name} {key[:16]}")
+            step("missing", kind, name)
     for r in records:
         if r["kind"] == "torch":
             report.missing.append(f"{r['system']} {r['name']} (built from its stanza only)")

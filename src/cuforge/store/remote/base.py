@@ -196,6 +196,13 @@ class RemoteBackend(ABC):
     def put(self, kind: str, key: str, data: bytes) -> None:
         """Store ``data`` under ``(kind, key)`` (replacing what was there)."""
 
+    def get_many(self, items: list[tuple[str, str]]) -> list[bytes | None]:
+        """The bytes stored under each ``(kind, key)`` of ``items``, in order (None where
+        there are none): ``cuforge prefetch``'s batch. Default: one :meth:`get` each; a
+        backend that can batch round trips overrides it (Redis: 64 keys a round trip).
+        Each round trip is bounded as a ``get`` is; a failure fails the whole batch."""
+        return [self.get(kind, key) for kind, key in items]
+
     def contains(self, kind: str, key: str) -> bool:
         """Whether ``(kind, key)`` is stored (default: a ``get``)."""
         return self.get(kind, key) is not None

@@ -181,7 +181,41 @@ class RemoteStore(Store):
             self._failed("get", exc)
             self._miss()
             return None
-        seconds = monotonic() - start
+        return self._opened(kind, key, data, monotonic() - start)
+
+    def get_many(self, items: list[tuple[str, str]]) -> list[Entry | None]:
+        """The entries stored under ``items`` (``(kind, key)`` pairs), in order, each
+        checked as :meth:`get` checks it (None for a miss or a value that fails a check),
+        read through the backend's batch (:meth:`RemoteBackend.get_many
+        <cuforge.store.remote.base.RemoteBackend.get_many>`: Redis, 64 a round trip). A
+        failure of the batch makes every item a miss, counted once. Never raises."""
+        out: list[Entry | None] = [None] * len(items)
+        asked = [i for i, (kind, _) in enumerate(items) if kind in ENTRY_KINDS]
+        if not asked:
+            return out
+        if not self._allow():
+            for _ in asked:
+                self._miss()
+            return out
+        start = monotonic()
+        try:
+            values = self.backend.get_many([items[i] for i in asked])
+            if len(values) != len(asked):
+                raise ValueError(f"get_many answered {len(values)} values for {len(asked)} keys")
+        except Exception as exc:  # noqa: BLE001 - a remote (or plug-in) may raise anything; a remote never fails a compile
+            self._failed("get", exc)
+            for _ in asked:
+                self._miss()
+            return out
+        seconds = (monotonic() - start) / len(asked)
+        for i, data in zip(asked, values, strict=True):
+            kind, key = items[i]
+            out[i] = self._opened(kind, key, data, seconds)
+        return out
+
+    def _opened(self, kind: str, key: str, data, seconds: float) -> Entry | None:
+        """The entry in ``data`` (what the backend answered for ``(kind, key)`` after
+        ``seconds``), checked; None on a miss or a value that fails a check."""
         if data is None:
             self.breaker.success(seconds)
             self._miss()
