@@ -212,6 +212,7 @@ print(json.dumps({
     "prefetch_thread": TASK.seconds if TASK is not None else 0.0,
     "end": T_END, "compiles": cuforge.default_cache().counters["compiles"],
     "launched": len(ready), "cccl": cccl_note, "fastlaunch": fast,
+    "pathfinder": "cuda.pathfinder" in sys.modules,
 }))
 '''
 
@@ -275,10 +276,9 @@ def _free_port() -> int:
 def _remote(work: str, choice: str) -> tuple[str, str, subprocess.Popen | None]:
     """(kind, url, server process or None)."""
     server = shutil.which("redis-server")
-    have_py = importlib.util.find_spec("redis") is not None
-    if choice == "redis" or (choice == "auto" and server and have_py):
-        if not (server and have_py):
-            raise SystemExit("--remote redis needs redis-server on PATH and redis-py")
+    if choice == "redis" or (choice == "auto" and server):
+        if not server:
+            raise SystemExit("--remote redis needs redis-server on PATH")
         port = _free_port()
         proc = subprocess.Popen(
             [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly"]
@@ -295,9 +295,7 @@ def _remote(work: str, choice: str) -> tuple[str, str, subprocess.Popen | None]:
         return "redis (loopback redis-server)", f"redis://127.0.0.1:{port}/0", proc
     path = os.path.join(work, "remote")
     os.makedirs(path, mode=0o700, exist_ok=True)
-    why = (
-        "--remote file" if choice == "file" else "no redis-server" if not server else "no redis-py"
-    )
+    why = "--remote file" if choice == "file" else "no redis-server"
     return f"file:// ({why} here)", f"file://{path}", None
 
 
@@ -456,6 +454,16 @@ def _measure(args, work, base, rec, lock, url, site) -> dict:
         "ratio_cold_vs_warm": med["cold"] / med["warm"],
         "breakdown": breakdown,
         "prefetch_thread": _median(rows["prefetch_inproc"], "prefetch_thread"),
+        # each round's row against that round's warm process (the rows run interleaved),
+        # median over the rounds: steadier than a ratio of medians when the host drifts
+        "paired_ratio": {
+            k: statistics.median(
+                a["total"] / w["total"] for a, w in zip(rows[k], rows["warm"], strict=True)
+            )
+            for k in ("wheel", "prefetch", "prefetch_inproc")
+        },
+        # the runs of each row that imported cuda.pathfinder (~45 ms: NVRTC located by it)
+        "pathfinder": {k: sum(bool(r.get("pathfinder")) for r in v) for k, v in rows.items()},
         "runs": args.runs,
         "cold_runs": args.cold_runs,
         "compiles_cold": rows["cold"][0]["compiles"],
@@ -517,6 +525,11 @@ def _report(r: dict) -> None:
             f"blocking, its thread {r['prefetch_thread']:.3f} s overlapping)"
         )
         print(f"  (4) warm local cache  {m['warm']:8.3f} s   (anchor)")
+        pr = r["paired_ratio"]
+        print(f"  paired (each round's row / that round's warm, median): wheel "
+              f"{pr['wheel']:.2f}x, prefetch {pr['prefetch']:.2f}x, cuforge.prefetch "
+              f"{pr['prefetch_inproc']:.2f}x; runs importing cuda.pathfinder: "
+              f"{r['pathfinder']}")  # fmt: skip
         if r["fastlaunch"] and r["fastlaunch"] != ["installed"]:
             print(f"  NOTE: launch paths {r['fastlaunch']}: build cuforge's C launcher first "
                   "(pip install -e . or python setup.py build_ext --inplace), else each fresh "
