@@ -29,7 +29,7 @@ BUILTIN = {
     "s3": "cuforge.store.remote.s3:S3Backend",
 }
 #: what to install when a built-in backend's dependency is missing (the extra's name)
-_EXTRAS = {"redis": "redis", "rediss": "redis", "s3": "s3"}
+_EXTRAS = {"s3": "s3"}  # Redis needs none: cuforge speaks its protocol itself
 #: the module an extra provides, where its name differs
 _EXTRA_MODULE = {"s3": "boto3"}
 
@@ -172,7 +172,7 @@ def open_remotes(current: Settings, *, telemetry_root: str | None = None) -> lis
     (or one of those, to replace the built-in backend) -> the plug-in named by
     ``CUFORGE_REMOTE_BACKEND=module:Class``. A built-in backend whose module or
     dependency is missing is skipped with one warning naming the URL and the fix
-    (``pip install 'cuforge[redis]'``). A backend whose constructor fails with anything
+    (``pip install 'cuforge[s3]'``). A backend whose constructor fails with anything
     but a :class:`~cuforge.errors.ConfigError` is skipped with one warning.
 
     Raises :class:`~cuforge.errors.ConfigError` for a scheme nothing serves, a plug-in that

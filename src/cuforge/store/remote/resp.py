@@ -35,14 +35,6 @@ from cuforge.store.remote.base import RemoteError
 __all__ = ["Connection", "Pool", "ReplyError", "ProtocolError"]
 
 _CRLF = b"\r\n"
-#: the TLS options a URL may carry (redis-py's names), and what each takes
-_TLS_OPTIONS = (
-    "ssl_ca_certs",
-    "ssl_certfile",
-    "ssl_keyfile",
-    "ssl_cert_reqs",
-    "ssl_check_hostname",
-)
 
 
 class ReplyError(RemoteError):
