@@ -28,19 +28,23 @@ empty local cache dir where the row says so:
    an empty cache dir;
 3. *prefetch*: ``cuforge prefetch cuforge.lock`` from the remote into an empty cache dir,
    then the service; the time is the prefetch process plus the service process. The remote
-   is a loopback ``redis-server`` when ``redis-server`` and redis-py are here, else a
-   ``file://`` dir (the report says which);
+   is a loopback ``redis-server`` when one is on PATH, else a ``file://`` dir (the report
+   says which);
 3b. *in-process prefetch*: the service itself calls
    ``cuforge.prefetch("cuforge.lock", background=True)`` just after ``import cuforge``: the
    warm set is pulled in a thread while the process creates its CUDA context, and its
    lookups wait for it (then they are memory hits); same empty cache dir and remote, one
    process;
+3c. *prefetch -- service*: ``cuforge prefetch cuforge.lock -- service.py``: the CLI runs the
+   unchanged service in its own process while the pull runs in a thread (as 3b does, with
+   no change to the service); same empty cache dir and remote;
 4. *warm*: the anchor: a fully warm local cache dir.
 
 Python bytecode is cached as for installed packages (``PYTHONDONTWRITEBYTECODE`` is dropped
-for the children; the recording run writes it). (2), (3) and (4) run under ``CUFORGE_FENCE=error``: a compile there would fail the run, so
-each is checked to serve the batch with 0 compiles. Reported: (1)-(4), the ratios
-(2)/(4), (3)/(4) and (3b)/(4) (goal <= 1.2), and where the warm process's time goes: interpreter
+for the children; the recording run writes it). (2)-(4) run under ``CUFORGE_FENCE=error``: a
+compile there would fail the run, so each is checked to serve the batch with 0 compiles.
+Reported: (1)-(4), the ratios (2)/(4), (3)/(4), (3b)/(4) and (3c)/(4) (goal <= 1.2), also
+paired round by round, and where the warm process's time goes: interpreter
 start, ``import cuforge`` (and ``cuda.compute``), CUDA context creation (+ allocations), the cache work (every
 compile call, each a hit), the launches (module loads included) and the synchronize.
 
@@ -229,10 +233,11 @@ def _env(work: str, **extra: str) -> dict[str, str]:
     return env
 
 
-def _service(work: str, env: dict[str, str]) -> dict:
+def _service(work: str, env: dict[str, str], via: tuple[str, ...] = ()) -> dict:
+    """Run the service (``via``: what runs it, e.g. ``-m cuforge prefetch LOCK --``)."""
     started = time.time()
     done = subprocess.run(
-        [sys.executable, os.path.join(work, "service.py")],
+        [sys.executable, *via, os.path.join(work, "service.py")],
         env=env,
         cwd=work,
         capture_output=True,
@@ -407,7 +412,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _measure(args, work, base, rec, lock, url, site) -> dict:
     rows: dict[str, list[dict]] = {
-        "cold": [], "wheel": [], "prefetch": [], "prefetch_inproc": [], "warm": []
+        "cold": [], "wheel": [], "prefetch": [], "prefetch_inproc": [], "prefetch_run": [],
+        "warm": [],
     }  # fmt: skip
     fence = {"CUFORGE_FENCE": "error"}
     for i in range(max(args.runs, args.cold_runs)):
@@ -429,13 +435,17 @@ def _measure(args, work, base, rec, lock, url, site) -> dict:
             env = _env(work, **base, **fence, CUFORGE_CACHE_DIR=dirq, CUFORGE_REMOTE=url,
                        SVC_PREFETCH=lock)  # fmt: skip
             rows["prefetch_inproc"].append(_service(work, env))
+            dirr = _fresh(work, "fresh-prefetch-run")
+            env = _env(work, **base, **fence, CUFORGE_CACHE_DIR=dirr, CUFORGE_REMOTE=url)
+            via = ("-m", "cuforge", "prefetch", lock, "--")
+            rows["prefetch_run"].append(_service(work, env, via))
         if i < args.cold_runs:
             row = _service(work, _env(work, **base, CUFORGE_CACHE_DIR=_fresh(work, "fresh-cold")))
             rows["cold"].append(row)
         print(f"run {i + 1}: " + ", ".join(
             f"{k} {r[-1]['total']:.3f} s" for k, r in rows.items() if len(r) > i
         ), flush=True)  # fmt: skip
-    for name in ("wheel", "prefetch", "prefetch_inproc", "warm"):
+    for name in ("wheel", "prefetch", "prefetch_inproc", "prefetch_run", "warm"):
         bad = [r["compiles"] for r in rows[name] if r["compiles"]]
         if bad:
             raise SystemExit(f"the {name} row compiled {bad} kernels: the warm set is incomplete")
@@ -451,6 +461,7 @@ def _measure(args, work, base, rec, lock, url, site) -> dict:
         "ratio_wheel_vs_warm": med["wheel"] / med["warm"],
         "ratio_prefetch_vs_warm": med["prefetch"] / med["warm"],
         "ratio_prefetch_inproc_vs_warm": med["prefetch_inproc"] / med["warm"],
+        "ratio_prefetch_run_vs_warm": med["prefetch_run"] / med["warm"],
         "ratio_cold_vs_warm": med["cold"] / med["warm"],
         "breakdown": breakdown,
         "prefetch_thread": _median(rows["prefetch_inproc"], "prefetch_thread"),
@@ -460,7 +471,7 @@ def _measure(args, work, base, rec, lock, url, site) -> dict:
             k: statistics.median(
                 a["total"] / w["total"] for a, w in zip(rows[k], rows["warm"], strict=True)
             )
-            for k in ("wheel", "prefetch", "prefetch_inproc")
+            for k in ("wheel", "prefetch", "prefetch_inproc", "prefetch_run")
         },
         # the runs of each row that imported cuda.pathfinder (~45 ms: NVRTC located by it)
         "pathfinder": {k: sum(bool(r.get("pathfinder")) for r in v) for k, v in rows.items()},
@@ -524,11 +535,17 @@ def _report(r: dict) -> None:
             f"(in-process prefetch: {r['breakdown']['prefetch_inproc']['prefetch']:.3f} s "
             f"blocking, its thread {r['prefetch_thread']:.3f} s overlapping)"
         )
+        print(
+            f"  (3c) prefetch -- svc  {m['prefetch_run']:8.3f} s   "
+            f"{r['ratio_prefetch_run_vs_warm']:7.2f}x warm "
+            "(`cuforge prefetch LOCK -- service.py`: one process, the pull in the background)"
+        )
         print(f"  (4) warm local cache  {m['warm']:8.3f} s   (anchor)")
         pr = r["paired_ratio"]
         print(f"  paired (each round's row / that round's warm, median): wheel "
               f"{pr['wheel']:.2f}x, prefetch {pr['prefetch']:.2f}x, cuforge.prefetch "
-              f"{pr['prefetch_inproc']:.2f}x; runs importing cuda.pathfinder: "
+              f"{pr['prefetch_inproc']:.2f}x, prefetch -- service {pr['prefetch_run']:.2f}x; "
+              "runs importing cuda.pathfinder: "
               f"{r['pathfinder']}")  # fmt: skip
         if r["fastlaunch"] and r["fastlaunch"] != ["installed"]:
             print(f"  NOTE: launch paths {r['fastlaunch']}: build cuforge's C launcher first "

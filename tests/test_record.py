@@ -241,3 +241,38 @@ def test_prefetch_from_redis_pulls_the_lock_through_batched_reads(tmp_path, redi
     assert after["total_commands_processed"] - before["total_commands_processed"] == 3 * 6 + 1
     replay = _run(tmp_path, tmp_path / "c2", CUFORGE_OFFLINE="1")
     assert replay["compiles"] == 0
+
+
+def test_prefetch_runs_the_service_in_process_while_it_pulls(tmp_path, isolated_cache):
+    """`cuforge prefetch LOCK -- SCRIPT` / `-- -m MODULE`: one process, the pull in the
+    background, the service unchanged and under a fence: it compiles nothing (its builds
+    wait for the pull, then hit) and its exit code is the command's."""
+    (tmp_path / "k.cu").write_text('extern "C" __global__ void k(float* x) { x[0] = TILE; }\n')
+    remote = tmp_path / "remote"
+    remote.mkdir(mode=0o700)
+    url = f"file://{remote}"
+    first = _run(tmp_path, tmp_path / "c1", CUFORGE_RECORD="cuforge.lock", CUFORGE_REMOTE=url)
+    (tmp_path / "service_mod.py").write_text(WORKLOAD)
+    for n, how in enumerate((["workload.py"], ["-m", "service_mod"])):
+        served = _cli(
+            tmp_path,
+            tmp_path / f"fresh{n}",
+            "prefetch",
+            "cuforge.lock",
+            "--",
+            *how,
+            CUFORGE_REMOTE=url,
+            CUFORGE_FENCE="error",
+        )
+        assert served.returncode == 0, served.stderr
+        out = json.loads(served.stdout.strip().splitlines()[-1])
+        assert out["compiles"] == 0 and out["binaries"] == first["binaries"]
+    (tmp_path / "exits.py").write_text("import sys; print(sys.argv[1:]); sys.exit(3)\n")
+    done = _cli(tmp_path, tmp_path / "c3", "prefetch", "cuforge.lock", "--", "exits.py", "a", "-b")
+    assert done.returncode == 3 and done.stdout.strip() == "['a', '-b']"
+    # nothing to pull it from: the service still runs, and the missing entries are named
+    (tmp_path / "quiet.py").write_text("import time; time.sleep(0.5)\n")
+    lonely = _cli(tmp_path, tmp_path / "c4", "prefetch", "cuforge.lock", "--", "quiet.py")
+    assert lonely.returncode == 0 and "in no tier" in lonely.stderr and "z.cu" in lonely.stderr
+    bad = _cli(tmp_path, tmp_path / "c5", "prefetch", "cuforge.lock", "--", "nope.py")
+    assert bad.returncode == 2 and "nope.py" in bad.stderr

@@ -298,6 +298,13 @@ def prefetch(
 
         def run() -> LockReport:
             report = _prefetch(cache, records, progress, memory)
+            if report.missing:  # no caller looks at the report yet: say it now
+                cache.warn_once(
+                    f"cuforge.prefetch (background): {len(report.missing)} entries of "
+                    f"{os.fspath(lock)} are in no tier (they will be built, or refused under "
+                    f"a fence): {', '.join(report.missing[:5])}"
+                    + (", ..." if len(report.missing) > 5 else "")
+                )
             _settle_nvrtc_identity()
             return report
 
