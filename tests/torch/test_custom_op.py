@@ -626,3 +626,44 @@ def test_kernel_impl_is_generated_straight_line_and_keyword_only_schemas_still_w
     kw(y, x, a=2.0, n=40)
     ((config, args),) = rec2.launches
     assert config == (2, 32, 0) and args[0] is y and args[1] is x and args[2:] == (2.0, 40)
+
+
+def test_a_cpu_kernel_beside_the_cuda_one_gets_what_torch_would_do_around_it():
+    """Found by running pytorch/extension-cpp's own suite against a cuforge port of it: a
+    CPU kernel added with ``register_kernel`` to a mutating op (extension-cpp's
+    ``myadd_out``) that calls a torch op with ``out=``, given inputs that require grad. With
+    torch's ``custom_op`` that works (its autograd kernel runs the device kernel below
+    autograd) and the written tensor's version is bumped (its ADInplaceOrView kernel);
+    cuforge's lean op registers neither layer, so its device kernels do both themselves."""
+    q = qual("myadd_out")
+
+    @custom_op(q, mutates_args=("out",))
+    def myadd_out(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
+        raise AssertionError("the CUDA kernel: not called on CPU tensors")
+
+    @myadd_out.register_kernel("cpu")
+    def cpu(a, b, out):
+        torch.add(a, b, out=out)  # refuses inputs that require grad, above autograd
+
+    assert cpu is not None  # the decorator returns the function it was given
+    a, b = torch.randn(20, requires_grad=True), torch.randn(20)
+    out = torch.randn(20, requires_grad=True)
+    before = out._version
+    myadd_out(a, b, out)
+    torch.testing.assert_close(out.detach(), (a + b).detach())
+    assert out._version > before and out.grad_fn is None  # no graph recorded
+    for args in ((a, b, out), (a.detach(), b, out.detach())):
+        results = torch.library.opcheck(op_of(q), args)
+        assert set(results.values()) == {"SUCCESS"}, results
+
+    # an op that returns tensors and has no autograd formula still refuses a grad input
+    r = qual("mymul")
+
+    @custom_op(r, fake=lambda a, b: torch.empty_like(a))
+    def mymul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        raise AssertionError("the CUDA kernel: not called on CPU tensors")
+
+    mymul.register_kernel("cpu")(lambda a, b: a * b)
+    torch.testing.assert_close(mymul(a.detach(), b), a.detach() * b)
+    with pytest.raises(RuntimeError, match="argument 'a' requires grad"):
+        mymul(a, b)

@@ -960,54 +960,66 @@ def _op_type():
                 self._cuforge_autograd = True
 
         def _register_backend(self, fn, keys: list[str], parsed) -> None:
-            """Register ``fn`` as the op's kernel for the dispatch ``keys``, bumping the version
-            counter of every tensor the schema marks written."""
+            """Register ``fn`` as the op's kernel for the dispatch ``keys`` (see
+            :meth:`_device_kernel`)."""
+            run = _dynamo_disabled(self._device_kernel(fn, parsed), torch)
+            for key in keys:
+                self._lib.impl(self._name, run, key)
+
+        def register_kernel(self, device_types, fn=None, /):
+            """torch's ``register_kernel`` (e.g. a CPU kernel beside cuforge's CUDA one),
+            with what torch's own layers would do around it (:meth:`_device_kernel`)."""
+            parsed = self._opoverload._schema
+
+            def inner(f):
+                CustomOpDef.register_kernel(self, device_types, self._device_kernel(f, parsed))
+                return f
+
+            return inner if fn is None else inner(fn)
+
+        def _device_kernel(self, fn, parsed):
+            """``fn`` as the op's device kernel, doing what torch's autograd and
+            ADInplaceOrView kernels (which this op does not register) would around it:
+
+            * grad mode on and a Tensor input requiring grad reach a device kernel only
+              when no autograd kernel is registered (one registered by
+              :meth:`register_autograd` runs the kernel with grad mode off). Then an op that
+              returns tensors raises (torch's autograd fallback would only warn at backward
+              and leave the gradient out), and one that only mutates runs ``fn`` below
+              autograd, as torch's custom_op does: the torch ops inside ``fn`` neither
+              record a graph nor refuse (``torch.add(a, b, out=out)``);
+            * the version counter of every tensor the schema marks written is bumped."""
+            names = tuple(a.name for a in parsed.arguments)
             mutated = tuple(
                 i
                 for i, a in enumerate(parsed.arguments)
                 if a.alias_info is not None and a.alias_info.is_write
             )
-            run = fn
-            if mutated:
-                names = tuple(a.name for a in parsed.arguments)
-                bump = torch._C._increment_version
-
-                def run(*args, **kwargs):
-                    result = fn(*args, **kwargs)
-                    n = len(args)
-                    bump(tuple(args[i] if i < n else kwargs[names[i]] for i in mutated))
-                    return result
-
-            if parsed.returns:
-                run = self._no_silent_backward(run, parsed)
-            run = _dynamo_disabled(run, torch)
-            for key in keys:
-                self._lib.impl(self._name, run, key)
-
-        def _no_silent_backward(self, fn, parsed):
-            """``fn``, raising when it would return tensors that autograd cannot
-            differentiate: grad mode on and a Tensor input requiring grad reach the device
-            kernel only when no autograd kernel is registered (one registered by
-            :meth:`register_autograd` runs the kernel with grad mode off). torch's autograd
-            fallback would only warn at backward and leave the gradient out."""
             tensors = tuple(i for i, a in enumerate(parsed.arguments) if str(a.type) == "Tensor")
-            if not tensors:
-                return fn
+            returns = bool(parsed.returns)
+            bump = torch._C._increment_version
             grad_enabled = torch.is_grad_enabled
+            below_autograd = torch._C._AutoDispatchBelowAutograd
             qualname = self._qualname
 
             def run(*args, **kwargs):
-                if grad_enabled():
-                    n = len(args)
-                    for i in tensors:
-                        if i < n and args[i].requires_grad:
-                            raise RuntimeError(
-                                f"custom op {qualname}: argument {parsed.arguments[i].name!r} "
-                                "requires grad but the op has no autograd formula; register one "
-                                "with op.register_autograd(backward, setup_context=...), or call "
-                                "it under torch.no_grad() / on .detach()ed tensors"
-                            )
-                return fn(*args, **kwargs)
+                n = len(args)
+                if grad_enabled() and any(i < n and args[i].requires_grad for i in tensors):
+                    if returns:
+                        raise RuntimeError(
+                            f"custom op {qualname}: argument "
+                            f"{names[next(i for i in tensors if i < n and args[i].requires_grad)]!r} "
+                            "requires grad but the op has no autograd formula; register one "
+                            "with op.register_autograd(backward, setup_context=...), or call "
+                            "it under torch.no_grad() / on .detach()ed tensors"
+                        )
+                    with below_autograd():
+                        result = fn(*args, **kwargs)
+                else:
+                    result = fn(*args, **kwargs)
+                if mutated:
+                    bump(tuple(args[i] if i < n else kwargs[names[i]] for i in mutated))
+                return result
 
             return run
 
