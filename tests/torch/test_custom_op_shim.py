@@ -392,6 +392,11 @@ def test_eager_entry_takes_plain_calls_and_hands_the_rest_to_the_dispatcher(reco
     with torch.no_grad():  # grad off: an input that requires grad is plain data
         op(300, a.clone().requires_grad_(), b, 1.0)
     assert opshim.fast_calls(op) == 3 and len(launches) == 6
+    # a tensor of another device than the kernel's (here meta: opcheck's, or fake tracing
+    # outside a mode) goes to the dispatcher and its kernel for that device, the fake
+    out = op(300, a.to("meta"), b.to("meta"), 1.5)
+    assert out.device.type == "meta" and out.shape == (300,)
+    assert (opshim.fast_calls(op), len(launches)) == (3, 6)
 
 
 def test_cpp_kernel_in_place_bumps_the_version_and_refuses_strided_writes(recorded, prog):

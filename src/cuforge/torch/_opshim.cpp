@@ -381,6 +381,10 @@ bool plain_call(const Plan& p, PyObject* const* args, torch::jit::Stack& stack) 
         const at::Tensor& t = THPVariable_Unpack(a);
         if ((t.key_set() - PLAIN).highestFunctionalityKey() != c10::DispatchKey::Undefined)
           return false;
+        // on the kernel's own device only: a meta (opcheck, fake tracing outside a mode) or
+        // CPU tensor goes to the dispatcher, to its Meta or CPU kernel (PLAIN's functionality
+        // bits alone let any backend through)
+        if (p.cpu ? !t.is_cpu() : !t.is_cuda()) return false;
         if (grad && t.requires_grad()) return false;
         stack.emplace_back(t);
         break;
