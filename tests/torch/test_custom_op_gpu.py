@@ -214,79 +214,23 @@ def test_launch_follows_torch_current_stream(ops):
     assert torch.all(out == 4.0).item()
 
 
-# -- docs/custom_ops.md's extension-cpp equivalent, as written there ------------------------
-
-EXTENSION_CPP_KERNELS = r"""
-extern "C" __global__ void muladd_kernel(int numel, const float* a, const float* b, float c,
-                                         float* result) {
-  int idx = blockIdx.x * blockDim.x + threadIdx.x;
-  if (idx < numel) result[idx] = a[idx] * b[idx] + c;
-}
-extern "C" __global__ void mul_kernel(int numel, const float* a, const float* b, float* result) {
-  int idx = blockIdx.x * blockDim.x + threadIdx.x;
-  if (idx < numel) result[idx] = a[idx] * b[idx];
-}
-extern "C" __global__ void add_kernel(int numel, const float* a, const float* b, float* result) {
-  int idx = blockIdx.x * blockDim.x + threadIdx.x;
-  if (idx < numel) result[idx] = a[idx] + b[idx];
-}
-"""
+# -- docs/custom_ops.md's extension-cpp equivalent: bench/upstream/extension_cpp ----------------
 
 
 def extension_cpp_ops(ns: str):
-    """The three ops of pytorch/extension-cpp (mymuladd with autograd, mymul, myadd_out)."""
-    from torch import Tensor
+    """The three ops of pytorch/extension-cpp (mymuladd with autograd, mymul, myadd_out), as
+    bench/upstream/extension_cpp defines them (the package extension-cpp's own suite runs
+    against), in the namespace ``ns``."""
+    import importlib.util
+    import os
 
-    prog = cuforge.compile(EXTENSION_CPP_KERNELS, name="muladd.cu")
-    muladd_k, mul_k, add_k = (prog.kernel(n) for n in ("muladd_kernel", "mul_kernel", "add_kernel"))
-
-    def check(a, b):  # the TORCH_CHECKs; the fakes run them too, under torch.compile
-        torch._check(a.shape == b.shape)
-        torch._check(a.dtype == torch.float32 and b.dtype == torch.float32)
-        torch._check(a.device == b.device)
-
-    def fake(a, b, c=None):
-        check(a, b)
-        return torch.empty_like(a)
-
-    @custom_op(f"{ns}::mymuladd", fake=fake)
-    def mymuladd(a: Tensor, b: Tensor, c: float) -> Tensor:
-        check(a, b)
-        a, b = a.contiguous(), b.contiguous()
-        result = torch.empty_like(a)
-        numel = a.numel()
-        muladd_k[(numel + 255) // 256, 256](numel, a, b, c, result)
-        return result
-
-    @custom_op(f"{ns}::mymul", fake=fake)
-    def mymul(a: Tensor, b: Tensor) -> Tensor:
-        check(a, b)
-        a, b = a.contiguous(), b.contiguous()
-        result = torch.empty_like(a)
-        numel = a.numel()
-        mul_k[(numel + 255) // 256, 256](numel, a, b, result)
-        return result
-
-    @custom_op(f"{ns}::myadd_out", mutates_args=("out",))
-    def myadd_out(a: Tensor, b: Tensor, out: Tensor) -> None:
-        check(a, b)
-        torch._check(out.shape == a.shape and out.is_contiguous())
-        a, b = a.contiguous(), b.contiguous()
-        numel = a.numel()
-        add_k[(numel + 255) // 256, 256](numel, a, b, out)
-
-    def backward(ctx, grad):
-        a, b = ctx.saved_tensors
-        grad_a = mymul(grad, b) if ctx.needs_input_grad[0] else None
-        grad_b = mymul(grad, a) if ctx.needs_input_grad[1] else None
-        return grad_a, grad_b, None
-
-    def setup_context(ctx, inputs, output):
-        a, b, c = inputs
-        ctx.save_for_backward(a, b)
-
-    mymuladd.register_autograd(backward, setup_context=setup_context)
-    return mymuladd, mymul, myadd_out
+    path = os.path.join(
+        os.path.dirname(__file__), "..", "..", "bench", "upstream", "extension_cpp", "define.py"
+    )
+    spec = importlib.util.spec_from_file_location("_cuforge_extension_cpp_define", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.define(ns)
 
 
 def test_extension_cpp_equivalent():
