@@ -185,3 +185,27 @@ def test_an_unknown_url_option_is_refused_by_name(redis_server):
         backend(redis_server.url + "?sockettimeout=3")
     with pytest.raises(RemoteError, match="ssl_cert_reqs"):
         backend(redis_server.url + "?ssl_cert_reqs=maybe")
+
+
+def test_url_options_are_read_as_redis_py_reads_them():
+    from cuforge.store.remote.redis import parse_url
+
+    opts = parse_url("rediss://us%40er:p%3Aw@Cache.Example:6380/3?ssl_cert_reqs=none")
+    assert (opts["host"], opts["port"], opts["db"]) == ("cache.example", 6380, 3)
+    assert (opts["username"], opts["password"], opts["tls"]) == ("us@er", "p:w", True)
+    assert opts["ssl_cert_reqs"] == "none"
+    plain = parse_url("redis://:secret@127.0.0.1")
+    assert (plain["port"], plain["db"], plain["username"], plain["password"]) == (
+        6379,
+        0,
+        None,
+        "secret",
+    )
+    assert plain["tls"] is False and plain["ssl_cert_reqs"] == "required"
+    for bad, why in (
+        ("redis://h/0?ssl_check_hostname=maybe", "ssl_check_hostname"),
+        ("redis://h/x", "database number"),
+        ("http://h/0", "redis://"),
+    ):
+        with pytest.raises(ValueError, match=why):
+            parse_url(bad)
