@@ -82,15 +82,16 @@ def qual(name: str) -> str:
     return f"cuforge_shim_{uuid.uuid4().hex[:10]}::{name}"
 
 
-def muladd_op(prog, q: str):
-    """``muladd`` as a kernel-mode op that qualifies for the C++ kernel (``cpp=True``)."""
+def muladd_op(prog, q: str, grid=None, block: int = 256):
+    """``muladd`` as a kernel-mode op that qualifies for the C++ kernel (``cpp=True``);
+    ``grid`` defaults to ``cdiv_grid("numel", block)``."""
     return custom_op(
         q,
         prog.kernel("muladd"),
         outputs=("result",),
         out_like="a",
-        grid=cdiv_grid("numel", 256),
-        block=256,
+        grid=cdiv_grid("numel", block) if grid is None else grid,
+        block=block,
         cpp=True,
     )
 
@@ -130,15 +131,7 @@ def test_cpp_kernel_is_registered_for_the_cuda_key(shim, prog):
 
 def test_fake_opcheck_and_compile_tracing_still_work(shim, prog):
     q = qual("muladd")
-    op = custom_op(
-        q,
-        prog.kernel("muladd"),
-        outputs=("result",),
-        out_like="a",
-        grid=cdiv_grid("a", 128),
-        block=128,
-        cpp=True,
-    )
+    op = muladd_op(prog, q, grid=cdiv_grid("a", 128), block=128)
     assert op._cuforge_cpp_why is None
     a = torch.empty(64, device="meta")
     results = torch.library.opcheck(op, (64, a, a.clone(), 0.5))
@@ -206,15 +199,7 @@ def test_on_unless_the_switch_turns_it_off(monkeypatch):
 def test_cpp_true_with_the_switch_off_warns_and_keeps_the_python_kernel(prog, monkeypatch):
     monkeypatch.setenv("CUFORGE_TORCH_OP_SHIM", "0")
     with pytest.warns(UserWarning, match="CUFORGE_TORCH_OP_SHIM=0"):
-        op = custom_op(
-            qual("off"),
-            prog.kernel("muladd"),
-            outputs=("result",),
-            out_like="a",
-            grid=cdiv_grid("numel", 256),
-            block=256,
-            cpp=True,
-        )
+        op = muladd_op(prog, qual("off"))
     assert op._cuforge_cpp_why == opshim.OFF_WHY
 
 
@@ -424,15 +409,7 @@ def test_no_shim_keeps_the_python_kernel_with_one_reason_line(prog, monkeypatch,
     for _ in range(2):
         q = qual("muladd")
         with pytest.warns(UserWarning, match="no c\\+\\+"):
-            op = custom_op(
-                q,
-                prog.kernel("muladd"),
-                outputs=("result",),
-                out_like="a",
-                grid=1,
-                block=32,
-                cpp=True,
-            )
+            op = muladd_op(prog, q, grid=1, block=32)
         assert op._cuforge_cpp_why == why
         assert torch._C._dispatch_has_kernel_for_dispatch_key(q, "CUDA")  # the Python one
     assert [r.getMessage() for r in caplog.records if "no c++" in r.getMessage()] == [
@@ -490,15 +467,7 @@ def test_cpp_kernel_on_the_cpu_key_step_by_step(recorded, prog):
     m = torch.randn(64, 32).t()
     torch.testing.assert_close(fast(m.numel(), m, m, 1.0), (m * m + 1.0).contiguous())
     # cdiv_grid from a tensor's numel, and a float parameter packed as 4 bytes
-    by_numel = custom_op(
-        qual("muladd"),
-        prog.kernel("muladd"),
-        outputs=("result",),
-        out_like="a",
-        grid=cdiv_grid("a", 128),
-        block=128,
-        cpp=True,
-    )
+    by_numel = muladd_op(prog, qual("muladd"), grid=cdiv_grid("a", 128), block=128)
     a, b = torch.randn(1000), torch.randn(1000)
     launches.clear()
     torch.testing.assert_close(by_numel(1000, a, b, 1.0 / 3.0), a * b + 1.0 / 3.0)
