@@ -21,7 +21,7 @@ from cuforge.errors import ConfigError
 from cuforge.store.base import Entry
 from cuforge.store.remote import breaker as breaker_mod
 from cuforge.store.remote import open_remotes
-from cuforge.store.remote.base import RemoteTimeout
+from cuforge.store.remote.base import RemoteError, RemoteTimeout
 from cuforge.store.remote.envelope import namespace
 from cuforge.store.remote.file import FileBackend
 from cuforge.store.remote.http import HttpBackend
@@ -190,6 +190,22 @@ def test_redis_timeout_bounds_the_whole_get_not_each_recv(scripted_server):
                      connect_timeout=1.0, timeout=0.3)  # fmt: skip
     with pytest.raises(RemoteTimeout, match="0.3 s"):  # before: the 40 bytes, after ~1.5 s
         b.get("kernel", key_of(1))
+
+
+def test_redis_garbage_reply_is_a_remote_error(scripted_server):
+    """A server that answers a length that is not a number (not RESP): a RemoteError naming
+    the call, never a bare ValueError from parsing it."""
+    from cuforge.store.remote.redis import RedisBackend
+
+    def garbage(conn: socket.socket) -> None:
+        conn.recv(65536)
+        conn.sendall(b":1\r\n:abc\r\n")
+
+    server = scripted_server(garbage)
+    b = RedisBackend(server.url("redis").replace("/cache", "/0"), namespace="ns",
+                     connect_timeout=1.0, timeout=1.0)  # fmt: skip
+    with pytest.raises(RemoteError, match="GET kernel/.*length or number that is not one"):
+        b.get("kernel", key_of(2))
 
 
 # -- item 11: sustained slowness opens the breaker ----------------------------------------

@@ -75,11 +75,10 @@ class RedisBackend(RemoteBackend):
     schemes = ("redis", "rediss")
 
     def setup(self) -> None:
-        _check_url(self.url)
         try:
             self._opts = parse_url(self.url)
         except ValueError as exc:
-            raise RemoteError(f"remote cache {redact(self.url)}: bad Redis URL: {exc}") from None
+            raise RemoteError(f"remote cache {redact(self.url)}: {exc}") from None
         self._prefix = f"cuforge:{self.namespace}:"
         self._resp = None  # cuforge.store.remote.resp, and the pool: on the first call
         self._pool = None
@@ -142,8 +141,6 @@ class RedisBackend(RemoteBackend):
             if isinstance(exc, RemoteError) and not isinstance(exc, self._resp.ProtocolError):
                 raise
             raise self._fail(op, kind, key, exc) from exc
-        except ValueError as exc:  # a reply's length or number that is not one
-            raise self._fail(op, kind, key, exc) from exc
         finally:
             timer.cancel()
             if ok and not fired:
@@ -153,18 +150,9 @@ class RedisBackend(RemoteBackend):
 
     def get(self, kind: str, key: str) -> bytes | bytearray | None:
         """The value of ``cuforge:{namespace}:{kind}:{key}``, or None when it is not set.
-        Its size and first bytes are checked before the rest is transferred."""
-        name = self._key(kind, key)
-        first_end = min(_FIRST, self.max_bytes) - 1  # an oversized value costs at most the cap
-
-        def work(conn):
-            # one round trip; EXISTS tells a missing key from an empty value (STRLEN is 0
-            # for both)
-            conn.send(("EXISTS", name), ("STRLEN", name), ("GETRANGE", name, 0, first_end))
-            exists, size, first = conn.read(), conn.read(), conn.read()
-            return self._rest(conn, kind, key, exists, size, first, first_end)
-
-        return self._call("GET", kind, key, work)
+        Its size and first bytes are checked before the rest is transferred: a batch of one
+        (:meth:`get_many`), one round trip for most entries."""
+        return self.get_many([(kind, key)])[0]
 
     def _rest(self, conn, kind: str, key: str, exists, size, first, first_end: int):
         """The value whose ``EXISTS``, ``STRLEN`` and first ``GETRANGE`` answered
@@ -209,13 +197,14 @@ class RedisBackend(RemoteBackend):
         set: the first bytes of up to 64 values per round trip (each round trip one call,
         within ``timeout``), the rest of a large one as :meth:`get` reads it. A value that
         fails its checks fails the batch (the tier then counts one error)."""
-        first_end = min(_FIRST, self.max_bytes) - 1
+        first_end = min(_FIRST, self.max_bytes) - 1  # an oversized value costs at most the cap
         out: list[bytes | bytearray | None] = []
         for start in range(0, len(items), _BATCH):
             batch = items[start : start + _BATCH]
             kind0, key0 = batch[0]
 
             def work(conn, batch=batch):
+                # EXISTS tells a missing key from an empty value (STRLEN is 0 for both)
                 commands = []
                 for kind, key in batch:
                     name = self._key(kind, key)
@@ -370,48 +359,32 @@ def _cut(conn, fired: list) -> None:
             pass  # already closed
 
 
-def _check_url(url: str) -> None:
-    """Refuse what a Redis client would silently misread: a db path that is not a number, a port
-    that is not one, a missing host."""
-    try:
-        parts = split_url(url)
-    except ValueError as exc:
-        raise RemoteError(f"remote cache {redact(url)}: bad Redis URL: {exc}") from exc
-    port = parts.port
-    if parts.scheme not in RedisBackend.schemes:
-        raise RemoteError(
-            f"remote cache {redact(url)}: the Redis backend serves redis:// and rediss:// "
-            f"URLs, not {parts.scheme}://"
-        )
-    if not parts.hostname:
-        raise RemoteError(
-            f"remote cache {redact(url)}: no host; expected redis://[:password@]host:port/db"
-        )
-    if port is not None and port == 0:
-        raise RemoteError(f"remote cache {redact(url)}: port 0 is not a port")
-    db = parts.path.strip("/")
-    if db and not db.isdigit():
-        raise RemoteError(
-            f"remote cache {redact(url)}: the path must be a database number "
-            f"(redis://host:6379/0), not {parts.path!r}"
-        )
-
-
 def parse_url(url: str) -> dict:
     """The connection options in ``url``, read as redis-py reads them for what cuforge
     needs: ``redis://[[user]:password@]host[:port][/db]`` and ``rediss://`` (TLS, verified
     by default), user and password percent-decoded, and the TLS options ``ssl_ca_certs``,
     ``ssl_certfile``, ``ssl_keyfile``, ``ssl_cert_reqs`` (``none`` / ``optional`` /
     ``required``) and ``ssl_check_hostname``. Any other query option is refused by name,
-    never ignored. Raises ``ValueError`` saying what is wrong (the caller redacts the URL)."""
-    parts = split_url(url)
-    if parts.scheme not in ("redis", "rediss"):
-        raise ValueError(f"not a redis:// or rediss:// URL ({parts.scheme}://)")
+    never ignored; so is what a client would silently misread (a db path that is not a
+    number, port 0, no host). Raises ``ValueError`` saying what is wrong (the caller adds
+    the redacted URL)."""
+    try:
+        parts = split_url(url)
+    except ValueError as exc:
+        raise ValueError(f"bad Redis URL: {exc}") from None
+    if parts.scheme not in RedisBackend.schemes:
+        raise ValueError(
+            f"the Redis backend serves redis:// and rediss:// URLs, not {parts.scheme}://"
+        )
     if not parts.hostname:
-        raise ValueError("no host")
+        raise ValueError("no host; expected redis://[:password@]host:port/db")
+    if parts.port == 0:
+        raise ValueError("port 0 is not a port")
     db = parts.path.strip("/") or "0"
     if not db.isdigit():
-        raise ValueError(f"the path must be a database number, not {parts.path!r}")
+        raise ValueError(
+            f"the path must be a database number (redis://host:6379/0), not {parts.path!r}"
+        )
     opts: dict = {
         "host": parts.hostname,
         "port": parts.port or 6379,
@@ -427,16 +400,19 @@ def parse_url(url: str) -> dict:
         name, value = _unquote(name), _unquote(value.replace("+", " "))
         if name not in _TLS_OPTIONS:
             raise ValueError(
-                f"unknown option {name!r} (cuforge's Redis client takes {', '.join(_TLS_OPTIONS)})"
+                f"bad Redis URL: unknown option {name!r} (cuforge's Redis client takes "
+                f"{', '.join(_TLS_OPTIONS)})"
             )
         opts[name] = value
     reqs = opts.get("ssl_cert_reqs", "required").lower()
     if reqs not in ("none", "optional", "required"):
-        raise ValueError(f"ssl_cert_reqs must be none, optional or required, not {reqs!r}")
+        raise ValueError(
+            f"bad Redis URL: ssl_cert_reqs must be none, optional or required, not {reqs!r}"
+        )
     opts["ssl_cert_reqs"] = reqs
     check = opts.get("ssl_check_hostname")
     if check is not None and check.lower() not in ("true", "false", "1", "0", "yes", "no"):
-        raise ValueError(f"ssl_check_hostname must be true or false, not {check!r}")
+        raise ValueError(f"bad Redis URL: ssl_check_hostname must be true or false, not {check!r}")
     return opts
 
 

@@ -128,6 +128,8 @@ class Connection:
                 raise ConnectionResetError("the server closed the connection")
             raise ProtocolError(f"a reply line without CRLF: {line[:64]!r}")
         tag, rest = line[:1], line[1:-2]
+        if tag in b"$:*" and not rest.lstrip(b"-").isdigit():
+            raise ProtocolError(f"a reply's length or number that is not one: {line[:64]!r}")
         if tag == b"$":
             size = int(rest)
             if size < 0:
