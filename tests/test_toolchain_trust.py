@@ -156,3 +156,33 @@ def test_a_fifo_in_place_of_the_memo_does_not_hang(isolated_cache, tmp_path):
     assert got["version"] == "12.9.41"
     # the FIFO was replaced by a real memo (a rename never opens what it replaces)
     assert stat.S_ISREG(os.lstat(isolated_cache / "toolchain.json").st_mode)
+
+
+CHECK_CHILD = """
+import json, sys
+from cuforge.errors import ToolchainError
+from cuforge.toolchain import identity, locate
+locate._nvrtc_path_memo[locate._nvrtc_locate_key()] = sys.argv[1]  # keyed, as a memo says
+try:
+    identity.check_loaded_nvrtc()
+    out = {"raised": None}
+except ToolchainError as exc:
+    out = {"raised": str(exc)}
+with open("/proc/self/maps") as f:
+    out["maps"] = f.read()
+out["path"] = locate.nvrtc_library_path()
+print(json.dumps(out))
+"""
+
+
+def test_checking_the_loaded_nvrtc_never_loads_the_keyed_one(isolated_cache, tmp_path):
+    """The compile path's check compares the NVRTC cuda-bindings loaded with the keyed one,
+    whose path may come from the memo: that one is compared by content (read), never
+    loaded, and a different library stops the compile."""
+    planted, mark = _build_planted(tmp_path)
+    code = f"import sys; sys.argv = ['c', {planted!r}]\n" + CHECK_CHILD
+    out = run_python(code, child_env())
+    assert not os.path.exists(mark), "the keyed library was loaded"
+    assert planted not in out["maps"]
+    assert out["raised"] and "cuda-bindings loaded" in out["raised"]
+    assert out["path"] != planted  # repaired: the loaded one is keyed from now on

@@ -215,11 +215,16 @@ def check_loaded_nvrtc() -> None:
         return
     with _memo.lock:
         memo = _memo.load()
-        same = _probe_memoized(memo, keyed) == _probe_memoized(memo, found)
+        found_sig = file_stat_key(found)
+        same = (
+            found_sig is not None
+            and _content_sha256(memo, keyed)
+            == (_probe_memoized(memo, found, found_sig)[0]["sha256"])
+        )
         locate.remember_nvrtc_library(memo, found)
         _memo.save(memo)
     _identity_memo.clear()
-    if same:  # two copies of one release (version and content): the keys stand
+    if same:  # two copies of one library, byte for byte: the keys stand
         return
     raise ToolchainError(
         f"cuforge keyed this process's compiles with the NVRTC at {keyed}, but cuda-bindings "
@@ -228,17 +233,38 @@ def check_loaded_nvrtc() -> None:
     )
 
 
-def _probe_memoized(memo: dict, library: str) -> dict | None:
-    """``library``'s probe (version, SHA-256) from ``memo``, or probed now and put there;
-    None when the file is gone."""
-    sig = file_stat_key(library)
-    if sig is None:
-        return None
+def _probe_memoized(memo: dict, library: str, sig: list[int]) -> tuple[dict, bool]:
+    """``library``'s probe (version, SHA-256) from ``memo``, else probed now and put there;
+    and whether it was probed now. Only for a path derived in this process: a probe may
+    load it."""
     lib = _memo.probed(memo, "nvrtc", library, sig)
-    if lib is None:
-        lib = _probe_nvrtc(library)
-        _memo.remember(memo, "nvrtc", library, sig, lib)
-    return {"version": lib.get("version"), "sha256": lib.get("sha256")}
+    if lib is not None:
+        return lib, False
+    lib = _probe_nvrtc(library)
+    _memo.remember(memo, "nvrtc", library, sig, lib)
+    return lib, True
+
+
+def _content_sha256(memo: dict, library: str) -> str | None:
+    """``library``'s SHA-256 without loading it (its path may have come from the memo):
+    its memoized probe's, else read when it is a regular file; None otherwise."""
+    import stat
+
+    try:
+        st = os.stat(library)
+    except OSError:
+        return None
+    lib = _memo.probed(memo, "nvrtc", library, [st.st_size, st.st_mtime_ns])
+    if lib is not None:
+        return lib.get("sha256")
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    from cuforge.toolchain.wheel_record import installed_sha256
+
+    try:
+        return installed_sha256(library)
+    except OSError:
+        return None
 
 
 def _nvrtc_identity():
@@ -258,11 +284,8 @@ def _nvrtc_identity():
                 locate.remember_nvrtc_library(memo, library)
                 changed = True
                 sig = file_stat_key(library)
-                lib = _memo.probed(memo, "nvrtc", library, sig)
-            if lib is None:
-                lib = _probe_nvrtc(library)
-                _memo.remember(memo, "nvrtc", library, sig, lib)
-                changed = True
+            lib, probed = _probe_memoized(memo, library, sig)
+            changed = changed or probed
         checks = [(library, sig)]
         include = locate.toolkit_include_dirs()
         # where the headers are is not keyed (another venv's path keys the same); what they
