@@ -293,8 +293,8 @@ def prefetch(
     ``"remote"`` or ``"missing"``. Torch extensions are never fetched (they are rebuilt
     from their stanza): they are listed in ``report.missing``."""
     cache = resolve(cache)
+    records = read_lock(os.fspath(lock))  # a bad lockfile raises here, in the caller
     if background:
-        records = read_lock(os.fspath(lock))  # a bad lockfile raises here, in the caller
 
         def run() -> LockReport:
             report = _prefetch(cache, records, progress, memory)
@@ -309,7 +309,7 @@ def prefetch(
             return report
 
         return PrefetchTask(cache, run)._start()
-    return _prefetch(cache, read_lock(os.fspath(lock)), progress, memory)
+    return _prefetch(cache, records, progress, memory)
 
 
 def _settle_nvrtc_identity() -> None:
