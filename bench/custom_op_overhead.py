@@ -12,7 +12,9 @@ synchronize):
 * ``empty_like + kernel``: the same with the output allocated per call, as an out-of-place
   op must;
 * ``op, kernel mode``: ``custom_op(..., kernel, outputs=..., out_like=...)`` called eagerly,
-  with the Python CUDA kernel (``cpp=False``);
+  with the Python CUDA kernel (a lambda grid keeps it Python) through the shim's eager entry
+  to that Python kernel, and the same op as ``torch.ops.<ns>.<op>.default`` (through the
+  dispatcher, as before the entry);
 * ``op, kernel mode, in place``: the same kernel as an op that writes a passed-in tensor;
 * ``op, kernel mode, C++ kernel``: both again with the C++ CUDA kernel of
   ``cuforge.torch.opshim`` (``grid=cdiv_grid(...)``, ``cpp=True``), eagerly (the op's eager
@@ -24,7 +26,8 @@ synchronize):
 * floors, for context: ``torch.ops.aten.empty_like`` called eagerly (a C++ aten op through
   the dispatcher from Python) and a ``torch.compile``'d function holding only
   ``torch.empty_like(x)`` (the per-call floor of a compiled region);
-* ``op, launcher mode``: ``custom_op`` over a typed Python launcher, called eagerly;
+* ``op, launcher mode``: ``custom_op`` over a typed Python launcher, called eagerly (its
+  eager entry), and through the dispatcher;
 * ``torch's own custom_op``: the same launcher through ``torch.library.custom_op`` (the
   registration cuforge used before issue 25: three Python layers per call more);
 * ``torch.compile``: the launcher op, and the in-place kernel op, inside
@@ -84,12 +87,14 @@ def main() -> int:
     k = cuforge.compile(SOURCE, name="custom_op_bench.cu").kernel("muladd")
     ns = f"cuforge_bench_{uuid.uuid4().hex[:8]}"
     grid = lambda numel, a, b, c, result: (numel + 255) // 256  # noqa: E731
+    # a lambda grid keeps the CUDA kernel Python (with the eager entry to it)
     kernel_op = custom_op(
-        f"{ns}::muladd_k", k, outputs=("result",), out_like="a", grid=grid, block=256, cpp=False
+        f"{ns}::muladd_k", k, outputs=("result",), out_like="a", grid=grid, block=256
     )
-    inplace_op = custom_op(
-        f"{ns}::muladd_i", k, mutates_args=("result",), grid=grid, block=256, cpp=False
-    )
+    inplace_op = custom_op(f"{ns}::muladd_i", k, mutates_args=("result",), grid=grid, block=256)
+    for op in (kernel_op, inplace_op):
+        if op._cuforge_entry_why:
+            print(f"no eager entry to the Python kernel: {op._cuforge_entry_why}", file=sys.stderr)
     cgrid = cdiv_grid("numel", 256)
     cpp_op = custom_op(
         f"{ns}::muladd_c", k, outputs=("result",), out_like="a", grid=cgrid, block=256, cpp=True
@@ -172,6 +177,8 @@ def main() -> int:
     compiled_floor(a)
     aten_empty_like = torch.ops.aten.empty_like.default
     cpp_overload = cpp_op._opoverload
+    kernel_overload, inplace_overload = kernel_op._opoverload, inplace_op._opoverload
+    launcher_overload = launcher_op._opoverload
     # torch.compile's CUDA graphs: the compiled region is replayed, Python runs once per call
     graphed = torch.compile(lambda x, y: launcher_op(x, y, 0.5), mode="reduce-overhead")
     for _ in range(3):
@@ -201,6 +208,14 @@ def main() -> int:
         ("empty_like + kernel", alloc_and_launch),
         ("op, kernel mode (allocates the output)", lambda: kernel_op(n, a, b, 0.5)),
         ("op, kernel mode, in place", lambda: inplace_op(n, a, b, 0.5, out)),
+        (
+            "op, kernel mode, through the dispatcher (`torch.ops...default`), allocates",
+            lambda: kernel_overload(n, a, b, 0.5),
+        ),
+        (
+            "op, kernel mode, through the dispatcher, in place",
+            lambda: inplace_overload(n, a, b, 0.5, out),
+        ),
         ("op, kernel mode, C++ kernel (allocates the output)", lambda: cpp_op(n, a, b, 0.5)),
         ("op, kernel mode, C++ kernel, in place", lambda: cpp_inplace(n, a, b, 0.5, out)),
         (
@@ -209,6 +224,7 @@ def main() -> int:
             lambda: cpp_overload(n, a, b, 0.5),
         ),
         ("op, launcher mode (allocates the output)", lambda: launcher_op(a, b, 0.5)),
+        ("op, launcher mode, through the dispatcher", lambda: launcher_overload(a, b, 0.5)),
         ("torch's own `torch.library.custom_op`, same launcher", lambda: torch_op(a, b, 0.5)),
         ("torch.compile(fullgraph=True), launcher op", lambda: compiled(a, b)),
         ("torch.compile(fullgraph=True), in-place kernel op", lambda: compiled_inplace(a, b, out)),

@@ -11,8 +11,9 @@ arrays), the launcher bound once, the C launcher as before issue 25 (torch tenso
 through four method calls, the stream through a Python call, ``__getitem__`` in Python,
 ``cuLaunchKernel``), today's C launcher through ``cuLaunchKernel`` instead of
 ``cuLaunchKernelEx`` (``fastpath.use_launch_ex = False``), the
-pure-Python fast path, the raw anchors (cuda.bindings, ctypes, and the METH_FASTCALL C
-floor), cuda.core, CuPy, a torch op, a torch C++ extension and Triton. The goals of issue 25
+pure-Python fast path, the raw anchors (cuda.bindings, ctypes, the METH_FASTCALL C
+floor, and the driver alone: ten launches per call from a C loop, per launch -- what no
+launch path that calls the driver can go below), cuda.core, CuPy, a torch op, a torch C++ extension and Triton. The goals of issue 25
 are printed under the table.
 
     PYTHONPATH=src python3 bench/launch_overhead.py [--launches 500] [--repeats 31]
@@ -86,8 +87,25 @@ static PyObject* launch_ex(PyObject* self, PyObject* const* args, Py_ssize_t n) 
     if (PyErr_Occurred()) return NULL;
     return PyLong_FromLong(fn_ex(&c, f, p, NULL));
 }
+/* loop(count, f, gx, gy, gz, bx, by, bz, shmem, stream, params): count launches from C, no
+   Python between them: the driver's own cost per launch, once divided by count */
+static PyObject* loop(PyObject* self, PyObject* const* args, Py_ssize_t n) {
+    if (n != 11) { PyErr_SetString(PyExc_TypeError, "loop takes 11 arguments"); return NULL; }
+    long count = PyLong_AsLong(args[0]);
+    void* f = PyLong_AsVoidPtr(args[1]);
+    unsigned v[7];
+    for (int i = 0; i < 7; i++) v[i] = (unsigned)PyLong_AsUnsignedLong(args[2 + i]);
+    void* s = PyLong_AsVoidPtr(args[9]);
+    void** p = (void**)PyLong_AsVoidPtr(args[10]);
+    if (PyErr_Occurred()) return NULL;
+    int r = 0;
+    for (long i = 0; i < count && r == 0; i++)
+        r = fn(f, v[0], v[1], v[2], v[3], v[4], v[5], v[6], s, p, NULL);
+    return PyLong_FromLong(r);
+}
 static PyMethodDef M[] = {
     {"set_fn", set_fn, METH_O, ""},
+    {"loop", (PyCFunction)(void (*)(void))loop, METH_FASTCALL, ""},
     {"launch", (PyCFunction)(void (*)(void))launch, METH_FASTCALL, ""},
     {"set_fn_ex", set_fn_ex, METH_O, ""},
     {"launch_ex", (PyCFunction)(void (*)(void))launch_ex, METH_FASTCALL, ""},
@@ -114,6 +132,11 @@ void saxpy_launch(torch::Tensor y, torch::Tensor x, double a, int64_t n) {
         y.data_ptr<float>(), x.data_ptr<float>(), (float)a, (int)n);
 }
 """
+
+
+#: the driver-alone row: LOOP launches per timed call, from C, reported per launch
+LOOP = 10
+DRIVER_ALONE = "the driver alone: `cuLaunchKernel` in a C loop, pre-packed (per launch)"
 
 
 def measure(rows, launches: int, repeats: int, sync) -> dict[str, list[float]]:
@@ -404,6 +427,13 @@ def main() -> int:
             "raw C launcher (METH_FASTCALL -> cuLaunchKernel), pre-packed",
             lambda: cl(func, 1, 1, 1, 32, 1, 1, 0, stream_handle, params_addr),
         )
+        cloop = claunch.loop
+        assert cloop(LOOP, func, 1, 1, 1, 32, 1, 1, 0, stream_handle, params_addr) == 0
+        run(
+            DRIVER_ALONE,
+            lambda: cloop(LOOP, func, 1, 1, 1, 32, 1, 1, 0, stream_handle, params_addr),
+            f"{LOOP} launches per call from a C loop, per launch: no Python per launch",
+        )
         claunch.set_fn_ex(ctypes.cast(d.pydll.cuLaunchKernelEx, ctypes.c_void_p).value)
         cle = claunch.launch_ex
         run(
@@ -499,6 +529,8 @@ def main() -> int:
 
     # -- measure, then the table ------------------------------------------------------------
     samples = measure(rows, opts.launches, opts.repeats, sync)
+    if DRIVER_ALONE in samples:
+        samples[DRIVER_ALONE] = [t / LOOP for t in samples[DRIVER_ALONE]]
     results = [(label, statistics.median(samples[label]), note) for label, _, note in rows]
     gpu_us = gpu_time_per_kernel(rows[0][1]) if rows else float("nan")
     raw = next((t for label, t, _ in results if label.startswith("raw cuda.bindings")), None)
@@ -541,6 +573,12 @@ def main() -> int:
         ):
             if t:
                 print(f"{label} / raw = {t / raw:.2f} ({goal})")
+    driver_t = row(DRIVER_ALONE)
+    if raw and driver_t:
+        print(
+            f"the driver alone / raw = {driver_t / raw:.2f}: no path that calls the driver once "
+            "per launch goes below it on this host"
+        )
     if cf_t and cupy_t:
         print(f"CuPy / cuforge = {cupy_t / cf_t:.2f} (goal >= 1.30)")
     if opts.json:

@@ -199,6 +199,32 @@ def test_compile_reduce_overhead_cuda_graph_trees(ops):
         torch.testing.assert_close(out, (a * b + 0.5) * b + 2.0 + b)
 
 
+def test_python_kernels_run_eagerly_through_the_shim_entry(ops):
+    """The lambda-grid kernel ops and the launcher op keep Python kernels; eagerly, a plain
+    call runs them through the shim's entry (no dispatcher round trip), on torch's current
+    stream like any call."""
+    from cuforge.torch import opshim
+
+    muladd, saxpy, launcher = ops
+    for op in ops:
+        assert op._cuforge_entry_why is None and op._cuforge_py_entry is not None
+    a, b = inputs()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        out = muladd(a.numel(), a, b, 0.5)
+        two = launcher(a, b, 0.5)
+        y = b.clone()
+        saxpy(y, a, 2.0, y.numel())
+    side.synchronize()
+    torch.testing.assert_close(out, a * b + 0.5)
+    torch.testing.assert_close(two, a * b + 0.5 + b)
+    torch.testing.assert_close(y, 2.0 * a + b)
+    assert [opshim.fast_calls(op) for op in ops] == [1, 1, 1]
+    muladd._opoverload(a.numel(), a, b, 0.5)  # the dispatcher: not the entry
+    assert opshim.fast_calls(muladd) == 1
+
+
 def test_launch_follows_torch_current_stream(ops):
     muladd, _, _ = ops
     side = torch.cuda.Stream()

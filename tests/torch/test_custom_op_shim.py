@@ -575,3 +575,82 @@ def test_every_dtype_is_checked_with_its_input_before_anything_is_allocated(reco
         scale(4, torch.ones(4, dtype=torch.int32))
     assert launches == []
     assert scale(4, torch.ones(4)).dtype == torch.float32 and len(launches) == 1
+
+
+def test_python_kernel_eager_entry_runs_plain_calls_straight(shim):
+    """An op whose kernel stays Python (here a launcher, on the CPU key) gets the shim's
+    eager entry too: a plain call runs the registered kernel without the dispatcher's round
+    trip; a mode, grad, keyword arguments, another device or an int for a float go through
+    torch's OpOverload, and each path hands the kernel the same values."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen_args: list = []
+
+    def scale(x: torch.Tensor, a: float, n: int, flag: bool) -> torch.Tensor:
+        seen_args.append((type(a), type(n), type(flag)))
+        return x * a + n + flag
+
+    q = qual("scale")
+    with pytest.warns(UserWarning, match="launcher mode"):
+        op = custom_op(q, scale, out_like="x", device_types="cpu", cpp=True)
+    assert op._cuforge_entry_why is None and op._cuforge_fast is not None
+    x = torch.arange(4, dtype=torch.float32)
+    assert torch.equal(op(x, 2.0, 1, True), x * 2 + 2)
+    assert opshim.fast_calls(op) == 1 and seen_args == [(float, int, bool)]
+
+    seen = []
+
+    class Seen(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Seen():
+        op(x, 2.0, 1, False)
+    assert seen == [f"{q.replace('::', '.')}.default"]
+    assert torch.equal(op(x, 2, 1, False), x * 2 + 1)  # an int for a float: torch converts
+    assert seen_args[-1] == (float, int, bool)
+    op(x, a=2.0, n=1, flag=False)  # keyword arguments: torch binds them
+    with pytest.raises(RuntimeError, match="requires grad but the op has no autograd formula"):
+        op(x.clone().requires_grad_(), 2.0, 1, False)
+    assert op(x.to("meta"), 2.0, 1, False).device.type == "meta"  # to the fake
+    assert opshim.fast_calls(op) == 1  # none of those took the entry
+    with torch.no_grad():
+        op(x.clone().requires_grad_(), 2.0, 1, False)
+    assert opshim.fast_calls(op) == 2
+    torch.library.opcheck(op, (x, 2.0, 1, True))
+
+    # a replaced kernel for the entry's device: the entry goes, the new kernel runs
+    op.register_kernel("cpu", lambda x, a, n, flag: x - a)
+    assert op._cuforge_fast is None and "register_kernel" in op._cuforge_entry_why
+    assert torch.equal(op(x, 2.0, 1, True), x - 2)
+
+
+def test_python_kernel_eager_entry_bumps_written_tensors_like_the_dispatcher(shim):
+    def add_(y: torch.Tensor, x: torch.Tensor) -> None:
+        y.add_(x)
+
+    with pytest.warns(UserWarning, match="launcher mode"):
+        op = custom_op(qual("add_"), add_, mutates_args=("y",), device_types="cpu", cpp=True)
+    y, x = torch.zeros(3), torch.ones(3)
+    v = y._version
+    op(y, x)  # the entry
+    entry_bumps = y._version - v
+    v = y._version
+    op(y, x=x)  # the dispatcher
+    assert opshim.fast_calls(op) == 1 and y._version - v == entry_bumps >= 1
+    assert torch.equal(y, torch.full((3,), 2.0))
+
+
+def test_which_ops_get_no_python_kernel_entry(shim):
+    def two(x: torch.Tensor, xs: list[int]) -> torch.Tensor:
+        return x.clone()
+
+    with pytest.warns(UserWarning, match="launcher mode"):
+        op = custom_op(qual("two"), two, out_like="x", device_types="cpu", cpp=True)
+    assert op._cuforge_fast is None and "xs" in op._cuforge_entry_why
+    op = custom_op(qual("off"), two, out_like="x", device_types="cpu", cpp=False)
+    assert op._cuforge_entry_why == "cpp=False" and op._cuforge_fast is None
+    with pytest.warns(UserWarning, match="launcher mode"):
+        op = custom_op(qual("every"), two, out_like="x", device_types=None, cpp=True)
+    assert "CompositeExplicitAutograd" in op._cuforge_entry_why

@@ -18,6 +18,10 @@
 // that needs grad, no RecordFunction callback (the profiler) -- it runs the same kernel
 // as the dispatcher would, skipping torch's Python -> IValue -> dispatcher hop (~2.5 us);
 // otherwise it calls the op's OpOverload, so every other path is torch's own.
+//
+// cfshim_py_entry: the same entry for an op whose device kernel stays Python (a lambda grid,
+// a launcher): the same checks, then that Python kernel called with the call's own
+// arguments, skipping the round trip through the dispatcher back into Python.
 #include <Python.h>
 #include <ATen/PythonTorchFunctionTLS.h>
 #include <ATen/core/Tensor.h>
@@ -128,6 +132,7 @@ struct Plan {
   bool cpu = false;  // tests only: registered for the CPU key, launches to a recording stand-in
   std::vector<Param> params;
   std::vector<Input> inputs;
+  std::vector<int> types;  // inputs[i].type, for plain_call
   std::vector<int> out_like;
   std::vector<std::string> input_names;
   launch_ex_t launch_ex = nullptr;
@@ -366,16 +371,21 @@ const c10::DispatchKeySet PLAIN = c10::DispatchKeySet(c10::DispatchKey::CUDA) |
                                   c10::DispatchKeySet(c10::DispatchKey::AutocastCUDA) |
                                   c10::DispatchKeySet(c10::DispatchKey::AutocastCPU);
 
-// the call as the dispatcher would see it is the same as the kernel's own: see the header
-bool plain_call(const Plan& p, PyObject* const* args, torch::jit::Stack& stack) {
+// the call as the dispatcher would see it is the same as the kernel's own: see the header.
+// types: each input's A_* type; cpu: the kernel serves the CPU key (else CUDA). stack: the
+// IValues for the C++ kernel, or nullptr for the Python kernel's entry, which hands the Python
+// objects on as they are: then a float argument must be a Python float already (the
+// dispatcher would hand the kernel a float for an int)
+bool plain_call(const int* types, int n, bool cpu, PyObject* const* args,
+                torch::jit::Stack* stack) {
   if (c10::impl::TorchDispatchModeTLS::any_modes_set() || at::impl::torch_function_mode_enabled() ||
       !(c10::impl::tls_local_dispatch_key_set().included_ - c10::default_included_set).empty() ||
       at::hasCallbacks())
     return false;
   const bool grad = c10::GradMode::is_enabled();
-  for (int i = 0; i < p.n_in; i++) {
+  for (int i = 0; i < n; i++) {
     PyObject* a = args[i];
-    switch (p.inputs[i].type) {
+    switch (types[i]) {
       case A_TENSOR: {
         if (!THPVariable_CheckExact(a)) return false;
         const at::Tensor& t = THPVariable_Unpack(a);
@@ -384,9 +394,9 @@ bool plain_call(const Plan& p, PyObject* const* args, torch::jit::Stack& stack) 
         // on the kernel's own device only: a meta (opcheck, fake tracing outside a mode) or
         // CPU tensor goes to the dispatcher, to its Meta or CPU kernel (PLAIN's functionality
         // bits alone let any backend through)
-        if (p.cpu ? !t.is_cpu() : !t.is_cuda()) return false;
+        if (cpu ? !t.is_cpu() : !t.is_cuda()) return false;
         if (grad && t.requires_grad()) return false;
-        stack.emplace_back(t);
+        if (stack) stack->emplace_back(t);
         break;
       }
       case A_INT: {
@@ -397,26 +407,26 @@ bool plain_call(const Plan& p, PyObject* const* args, torch::jit::Stack& stack) 
           PyErr_Clear();
           return false;
         }
-        stack.emplace_back(static_cast<int64_t>(v));
+        if (stack) stack->emplace_back(static_cast<int64_t>(v));
         break;
       }
       case A_FLOAT:
         if (PyFloat_CheckExact(a)) {
-          stack.emplace_back(PyFloat_AS_DOUBLE(a));
-        } else if (PyLong_CheckExact(a)) {
+          if (stack) stack->emplace_back(PyFloat_AS_DOUBLE(a));
+        } else if (stack && PyLong_CheckExact(a)) {
           const double v = PyLong_AsDouble(a);
           if (v == -1.0 && PyErr_Occurred()) {
             PyErr_Clear();
             return false;
           }
-          stack.emplace_back(v);
+          stack->emplace_back(v);
         } else {
           return false;
         }
         break;
       default:  // A_BOOL
         if (!PyBool_Check(a)) return false;
-        stack.emplace_back(a == Py_True);
+        if (stack) stack->emplace_back(a == Py_True);
         break;
     }
   }
@@ -430,7 +440,7 @@ PyObject* fast_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   const Plan& p = *f->plan;
   torch::jit::Stack stack;
   stack.reserve(p.n_in + p.n_out);
-  if (nargs != p.n_in || !plain_call(p, args, stack))
+  if (nargs != p.n_in || !plain_call(p.types.data(), p.n_in, p.cpu, args, &stack))
     return PyObject_Vectorcall(f->fallback, args, static_cast<size_t>(nargs), nullptr);
   f->plan->fast_calls.fetch_add(1, std::memory_order_relaxed);
   std::string err;
@@ -467,11 +477,60 @@ void fast_free(PyObject* capsule) {
   delete f;
 }
 
+// -- the Python kernel's eager entry ---------------------------------------------------------
+// For an op whose device kernel stays Python (a lambda grid, a launcher: docs/custom_ops.md),
+// the same checks, then that Python kernel called straight with the call's own arguments:
+// what the dispatcher would do for a plain call, without torch's Python -> IValue ->
+// dispatcher -> Python round trip.
+
+struct PyFast {
+  std::vector<int> types;
+  std::vector<int> mutated;  // the inputs whose version counters a call bumps
+  bool cpu;
+  PyObject* fn;        // the op's Python kernel (a new reference)
+  PyObject* fallback;  // the op's OpOverload (a new reference)
+  std::atomic<uint64_t> calls{0};
+};
+
+constexpr const char* PY_CAPSULE = "cuforge.opshim.pyfast";
+
+PyObject* py_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  HANDLE_TH_ERRORS
+  auto* f = static_cast<PyFast*>(PyCapsule_GetPointer(self, PY_CAPSULE));
+  if (f == nullptr) return nullptr;
+  const int n = static_cast<int>(f->types.size());
+  if (nargs != n || !plain_call(f->types.data(), n, f->cpu, args, nullptr))
+    return PyObject_Vectorcall(f->fallback, args, static_cast<size_t>(nargs), nullptr);
+  f->calls.fetch_add(1, std::memory_order_relaxed);
+  PyObject* result = PyObject_Vectorcall(f->fn, args, static_cast<size_t>(nargs), nullptr);
+  // what the registered kernel's wrapper does after the kernel (custom_ops._device_kernel;
+  // its grad check is plain_call's): bump each written tensor's version counter
+  if (result != nullptr)
+    for (int i : f->mutated) THPVariable_Unpack(args[i]).unsafeGetTensorImpl()->bump_version();
+  return result;
+  END_HANDLE_TH_ERRORS
+}
+
+PyMethodDef PY_DEF = {"cuforge_opshim_pycall", reinterpret_cast<PyCFunction>(py_call),
+                      METH_FASTCALL,
+                      "a cuforge custom op's eager entry to its Python kernel (cuforge.torch.opshim)"};
+
+void py_free(PyObject* capsule) {
+  auto* f = static_cast<PyFast*>(PyCapsule_GetPointer(capsule, PY_CAPSULE));
+  if (f == nullptr) {
+    PyErr_Clear();
+    return;
+  }
+  Py_XDECREF(f->fn);
+  Py_XDECREF(f->fallback);
+  delete f;
+}
+
 }  // namespace
 
 extern "C" {
 
-int cfshim_abi_version() { return 2; }
+int cfshim_abi_version() { return 3; }
 
 // spec (int64): n_in, n_params, n_out, buf_size, gx, gy, gz, bx, by, bz, shmem, grid_mode,
 // grid_src, grid_per, grad_check, cpu; per param: src, kind, offset, dtype; per input: type,
@@ -509,6 +568,7 @@ void* cfshim_register(const char* ns, const char* name, const char* label, const
     for (int i = 0; i < p->n_in; i++) {
       p->inputs.push_back(
           Input{static_cast<int>(spec[at]), spec[at + 1] != 0, spec[at + 2] != 0, {}});
+      p->types.push_back(p->inputs.back().type);
       at += 3;
     }
     for (int j = 0; j < p->n_out; j++) p->out_like.push_back(static_cast<int>(spec[at++]));
@@ -606,6 +666,50 @@ PyObject* cfshim_fast(void* handle, PyObject* fallback) {
   PyObject* fn = PyCFunction_NewEx(&FAST_DEF, capsule, nullptr);
   Py_DECREF(capsule);  // the function holds it
   return fn;
+}
+
+// the eager entry of an op whose device kernel is Python: a new builtin calling ``fn`` (the
+// op's Python kernel) for a plain call, then bumping the version counters of the inputs
+// flagged in ``mutated``, and ``fallback`` (the op's OpOverload) for any other call.
+// types: each argument's A_* type (n of them); cpu: ``fn`` serves the CPU key, else CUDA.
+// Through ctypes.PyDLL: the GIL is held.
+PyObject* cfshim_py_entry(const int64_t* types, const int64_t* mutated, int n, int cpu,
+                          PyObject* fn, PyObject* fallback) {
+  if (fn == nullptr || fallback == nullptr || n < 0 || n > MAXP) {
+    PyErr_SetString(PyExc_ValueError, "cfshim_py_entry: no kernel, no fallback or bad count");
+    return nullptr;
+  }
+  for (int i = 0; i < n; i++)
+    if (mutated[i] != 0 && types[i] != A_TENSOR) {
+      PyErr_SetString(PyExc_ValueError, "cfshim_py_entry: a written argument is not a tensor");
+      return nullptr;
+    }
+  auto* f = new PyFast{{}, {}, cpu != 0, fn, fallback};
+  for (int i = 0; i < n; i++) {
+    f->types.push_back(static_cast<int>(types[i]));
+    if (mutated[i] != 0) f->mutated.push_back(i);
+  }
+  Py_INCREF(fn);
+  Py_INCREF(fallback);
+  PyObject* capsule = PyCapsule_New(f, PY_CAPSULE, py_free);
+  if (capsule == nullptr) {
+    Py_DECREF(fn);
+    Py_DECREF(fallback);
+    delete f;
+    return nullptr;
+  }
+  PyObject* entry = PyCFunction_NewEx(&PY_DEF, capsule, nullptr);
+  Py_DECREF(capsule);  // the function holds it (and frees it with itself)
+  return entry;
+}
+
+// the calls ``entry`` (from cfshim_py_entry) handed to the Python kernel itself; -1: not one
+int64_t cfshim_py_entry_calls(PyObject* entry) {
+  if (entry == nullptr || !PyCFunction_Check(entry)) return -1;
+  PyObject* capsule = PyCFunction_GET_SELF(entry);
+  if (capsule == nullptr || !PyCapsule_IsValid(capsule, PY_CAPSULE)) return -1;
+  return static_cast<int64_t>(
+      static_cast<PyFast*>(PyCapsule_GetPointer(capsule, PY_CAPSULE))->calls.load());
 }
 
 // drop the registration (the dispatcher forgets the kernel)

@@ -820,6 +820,13 @@ def custom_op(
             warnings.warn(f"custom_op({qualname!r}): the Python kernel stays: {why}", stacklevel=2)
         if keys:
             op._register_backend(impl_fn, keys, parsed)
+            if len(keys) == 1 and op._cuforge_fast is None:
+                from cuforge.torch import opshim
+
+                # eagerly, a plain call runs the Python kernel without the dispatcher's round
+                # trip (the C++ kernel's entry does the same for its kernel)
+                kernel = _dynamo_disabled(impl_fn, torch)
+                op._cuforge_entry_why = opshim.python_entry(op, kernel, parsed, keys[0], cpp)
     except (RuntimeError, ValueError, NotImplementedError) as exc:
         raise CustomOpError(
             f"custom_op({qualname!r}): torch refused to register the op with schema "
@@ -926,8 +933,14 @@ def _op_type():
         requires grad (torch's autograd fallback would only warn at backward and leave the
         gradient out)."""
 
-        #: the C++ kernel's eager entry (cuforge.torch.opshim), when the op has one
+        #: the eager entry (cuforge.torch.opshim), when the op has one: to its C++ kernel,
+        #: or (_cuforge_py_entry, the same object) to its Python one
         _cuforge_fast = None
+        _cuforge_py_entry = None
+        _cuforge_entry_key = None
+        #: why the op has no eager entry to its Python kernel (None: it has one, or its
+        #: kernel is C++)
+        _cuforge_entry_why = None
 
         def __call__(self, *args, **kwargs):
             # eagerly, the C++ kernel's own entry: it takes a plain call itself and hands
@@ -973,6 +986,11 @@ def _op_type():
 
             def inner(f):
                 CustomOpDef.register_kernel(self, device_types, self._device_kernel(f, parsed))
+                entry = self._cuforge_py_entry
+                if entry is not None and self._cuforge_entry_key in _dispatch_keys(device_types):
+                    # a new kernel for the entry's device: the entry would call the old one
+                    self._cuforge_fast = self._cuforge_py_entry = None
+                    self._cuforge_entry_why = "register_kernel replaced the kernel"
                 return f
 
             return inner if fn is None else inner(fn)

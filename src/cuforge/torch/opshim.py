@@ -130,7 +130,7 @@ def load_shim(cache=None):
         _state["path"] = result.path
         _state["compiled"] = len(result.compiled)
         lib = ctypes.CDLL(result.path)
-        if lib.cfshim_abi_version() != 2:
+        if lib.cfshim_abi_version() != 3:
             raise RuntimeError(f"the shim at {result.path} has another ABI version")
         lib.cfshim_register.restype = c_void_p
         lib.cfshim_register.argtypes = [c_char_p] * 4 + [ctypes.POINTER(c_int64)]
@@ -146,6 +146,15 @@ def load_shim(cache=None):
         fast.restype = ctypes.py_object
         fast.argtypes = [c_void_p, ctypes.py_object]
         _state["fast"] = fast
+        pydll = ctypes.PyDLL(result.path)
+        py_entry = pydll.cfshim_py_entry
+        py_entry.restype = ctypes.py_object
+        py_entry.argtypes = [ctypes.POINTER(c_int64)] * 2 + [c_int, c_int]
+        py_entry.argtypes += [ctypes.py_object] * 2
+        _state["py_entry"] = py_entry
+        py_calls = pydll.cfshim_py_entry_calls
+        py_calls.restype, py_calls.argtypes = c_int64, [ctypes.py_object]
+        _state["py_entry_calls"] = py_calls
     except Exception as exc:  # noqa: BLE001 - any build/load failure: the Python kernel stays
         _state["why"] = f"the C++ op shim is not available ({type(exc).__name__}: {exc})".split(
             "\n"
@@ -157,7 +166,7 @@ def load_shim(cache=None):
 
 def shim_info() -> dict:
     """What :func:`load_shim` found (path, files compiled in this process, why not)."""
-    return {k: v for k, v in _state.items() if k not in ("lib", "fast")}
+    return {k: v for k, v in _state.items() if k in ("path", "compiled", "why")}
 
 
 def _driver_entries():
@@ -369,6 +378,44 @@ _no_launch = ctypes.CFUNCTYPE(ctypes.c_int, *[ctypes.c_void_p] * 11)(_no_launch)
 _no_stream = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p)(_no_stream_fn)
 
 
+#: the schema types the eager entry checks (_opshim.cpp's A_TENSOR, A_INT, A_FLOAT, A_BOOL)
+_ENTRY_TYPES = {"Tensor": 0, "int": 1, "SymInt": 1, "float": 2, "bool": 3}
+
+
+def python_entry(op, kernel, parsed, key: str, cpp, cache=None) -> str | None:
+    """Give ``op`` (a CuforgeOp whose ``key`` kernel is the Python ``kernel``) the shim's
+    eager entry to that kernel (``_opshim.cpp``, ``cfshim_py_entry``): a plain eager call
+    runs ``kernel`` straight and bumps the version counters of the tensors the schema marks
+    written; any other goes through the dispatcher as before. ``kernel`` is the op's
+    implementation, not the registered wrapper (``CuforgeOp._device_kernel``): the entry's
+    checks include the wrapper's grad check, and the entry bumps. None, or why not (the op
+    then simply goes through the dispatcher; nothing is warned)."""
+    why = enabled(cpp)
+    if why is not None:
+        return why
+    if key not in ("CUDA", "CPU"):
+        return f"the kernel is registered for {key}, not one device's key"
+    types = []
+    for a in parsed.arguments:
+        t = _ENTRY_TYPES.get(str(a.type))
+        if t is None or a.kwarg_only:
+            return f"argument {a.name!r} is {'keyword-only' if a.kwarg_only else a.type}"
+        types.append(t)
+    if 0 not in types:
+        return "the op takes no tensor (the dispatcher picks its device from the tensors)"
+    if load_shim(cache) is None:
+        return _state.get("why", "the C++ op shim is not available")
+    written = [int(a.alias_info is not None and a.alias_info.is_write) for a in parsed.arguments]
+    if any(w and t != 0 for w, t in zip(written, types, strict=True)):
+        return "the schema marks a non-tensor argument written"
+    n, cpu = len(types), int(key == "CPU")
+    op._cuforge_fast = _state["py_entry"](
+        (c_int64 * n)(*types), (c_int64 * n)(*written), n, cpu, kernel, op._opoverload
+    )
+    op._cuforge_py_entry, op._cuforge_entry_key = op._cuforge_fast, key
+    return None
+
+
 def _counter(op, name: str) -> int:
     found = getattr(op, "_cuforge_cpp", None)
     if found is None:
@@ -383,5 +430,10 @@ def calls(op) -> int:
 
 
 def fast_calls(op) -> int:
-    """How many of :func:`calls` the op's eager entry ran itself, without the dispatcher."""
+    """How many of :func:`calls` the op's eager entry ran itself, without the dispatcher;
+    for an op whose kernel is Python: how many calls its eager entry handed that kernel
+    itself."""
+    entry = getattr(op, "_cuforge_py_entry", None)
+    if entry is not None:
+        return int(_state["py_entry_calls"](entry))
     return _counter(op, "cfshim_fast_calls")
