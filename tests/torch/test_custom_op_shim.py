@@ -620,10 +620,14 @@ def test_python_kernel_eager_entry_runs_plain_calls_straight(shim):
     assert opshim.fast_calls(op) == 2
     torch.library.opcheck(op, (x, 2.0, 1, True))
 
-    # a replaced kernel for the entry's device: the entry goes, the new kernel runs
-    op.register_kernel("cpu", lambda x, a, n, flag: x - a)
-    assert op._cuforge_fast is None and "register_kernel" in op._cuforge_entry_why
-    assert torch.equal(op(x, 2.0, 1, True), x - 2)
+    # a new kernel for the entry's device: the entry goes, and the call is torch's again
+    try:
+        op.register_kernel("cpu", lambda x, a, n, flag: x - a)
+    except RuntimeError:  # a torch that keeps one kernel per key refuses: the entry stays
+        assert op._cuforge_fast is not None
+    else:
+        assert op._cuforge_fast is None and "register_kernel" in op._cuforge_entry_why
+        assert torch.equal(op(x, 2.0, 1, True), x - 2)
 
 
 def test_python_kernel_eager_entry_bumps_written_tensors_like_the_dispatcher(shim):
