@@ -300,6 +300,23 @@ def value(params, i: int, ctype):
     return ctypes.cast(params[i], ctypes.POINTER(ctype))[0]
 
 
+def dispatched(op, *args) -> list[str]:
+    """The ops torch's dispatcher saw while ``op(*args)`` ran under a dispatch mode (a mode
+    sends every call through the dispatcher: an eager entry must hand it over)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen: list[str] = []
+
+    class Seen(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Seen():
+        op(*args)
+    return seen
+
+
 def test_cpp_kernel_packs_allocates_and_launches(recorded, prog):
     launches, result = recorded
     op = muladd_op(prog, qual("muladd"))
@@ -338,7 +355,6 @@ def test_eager_entry_takes_plain_calls_and_hands_the_rest_to_the_dispatcher(reco
     """op(...) eagerly runs the C++ kernel straight from its METH_FASTCALL entry when the
     dispatcher would do nothing else; a dispatch mode, a tensor subclass, an input that
     needs grad, the profiler or keyword arguments go through torch's OpOverload instead."""
-    from torch.utils._python_dispatch import TorchDispatchMode
 
     launches, _ = recorded
     q = qual("muladd")
@@ -350,16 +366,7 @@ def test_eager_entry_takes_plain_calls_and_hands_the_rest_to_the_dispatcher(reco
         op(4, torch.ones(4, dtype=torch.float64), torch.ones(4, dtype=torch.float64), 1.0)
     assert opshim.fast_calls(op) == 2
 
-    seen = []
-
-    class Seen(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            seen.append(str(func))
-            return func(*args, **(kwargs or {}))
-
-    with Seen():
-        op(300, a, b, 1.5)
-    assert seen == [f"{q.replace('::', '.')}.default"]
+    assert dispatched(op, 300, a, b, 1.5) == [f"{q.replace('::', '.')}.default"]
 
     class Sub(torch.Tensor):
         pass
@@ -582,7 +589,6 @@ def test_python_kernel_eager_entry_runs_plain_calls_straight(shim):
     eager entry too: a plain call runs the registered kernel without the dispatcher's round
     trip; a mode, grad, keyword arguments, another device or an int for a float go through
     torch's OpOverload, and each path hands the kernel the same values."""
-    from torch.utils._python_dispatch import TorchDispatchMode
 
     seen_args: list = []
 
@@ -598,16 +604,7 @@ def test_python_kernel_eager_entry_runs_plain_calls_straight(shim):
     assert torch.equal(op(x, 2.0, 1, True), x * 2 + 2)
     assert opshim.fast_calls(op) == 1 and seen_args == [(float, int, bool)]
 
-    seen = []
-
-    class Seen(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            seen.append(str(func))
-            return func(*args, **(kwargs or {}))
-
-    with Seen():
-        op(x, 2.0, 1, False)
-    assert seen == [f"{q.replace('::', '.')}.default"]
+    assert dispatched(op, x, 2.0, 1, False) == [f"{q.replace('::', '.')}.default"]
     assert torch.equal(op(x, 2, 1, False), x * 2 + 1)  # an int for a float: torch converts
     assert seen_args[-1] == (float, int, bool)
     op(x, a=2.0, n=1, flag=False)  # keyword arguments: torch binds them
