@@ -667,3 +667,27 @@ def test_a_cpu_kernel_beside_the_cuda_one_gets_what_torch_would_do_around_it():
     torch.testing.assert_close(mymul(a.detach(), b), a.detach() * b)
     with pytest.raises(RuntimeError, match="argument 'a' requires grad"):
         mymul(a, b)
+
+
+def test_each_written_tensor_is_bumped_once_positional_or_keyword():
+    """The device kernel bumps the version of every tensor the schema marks written, once,
+    whether it came positionally or by keyword (one written tensor and several take
+    different code)."""
+
+    def fill2(a: torch.Tensor, b: torch.Tensor, x: torch.Tensor) -> None:
+        a.data.copy_(x)  # .data: writes that bump nothing themselves
+        b.data.copy_(x)
+
+    def fill1(a: torch.Tensor, x: torch.Tensor) -> None:
+        a.data.copy_(x)
+
+    two = custom_op(qual("fill2"), fill2, mutates_args=("a", "b"), device_types="cpu", cpp=False)
+    one = custom_op(qual("fill1"), fill1, mutates_args=("a",), device_types="cpu", cpp=False)
+    a, b, x = torch.zeros(2), torch.zeros(2), torch.ones(2)
+    two(a, b, x)
+    assert (a._version, b._version, x._version) == (1, 1, 0) and a.tolist() == [1.0, 1.0]
+    two(a, b=b, x=x)
+    assert (a._version, b._version, x._version) == (2, 2, 0)
+    one(a, x)
+    one(a=a, x=x)
+    assert (a._version, b._version, x._version) == (4, 2, 0)

@@ -1038,8 +1038,10 @@ def _op_type():
                 return bumped(args, kwargs, result) if mutated else result
 
             # the common call costs a grad-mode check and a loop (no generator: ~0.4 us
-            # more per call on the dev machine, bench/custom_op_cpu.py)
-            if mutated:
+            # more per call on the dev machine, bench/custom_op_cpu.py); one written tensor
+            # is bumped as a 1-tuple (0.14 us here, against 0.38 us through a generator)
+            if len(mutated) == 1:
+                (m0,) = mutated
 
                 def run(*args, **kwargs):
                     n = len(args)
@@ -1048,7 +1050,19 @@ def _op_type():
                             if i < n and args[i].requires_grad:
                                 return needs_grad(i, args, kwargs)
                     result = fn(*args, **kwargs)
-                    bump(tuple(args[i] if i < n else kwargs[names[i]] for i in mutated))
+                    bump((args[m0],) if m0 < n else (kwargs[names[m0]],))
+                    return result
+
+            elif mutated:
+
+                def run(*args, **kwargs):
+                    n = len(args)
+                    if grad_enabled():
+                        for i in tensors:
+                            if i < n and args[i].requires_grad:
+                                return needs_grad(i, args, kwargs)
+                    result = fn(*args, **kwargs)
+                    bump([args[i] if i < n else kwargs[names[i]] for i in mutated])
                     return result
 
             else:
