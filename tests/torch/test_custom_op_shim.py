@@ -655,3 +655,33 @@ def test_which_ops_get_no_python_kernel_entry(shim):
     with pytest.warns(UserWarning, match="launcher mode"):
         op = custom_op(qual("every"), two, out_like="x", device_types=None, cpp=True)
     assert "CompositeExplicitAutograd" in op._cuforge_entry_why
+
+
+def test_python_kernel_entry_hands_calls_under_dynamos_frame_hook_to_the_op(shim):
+    """The entry checks Dynamo's frame hook itself (the registered kernel's wrapper did):
+    while the hook returns a callback, a call goes to the fallback (the OpOverload, whose
+    kernel runs with Dynamo off); None or False: to the kernel. The entry here is made
+    directly, with stand-in callables for the kernel, the fallback and the hook."""
+    from ctypes import c_int64
+
+    make = opshim._state["py_entry"]
+    hook_returns: list = [None]
+
+    def hook():
+        if isinstance(hook_returns[0], Exception):
+            raise hook_returns[0]
+        return hook_returns[0]
+
+    one = (c_int64 * 1)(0)  # one Tensor argument, not written
+    entry = make(one, (c_int64 * 1)(0), 1, 1, lambda t: "kernel", lambda t: "fallback", hook)
+    x = torch.ones(2)
+    assert entry(x) == "kernel"
+    hook_returns[0] = object()  # a callback: a compiled region's frame hook is set
+    assert entry(x) == "fallback"
+    hook_returns[0] = False  # Dynamo's "run, do not compile"
+    assert entry(x) == "kernel"
+    hook_returns[0] = RuntimeError("the hook failed")
+    with pytest.raises(RuntimeError, match="the hook failed"):
+        entry(x)
+    plain = make(one, (c_int64 * 1)(0), 1, 1, lambda t: "kernel", lambda t: "fallback", None)
+    assert plain(x) == "kernel"  # no hook given: no check

@@ -489,8 +489,21 @@ struct PyFast {
   bool cpu;
   PyObject* fn;        // the op's Python kernel (a new reference)
   PyObject* fallback;  // the op's OpOverload (a new reference)
+  PyObject* hook;      // Dynamo's get_eval_frame_callback (a new reference), or nullptr
   std::atomic<uint64_t> calls{0};
 };
+
+// Dynamo's frame hook is set (a graph break in a compiled region runs this call): the
+// kernel must run with Dynamo off, as the registered one does (custom_ops._dynamo_disabled)
+// -- the OpOverload's way. -1: the hook raised (the error is set)
+int dynamo_active(PyObject* hook) {
+  if (hook == nullptr) return 0;
+  PyObject* r = PyObject_CallNoArgs(hook);
+  if (r == nullptr) return -1;
+  const int active = r != Py_None && r != Py_False;
+  Py_DECREF(r);
+  return active;
+}
 
 constexpr const char* PY_CAPSULE = "cuforge.opshim.pyfast";
 
@@ -501,6 +514,9 @@ PyObject* py_call(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   const int n = static_cast<int>(f->types.size());
   if (nargs != n || !plain_call(f->types.data(), n, f->cpu, args, nullptr))
     return PyObject_Vectorcall(f->fallback, args, static_cast<size_t>(nargs), nullptr);
+  const int active = dynamo_active(f->hook);
+  if (active < 0) return nullptr;
+  if (active) return PyObject_Vectorcall(f->fallback, args, static_cast<size_t>(nargs), nullptr);
   f->calls.fetch_add(1, std::memory_order_relaxed);
   PyObject* result = PyObject_Vectorcall(f->fn, args, static_cast<size_t>(nargs), nullptr);
   // what the registered kernel's wrapper does after the kernel (custom_ops._device_kernel;
@@ -523,6 +539,7 @@ void py_free(PyObject* capsule) {
   }
   Py_XDECREF(f->fn);
   Py_XDECREF(f->fallback);
+  Py_XDECREF(f->hook);
   delete f;
 }
 
@@ -670,12 +687,13 @@ PyObject* cfshim_fast(void* handle, PyObject* fallback) {
 
 // the eager entry of an op whose device kernel is Python: a new builtin calling ``fn`` (the
 // op's Python kernel) for a plain call, then bumping the version counters of the inputs
-// flagged in ``mutated``, and ``fallback`` (the op's OpOverload) for any other call.
+// flagged in ``mutated``, and ``fallback`` (the op's OpOverload) for any other call -- also
+// while ``hook`` (Dynamo's get_eval_frame_callback; None: no check) returns a callback.
 // types: each argument's A_* type (n of them); cpu: ``fn`` serves the CPU key, else CUDA.
 // Through ctypes.PyDLL: the GIL is held.
 PyObject* cfshim_py_entry(const int64_t* types, const int64_t* mutated, int n, int cpu,
-                          PyObject* fn, PyObject* fallback) {
-  if (fn == nullptr || fallback == nullptr || n < 0 || n > MAXP) {
+                          PyObject* fn, PyObject* fallback, PyObject* hook) {
+  if (fn == nullptr || fallback == nullptr || hook == nullptr || n < 0 || n > MAXP) {
     PyErr_SetString(PyExc_ValueError, "cfshim_py_entry: no kernel, no fallback or bad count");
     return nullptr;
   }
@@ -684,17 +702,20 @@ PyObject* cfshim_py_entry(const int64_t* types, const int64_t* mutated, int n, i
       PyErr_SetString(PyExc_ValueError, "cfshim_py_entry: a written argument is not a tensor");
       return nullptr;
     }
-  auto* f = new PyFast{{}, {}, cpu != 0, fn, fallback};
+  if (hook == Py_None) hook = nullptr;
+  auto* f = new PyFast{{}, {}, cpu != 0, fn, fallback, hook};
   for (int i = 0; i < n; i++) {
     f->types.push_back(static_cast<int>(types[i]));
     if (mutated[i] != 0) f->mutated.push_back(i);
   }
   Py_INCREF(fn);
   Py_INCREF(fallback);
+  Py_XINCREF(hook);
   PyObject* capsule = PyCapsule_New(f, PY_CAPSULE, py_free);
   if (capsule == nullptr) {
     Py_DECREF(fn);
     Py_DECREF(fallback);
+    Py_XDECREF(hook);
     delete f;
     return nullptr;
   }

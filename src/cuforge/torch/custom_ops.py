@@ -824,9 +824,9 @@ def custom_op(
                 from cuforge.torch import opshim
 
                 # eagerly, a plain call runs the Python kernel without the dispatcher's round
-                # trip (the C++ kernel's entry does the same for its kernel)
-                kernel = _dynamo_disabled(impl_fn, torch)
-                op._cuforge_entry_why = opshim.python_entry(op, kernel, parsed, keys[0], cpp)
+                # trip (the C++ kernel's entry does the same for its kernel); the entry
+                # checks Dynamo's frame hook itself (_dynamo_disabled's check, one layer less)
+                op._cuforge_entry_why = opshim.python_entry(op, impl_fn, parsed, keys[0], cpp)
     except (RuntimeError, ValueError, NotImplementedError) as exc:
         raise CustomOpError(
             f"custom_op({qualname!r}): torch refused to register the op with schema "

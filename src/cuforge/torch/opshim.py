@@ -150,7 +150,7 @@ def load_shim(cache=None):
         py_entry = pydll.cfshim_py_entry
         py_entry.restype = ctypes.py_object
         py_entry.argtypes = [ctypes.POINTER(c_int64)] * 2 + [c_int, c_int]
-        py_entry.argtypes += [ctypes.py_object] * 2
+        py_entry.argtypes += [ctypes.py_object] * 3
         _state["py_entry"] = py_entry
         py_calls = pydll.cfshim_py_entry_calls
         py_calls.restype, py_calls.argtypes = c_int64, [ctypes.py_object]
@@ -387,9 +387,11 @@ def python_entry(op, kernel, parsed, key: str, cpp, cache=None) -> str | None:
     eager entry to that kernel (``_opshim.cpp``, ``cfshim_py_entry``): a plain eager call
     runs ``kernel`` straight and bumps the version counters of the tensors the schema marks
     written; any other goes through the dispatcher as before. ``kernel`` is the op's
-    implementation, not the registered wrapper (``CuforgeOp._device_kernel``): the entry's
-    checks include the wrapper's grad check, and the entry bumps. None, or why not (the op
-    then simply goes through the dispatcher; nothing is warned)."""
+    implementation, not the registered wrappers (``CuforgeOp._device_kernel``,
+    ``custom_ops._dynamo_disabled``): the entry's checks include the first's grad check and
+    the second's Dynamo frame-hook check (a call under the hook goes to the OpOverload), and
+    the entry bumps. None, or why not (the op then simply goes through the dispatcher;
+    nothing is warned)."""
     why = enabled(cpp)
     if why is not None:
         return why
@@ -408,9 +410,15 @@ def python_entry(op, kernel, parsed, key: str, cpp, cache=None) -> str | None:
     written = [int(a.alias_info is not None and a.alias_info.is_write) for a in parsed.arguments]
     if any(w and t != 0 for w, t in zip(written, types, strict=True)):
         return "the schema marks a non-tensor argument written"
+    import torch
+
+    try:  # the entry hands calls made under Dynamo's frame hook to the OpOverload
+        hook = torch._C._dynamo.eval_frame.get_eval_frame_callback
+    except AttributeError:
+        return "this torch has no get_eval_frame_callback (Dynamo's frame hook)"
     n, cpu = len(types), int(key == "CPU")
     op._cuforge_fast = _state["py_entry"](
-        (c_int64 * n)(*types), (c_int64 * n)(*written), n, cpu, kernel, op._opoverload
+        (c_int64 * n)(*types), (c_int64 * n)(*written), n, cpu, kernel, op._opoverload, hook
     )
     op._cuforge_py_entry, op._cuforge_entry_key = op._cuforge_fast, key
     return None
