@@ -27,8 +27,8 @@ CUFORGE_FAST_LAUNCH        ``python``: never build or use the C launch helper (d
 CUFORGE_TORCH_LAUNCHER     ``ccache`` / ``sccache`` / ``auto`` (or a launcher program):
                            compiler launcher for torch builds; ``0``/``off``/``none``: none
 CUFORGE_TORCH_SPLIT        ``0`` / ``1``: force nvcc's parallel host/device pipelines off / on
-CUFORGE_TORCH_OP_SHIM      ``0``: ``cuforge.torch.custom_op`` never uses its C++ CUDA kernel
-                           (docs/custom_ops.md; default ``1``, where it qualifies)
+CUFORGE_TORCH_OP_SHIM      ``0``: ``cuforge.torch.custom_op`` never uses its C++ op shim (no
+                           C++ CUDA kernel, no eager entry; docs/custom_ops.md; default ``1``)
 CUFORGE_DEBUG              ``1``: the CLI shows tracebacks
 CUFORGE_PROGRESS           ``1`` / ``0``: force progress output on / off (default: on a
                            terminal, off under ``CI=true`` or when stderr is not a terminal)

@@ -85,7 +85,7 @@ def _bind_grid(grid: CdivGrid, names: list[str], label: str):
 
 
 #: Why the C++ kernel is off when the process turned it off
-OFF_WHY = "CUFORGE_TORCH_OP_SHIM=0 turns the C++ CUDA kernel off"
+OFF_WHY = "CUFORGE_TORCH_OP_SHIM=0 turns the C++ op shim off"
 
 
 def enabled(cpp) -> str | None:
