@@ -193,6 +193,11 @@ def _dtype_code(dt) -> int:
     return int(f())
 
 
+#: the schema types the shim reads and checks, as its codes (_opshim.cpp's A_TENSOR, A_INT,
+#: A_FLOAT, A_BOOL): the C++ kernel's inputs and the eager entries' arguments
+_ARG_TYPES = {"Tensor": 0, "int": 1, "SymInt": 1, "float": 2, "bool": 3}
+
+
 def plan(kernel, args, inputs, outputs, parsed, alloc, grid, block, shared_mem, mutates):
     """``(spec, names)`` for the shim, or a string saying why the op does not qualify."""
     try:
@@ -257,10 +262,9 @@ def _plan(kernel, args, inputs, outputs, parsed, alloc, grid, block, shared_mem,
             return f"kernel parameter {a.name!r} ({p.type}) is not a pointer or plain scalar"
         src = input_pos[a.name] if a.name in input_pos else -(outputs.index(a.name) + 1)
         spec += [src, kind, off, code]
-    types = {"Tensor": 0, "int": 1, "SymInt": 1, "float": 2, "bool": 3}
     for a in inputs:
         t = a.schema_type
-        spec += [types[t], 1 if t == "Tensor" and a.name not in mutates else 0]
+        spec += [_ARG_TYPES[t], 1 if t == "Tensor" and a.name not in mutates else 0]
         spec += [1 if a.name in mutates else 0]
     spec += list(alloc._cuforge_like) if outputs else []
     return spec, names
@@ -378,10 +382,6 @@ _no_launch = ctypes.CFUNCTYPE(ctypes.c_int, *[ctypes.c_void_p] * 11)(_no_launch)
 _no_stream = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p)(_no_stream_fn)
 
 
-#: the schema types the eager entry checks (_opshim.cpp's A_TENSOR, A_INT, A_FLOAT, A_BOOL)
-_ENTRY_TYPES = {"Tensor": 0, "int": 1, "SymInt": 1, "float": 2, "bool": 3}
-
-
 def python_entry(op, kernel, parsed, key: str, cpp, cache=None) -> str | None:
     """Give ``op`` (a CuforgeOp whose ``key`` kernel is the Python ``kernel``) the shim's
     eager entry to that kernel (``_opshim.cpp``, ``cfshim_py_entry``): a plain eager call
@@ -399,7 +399,7 @@ def python_entry(op, kernel, parsed, key: str, cpp, cache=None) -> str | None:
         return f"the kernel is registered for {key}, not one device's key"
     types = []
     for a in parsed.arguments:
-        t = _ENTRY_TYPES.get(str(a.type))
+        t = _ARG_TYPES.get(str(a.type))
         if t is None or a.kwarg_only:
             return f"argument {a.name!r} is {'keyword-only' if a.kwarg_only else a.type}"
         types.append(t)
