@@ -248,16 +248,13 @@ def _probe_memoized(memo: dict, library: str, sig: list[int]) -> tuple[dict, boo
 def _content_sha256(memo: dict, library: str) -> str | None:
     """``library``'s SHA-256 without loading it (its path may have come from the memo):
     its memoized probe's, else read when it is a regular file; None otherwise."""
-    import stat
-
-    try:
-        st = os.stat(library)
-    except OSError:
+    sig = file_stat_key(library)
+    if sig is None:
         return None
-    lib = _memo.probed(memo, "nvrtc", library, [st.st_size, st.st_mtime_ns])
+    lib = _memo.probed(memo, "nvrtc", library, sig)
     if lib is not None:
         return lib.get("sha256")
-    if not stat.S_ISREG(st.st_mode):
+    if not os.path.isfile(library):  # read a regular file only (never a FIFO, a device)
         return None
     from cuforge.toolchain.wheel_record import installed_sha256
 
