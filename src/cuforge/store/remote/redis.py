@@ -411,8 +411,13 @@ def parse_url(url: str) -> dict:
         )
     opts["ssl_cert_reqs"] = reqs
     check = opts.get("ssl_check_hostname")
-    if check is not None and check.lower() not in ("true", "false", "1", "0", "yes", "no"):
-        raise ValueError(f"bad Redis URL: ssl_check_hostname must be true or false, not {check!r}")
+    if check is not None:  # a bool from here on (None: not given)
+        flag = check.lower()
+        if flag not in ("true", "false", "1", "0", "yes", "no"):
+            raise ValueError(
+                f"bad Redis URL: ssl_check_hostname must be true or false, not {check!r}"
+            )
+        opts["ssl_check_hostname"] = flag in ("true", "1", "yes")
     return opts
 
 

@@ -50,8 +50,7 @@ def _tls_context(opts: dict):
 
     ctx = ssl.create_default_context(cafile=opts.get("ssl_ca_certs") or None)
     reqs = opts["ssl_cert_reqs"]
-    check = opts.get("ssl_check_hostname")
-    ctx.check_hostname = reqs != "none" and (check is None or check.lower() in ("true", "1", "yes"))
+    ctx.check_hostname = reqs != "none" and opts.get("ssl_check_hostname", True)
     ctx.verify_mode = {
         "none": ssl.CERT_NONE,
         "optional": ssl.CERT_OPTIONAL,
