@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 from cuforge.errors import CuforgeError
 from cuforge.runtime.kernel import Kernel
 from cuforge.scalar_types import SCALAR_TYPES
+from cuforge.torch.opshim import written_by
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Sequence
@@ -298,7 +299,7 @@ def _check_schema_matches_kernel(schema_text: str, parsed, inputs, outputs, labe
 
 
 def _mutated_in_schema(parsed) -> set[str]:
-    return {a.name for a in parsed.arguments if a.alias_info is not None and a.alias_info.is_write}
+    return {a.name for a in parsed.arguments if written_by(a)}
 
 
 def _normalize_dims(value):
@@ -1008,11 +1009,7 @@ def _op_type():
               record a graph nor refuse (``torch.add(a, b, out=out)``);
             * the version counter of every tensor the schema marks written is bumped."""
             names = tuple(a.name for a in parsed.arguments)
-            mutated = tuple(
-                i
-                for i, a in enumerate(parsed.arguments)
-                if a.alias_info is not None and a.alias_info.is_write
-            )
+            mutated = tuple(i for i, a in enumerate(parsed.arguments) if written_by(a))
             tensors = tuple(i for i, a in enumerate(parsed.arguments) if str(a.type) == "Tensor")
             returns = bool(parsed.returns)
             bump = torch._C._increment_version

@@ -382,6 +382,11 @@ _no_launch = ctypes.CFUNCTYPE(ctypes.c_int, *[ctypes.c_void_p] * 11)(_no_launch)
 _no_stream = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p)(_no_stream_fn)
 
 
+def written_by(arg) -> bool:
+    """Whether the schema argument ``arg`` is marked written (``Tensor(a!)``)."""
+    return arg.alias_info is not None and arg.alias_info.is_write
+
+
 def python_entry(op, kernel, parsed, key: str, cpp, cache=None) -> str | None:
     """Give ``op`` (a CuforgeOp whose ``key`` kernel is the Python ``kernel``) the shim's
     eager entry to that kernel (``_opshim.cpp``, ``cfshim_py_entry``): a plain eager call
@@ -407,7 +412,7 @@ def python_entry(op, kernel, parsed, key: str, cpp, cache=None) -> str | None:
         return "the op takes no tensor (the dispatcher picks its device from the tensors)"
     if load_shim(cache) is None:
         return _state.get("why", "the C++ op shim is not available")
-    written = [int(a.alias_info is not None and a.alias_info.is_write) for a in parsed.arguments]
+    written = [int(written_by(a)) for a in parsed.arguments]
     if any(w and t != 0 for w, t in zip(written, types, strict=True)):
         return "the schema marks a non-tensor argument written"
     import torch
