@@ -1,11 +1,12 @@
 # cuforge: the two commands a fresh machine needs.
 #   make demo   create or reuse .venv, install cuforge, run the main job
-#   make test   create or reuse .venv, install cuforge with its test extras, run ruff and pytest
+#   make test   create or reuse .venv, install cuforge with its test extras, run ruff,
+#               the layer contracts (lint-imports, docs/architecture.md) and pytest
 #   make test-integrations   the integrations with heavy systems (torch builds, CuTe DSL,
 #                    cuda.compute, Ray, Triton): CI runs it after make test
 #   make test-fast   make test without the slow tests: the edit loop
 #   make test-cu12   NVRTC 12 from pip wheels, in a second venv (.venv-cu12, cuforge[cu12])
-#   make test-jax    jax[cpu] in its own folder (.jax-site, pip --target), tests/jax_adapter only
+#   make test-jax    jax[cpu] in its own folder (.jax-site, pip --target), tests/adapters/jax only
 #   make test-s3     s3:// against a real S3 server (moto), boto3 + moto[server] in .venv-s3
 PYTHON ?= python3
 VENV   := .venv
@@ -35,13 +36,14 @@ demo: $(VENV)/.installed
 # The integrations whose tests drive heavy systems (PyTorch extension builds and
 # torch.compile, the CuTe DSL, cuda.compute, Ray, Triton) have their own target, which
 # .ci/run calls after `make test`: the edit loop stays fast, CI still runs them all.
-INTEGRATION_TESTS := tests/torch tests/cute tests/cccl tests/triton_cache \
+INTEGRATION_TESTS := tests/torch tests/cute tests/cccl tests/adapters/triton \
 	tests/aot/test_ray_executor.py tests/aot/test_python_entries.py tests/aot/test_extension.py \
-	tests/test_record_systems.py
+	tests/core/test_record_systems.py
 
 test: $(VENV)/.installed-test
 	$(PY) -m ruff check setup.py src tests bench
 	$(PY) -m ruff format --check setup.py src tests bench
+	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -q $(addprefix --ignore=,$(INTEGRATION_TESTS)) $(PYTEST_ARGS)
 
 test-integrations: $(VENV)/.installed-test
@@ -50,6 +52,7 @@ test-integrations: $(VENV)/.installed-test
 test-fast: $(VENV)/.installed-test
 	$(PY) -m ruff check setup.py src tests bench
 	$(PY) -m ruff format --check setup.py src tests bench
+	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -q -m "not slow" $(addprefix --ignore=,$(INTEGRATION_TESTS)) $(PYTEST_ARGS)
 
 # CUDA 12: cuforge[cu12] (cuda-bindings 12, NVRTC 12 and its header wheels) in its own venv;
@@ -77,7 +80,7 @@ $(JAXSITE)/.installed: | $(VENV)/.installed-test
 	touch $@
 
 test-jax: $(JAXSITE)/.installed
-	PYTHONPATH=$(abspath $(JAXSITE)) $(PY) -m pytest -q -p no:cacheprovider tests/jax_adapter tests/test_adapters_contract.py $(PYTEST_ARGS)
+	PYTHONPATH=$(abspath $(JAXSITE)) $(PY) -m pytest -q -p no:cacheprovider tests/adapters/jax tests/adapters/test_contract.py $(PYTEST_ARGS)
 
 # s3:// against a real S3-protocol server process (moto's standalone server on 127.0.0.1):
 # boto3 and moto[server] are heavy, so they go into their own --target dir (.venv-s3) that

@@ -220,7 +220,7 @@ def format_table(doc: dict) -> str:
 
 
 def _default_arch(arch: str | None) -> str:
-    from cuforge.errors import CuforgeError
+    from cuforge.base.errors import CuforgeError
     from cuforge.toolchain import resolve_archs
 
     if arch:
@@ -320,7 +320,7 @@ class _Bench:
             f.write(text)
 
     def torch_row(self, row: str) -> dict:
-        from cuforge.arch import torch_arch_list
+        from cuforge.base.arch import torch_arch_list
 
         env: dict[str, str] = {"TORCH_CUDA_ARCH_LIST": torch_arch_list(_all_torch_archs())}
         flags: list[str] = []
@@ -340,7 +340,7 @@ class _Bench:
         return self.child("torch", env, self.fresh(row), flags)
 
     def torch_warm(self) -> dict:
-        from cuforge.arch import torch_arch_list
+        from cuforge.base.arch import torch_arch_list
 
         env = {"TORCH_CUDA_ARCH_LIST": torch_arch_list([self.arch]), "MAX_JOBS": str(self.cores)}
         self.set_edit(False)
@@ -530,7 +530,7 @@ def run(args) -> int:
     )
     doc = result.as_dict()
     if args.json_out:
-        from cuforge._fs import atomic_write
+        from cuforge.base._fs import atomic_write
 
         atomic_write(args.json_out, json.dumps(doc, indent=1), mode=0o644)
     if args.png:

@@ -72,7 +72,7 @@ def bench_cold(arch: str, runs: int) -> list[dict]:
     made unique by a trailing comment, through cuforge and through the bare compiler."""
     import cuforge
     from cuforge.compiler.nvrtc import nvrtc_options
-    from cuforge.pipeline import CompileRequest
+    from cuforge.core.pipeline import CompileRequest
 
     os.environ["CUFORGE_CACHE_DIR"] = tempfile.mkdtemp(prefix="cuforge-bench-cold-")
     rows = []

@@ -43,7 +43,8 @@ args = make()
 import cuforge.cute as cc
 import cuforge.cute.cache as cache_mod
 import cuforge.cute.version as version_mod
-from cuforge import blobcache, fingerprint
+from cuforge.core import blobcache
+from cuforge.keys import fingerprint
 phases = {}
 def timed(owner, name, label):
     real = getattr(owner, name)

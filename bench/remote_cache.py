@@ -170,7 +170,7 @@ def _start_servers(workdir: str) -> tuple[dict[str, str], list, dict[str, str]]:
 
 def _push(cache_dir: str, url: str) -> None:
     """Put every entry of ``cache_dir`` on the remote ``url`` (as `cuforge cache push`)."""
-    from cuforge.config import settings
+    from cuforge.base.config import settings
     from cuforge.store.disk import DiskStore
     from cuforge.store.remote import sync
 
@@ -287,7 +287,7 @@ def bench_down(arch: str, runs: int, workdir: str, misses: int = 8) -> dict:
 
 
 def render(hits: list[dict], missing: dict[str, str], down: dict, args) -> str:
-    from cuforge.config import settings
+    from cuforge.base.config import settings
 
     st = settings()
     lines = [

@@ -31,7 +31,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
 
-from cuforge import signing  # noqa: E402
+from cuforge.base import signing
 from cuforge.store.base import Entry  # noqa: E402
 from cuforge.store.remote.envelope import namespace, open_envelope, seal  # noqa: E402
 from cuforge.store.remote.file import FileBackend  # noqa: E402

@@ -19,7 +19,7 @@ def _cleared() -> tuple[str, ...]:
     """Every variable cuforge reads that a developer's shell may have set: all the
     ``CUFORGE_*`` ones and the codegen / arch variables (from config, not a copied list), so
     that an exported ``CUFORGE_REMOTE`` never points the suite at a real team cache."""
-    from cuforge.config import CODEGEN_ENV_VARS, SETTING_VARS
+    from cuforge.base.config import CODEGEN_ENV_VARS, SETTING_VARS
 
     names = {v for v in SETTING_VARS if v.startswith("CUFORGE_")}
     names.update(CODEGEN_ENV_VARS)

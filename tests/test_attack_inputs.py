@@ -12,7 +12,7 @@ import sys
 import pytest
 
 import cuforge
-from cuforge.pipeline import counters
+from cuforge.core.pipeline import counters
 from tests.conftest import child_env
 
 KERNEL = 'extern "C" __global__ void k(int* out) { *out = VALUE; }\n'
@@ -64,7 +64,7 @@ def test_dev_zero_as_a_source_is_refused_without_reading_it(tmp_path):
 @pytest.mark.parametrize("where", ["include", "pre-include", "computed"])
 def test_a_fifo_header_fails_at_once_naming_it(tmp_path, where):
     """NVRTC itself opens the FIFO and waits for a writer forever: cuforge refuses the
-    compile first, naming the file (OSError: cuforge._fs.NotRegularFile)."""
+    compile first, naming the file (OSError: cuforge.base._fs.NotRegularFile)."""
     inc = tmp_path / "inc"
     inc.mkdir()
     os.mkfifo(inc / "h.h")

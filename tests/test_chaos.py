@@ -250,8 +250,8 @@ def _fresh_process(monkeypatch) -> None:
     """Forget what this process remembers of earlier cache dirs, as a new process would:
     the call memo, the toolchain memo and identity, the miss history. (A new cache dir
     is a new default cache: its tiers and counters start empty.)"""
-    from cuforge import explain
-    from cuforge.pipeline import reset_memo
+    from cuforge.core.pipeline import reset_memo
+    from cuforge.keys import explain
     from cuforge.toolchain import identity
     from cuforge.toolchain import memo as toolchain_memo
 

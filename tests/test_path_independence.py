@@ -15,7 +15,7 @@ KERNEL = '#include "h.h"\nextern "C" __global__ void k(int* out) { *out = VALUE;
 
 CHILD = r"""
 import json, os, cuforge
-from cuforge.pipeline import counters
+from cuforge.core.pipeline import counters
 kw = json.loads(os.environ["KW"])
 prog = cuforge.compile_file("k.cu", arch="sm_90", **kw)
 print(json.dumps({"compiles": counters["compiles"], "source": prog.source_of_result,
@@ -61,7 +61,7 @@ def test_base_dir_setting(tmp_path):
     """With CUFORGE_BASE_DIR, the working directory does not matter."""
     a, b = checkout(tmp_path / "a"), checkout(tmp_path / "b")
     code = (
-        "import os, json, cuforge\nfrom cuforge.pipeline import counters\n"
+        "import os, json, cuforge\nfrom cuforge.core.pipeline import counters\n"
         "prog = cuforge.compile_file(os.environ['SRC'], include_dirs=[os.environ['INC']], arch='sm_90')\n"
         "print(json.dumps([counters['compiles'], prog.source_of_result]))"
     )
@@ -84,7 +84,7 @@ def test_paths_outside_the_base_dir_stay_absolute(tmp_path):
     work = tmp_path / "elsewhere"
     work.mkdir()
     code = (
-        "import os, json, cuforge\nfrom cuforge.pipeline import counters\n"
+        "import os, json, cuforge\nfrom cuforge.core.pipeline import counters\n"
         "os.chdir(os.environ['WORK'])\n"
         "prog = cuforge.compile(open(os.environ['SRC']).read(), name='k.cu', "
         "include_dirs=[os.environ['INC']], arch='sm_90')\n"

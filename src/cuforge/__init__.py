@@ -20,10 +20,10 @@ import costs only the lookup. The launch runtime and the torch helpers load on f
 from __future__ import annotations
 
 from cuforge._version import __version__
-from cuforge.api import cache, compile, compile_file, explain_miss
-from cuforge.caching import Cache, default_cache, using
-from cuforge.errors import ArchError, CompileError, ConfigError, CuforgeError, ToolchainError
-from cuforge.program import Program
+from cuforge.base.errors import ArchError, CompileError, ConfigError, CuforgeError, ToolchainError
+from cuforge.core.caching import Cache, default_cache, using
+from cuforge.frontend.api import cache, compile, compile_file, explain_miss
+from cuforge.frontend.program import Program
 
 __all__ = [
     "__version__",
@@ -60,17 +60,17 @@ _LAZY = {
     "Kernel": ("cuforge.runtime.kernel", "Kernel"),
     "Pointer": ("cuforge.runtime.args", "Pointer"),
     "LaunchError": ("cuforge.runtime.errors", "LaunchError"),
-    "jit": ("cuforge.jitkernel", "jit"),
-    "JitKernel": ("cuforge.jitkernel", "JitKernel"),
-    "Options": ("cuforge.options", "Options"),
-    "load_binary": ("cuforge.api", "load_binary"),
+    "jit": ("cuforge.frontend.jitkernel", "jit"),
+    "JitKernel": ("cuforge.frontend.jitkernel", "JitKernel"),
+    "Options": ("cuforge.base.options", "Options"),
+    "load_binary": ("cuforge.frontend.api", "load_binary"),
     "load_bundle": ("cuforge.aot.bundle", "load_bundle"),
-    "OfflineMissError": ("cuforge.errors", "OfflineMissError"),
-    "SpecializationError": ("cuforge.jitkernel", "SpecializationError"),
-    "fence": ("cuforge.fencing", "fence"),
-    "record": ("cuforge.recording", "record"),
-    "prefetch": ("cuforge.aot.lock", "prefetch"),
-    "CompileAfterFenceError": ("cuforge.errors", "CompileAfterFenceError"),
+    "OfflineMissError": ("cuforge.base.errors", "OfflineMissError"),
+    "SpecializationError": ("cuforge.frontend.jitkernel", "SpecializationError"),
+    "fence": ("cuforge.core.fencing", "fence"),
+    "record": ("cuforge.core.recording", "record"),
+    "prefetch": ("cuforge.core.prefetch", "prefetch"),
+    "CompileAfterFenceError": ("cuforge.base.errors", "CompileAfterFenceError"),
 }
 
 
@@ -110,12 +110,12 @@ def _from_environment() -> None:
     from os import environ
 
     if environ.get("CUFORGE_FENCE", "").strip().lower() in ("warn", "error"):
-        from cuforge.fencing import install_triton_hooks
+        from cuforge.core.fencing import install_triton_hooks
 
         install_triton_hooks()
     path = environ.get("CUFORGE_RECORD", "").strip()
     if path:
-        from cuforge.recording import start_from_env
+        from cuforge.core.recording import start_from_env
 
         start_from_env(path)
 

@@ -84,7 +84,7 @@ def python_in(cwd, code: str, **env: str) -> dict:
 JIT_CALLS = """
 import json, os, sys
 import cuforge
-from cuforge.pipeline import counters
+from cuforge.core.pipeline import counters
 calls = json.loads(os.environ["CALLS"])
 bundle = os.environ.get("BUNDLE")
 if bundle:

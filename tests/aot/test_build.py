@@ -128,7 +128,7 @@ def test_a_bad_manifest_line_reaches_the_cli(project):
 
 def test_ray_executor_missing_is_a_clear_error(monkeypatch):
     from cuforge.aot.build import make_executor
-    from cuforge.errors import CuforgeError
+    from cuforge.base.errors import CuforgeError
 
     monkeypatch.setitem(sys.modules, "cuforge.aot.ray_executor", None)  # as if not installed
     with pytest.raises(CuforgeError, match=r"pip install 'cuforge\[ray\]'"):

@@ -73,7 +73,7 @@ def test_extensions_build_hit_and_travel_in_a_bundle(tmp_path):
 STRICT = """
 import json, os
 import cuforge
-from cuforge.pipeline import OfflineMissError
+from cuforge.core.pipeline import OfflineMissError
 from cuforge.torch import load
 if os.environ.get("BUNDLE"):
     cuforge.load_bundle(os.environ["BUNDLE"])

@@ -17,7 +17,7 @@ LAUNCH = """
 import json
 import torch
 import cuforge
-from cuforge.pipeline import counters
+from cuforge.core.pipeline import counters
 cuforge.load_bundle(BUNDLE)
 prog = cuforge.compile_file("red.cu", include_dirs=["include"], arch=ARCH,
                             name_expressions=["blk<128, float>"], defines={"TILE": "128"})

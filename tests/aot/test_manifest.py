@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from cuforge.aot.manifest import ManifestError, load_manifest, parse_manifest
-from cuforge.errors import CuforgeError
+from cuforge.base.errors import CuforgeError
 from tests.aot.conftest import MANIFEST
 
 

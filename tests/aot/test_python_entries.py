@@ -37,7 +37,7 @@ def build(value, arch=None):
 JIT = """
 import json, sys
 import cuforge
-from cuforge.pipeline import counters
+from cuforge.core.pipeline import counters
 SRC = 'extern "C" __global__ void k(float* x) { x[0] = %s; }'
 out = [cuforge.compile(SRC % v, name="k.cu", arch="sm_90").source_of_result
        for v in sys.argv[1:] or ("1.0f", "2.0f")]
@@ -311,7 +311,7 @@ import numpy as np
 import cuda.compute as cc
 import cuforge
 import cuforge.cccl as cccl
-from cuforge import blobcache
+from cuforge.core import blobcache
 if os.environ.get("BUNDLE"):
     cuforge.load_bundle(os.environ["BUNDLE"])
 sources = []
@@ -423,7 +423,7 @@ CUTE_CALLS = """
 import json, os
 import cuforge
 import cuforge.cute as cc
-from cuforge import blobcache
+from cuforge.core import blobcache
 import ckern
 if os.environ.get("BUNDLE"):
     cuforge.load_bundle(os.environ["BUNDLE"])

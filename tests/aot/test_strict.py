@@ -8,8 +8,8 @@ import inspect
 import pytest
 
 import cuforge
-from cuforge.errors import ConfigError, CuforgeError
-from cuforge.pipeline import OfflineMissError, compile_cached, counters
+from cuforge.base.errors import ConfigError, CuforgeError
+from cuforge.core.pipeline import OfflineMissError, compile_cached, counters
 
 SRC = r"""
 template <int N> __global__ void fill(float* out) { out[threadIdx.x] = N * SCALE; }
@@ -49,7 +49,7 @@ def test_strict_miss_raises_naming_kernel_arch_variant_and_manifest_entry():
 def test_strict_serves_hits_and_compiles_nothing():
     first = call()  # not strict: compiles
     assert counters["compiles"] == 1
-    cuforge.pipeline.reset_memo()
+    cuforge.core.pipeline.reset_memo()
     again = call(strict=True)
     assert again.source_of_result in ("memory", "disk") and again.binary == first.binary
     assert counters["compiles"] == 1
@@ -66,7 +66,7 @@ def test_cuforge_offline_switch(monkeypatch):
     monkeypatch.setenv("CUFORGE_OFFLINE", "0")
     assert call().source_of_result == "compiled"
     monkeypatch.setenv("CUFORGE_OFFLINE", "1")
-    cuforge.pipeline.reset_memo()
+    cuforge.core.pipeline.reset_memo()
     assert call().source_of_result in ("memory", "disk")
 
 
@@ -91,14 +91,14 @@ def test_a_changed_header_is_named_as_the_reason(tmp_path, monkeypatch):
     args = dict(name="k.cu", arch="sm_90", source_dir=str(tmp_path))
     compile_cached(src, **args)
     (tmp_path / "k.cuh").write_text("#define V 2\n")
-    cuforge.pipeline.reset_memo()
+    cuforge.core.pipeline.reset_memo()
     with pytest.raises(OfflineMissError, match="a header changed since it was built"):
         compile_cached(src, strict=True, **args)
 
 
 @pytest.mark.skipif(
     "strict" not in inspect.signature(cuforge.compile_file).parameters,
-    reason="cuforge.api.compile_file has no strict= yet (the lead adds it)",
+    reason="cuforge.frontend.api.compile_file has no strict= yet (the lead adds it)",
 )
 def test_compile_file_strict(tmp_path):
     path = tmp_path / "fill.cu"
@@ -107,5 +107,5 @@ def test_compile_file_strict(tmp_path):
     with pytest.raises(OfflineMissError):
         cuforge.compile_file(path, strict=True, **kw)
     cuforge.compile_file(path, **kw)
-    cuforge.pipeline.reset_memo()
+    cuforge.core.pipeline.reset_memo()
     assert cuforge.compile_file(path, strict=True, **kw).source_of_result in ("memory", "disk")

@@ -28,7 +28,7 @@ PRELUDE = textwrap.dedent(
     import numpy as np
     import cuda.compute as cc
     import cuforge.cccl as cccl
-    from cuforge import blobcache
+    from cuforge.core import blobcache
 
     def reduce_args(dtype=np.int32, cap=90, op=None):
         return dict(d_in=cc.ProxyArray(dtype), d_out=cc.ProxyArray(dtype),

@@ -211,7 +211,7 @@ def test_invalidation_global_closure_dtype_arch_and_library_version(cuda_env, tm
 def test_library_version_change_rebuilds_and_explain_says_why(cuda_env, shared_cache):
     out = run_child(
         """
-        from cuforge.explain import recent_misses
+        from cuforge.keys.explain import recent_misses
         cccl.make_reduce_into(**reduce_args())
         first = last()
         cccl.clear_memo()
@@ -233,7 +233,7 @@ def test_library_version_change_rebuilds_and_explain_says_why(cuda_env, shared_c
 def test_a_blob_that_does_not_deserialize_is_rebuilt_and_overwritten(cuda_env, shared_cache):
     out = run_child(
         """
-        from cuforge.blobcache import pack
+        from cuforge.core.blobcache import pack
         from cuforge import default_cache
         from cuforge.store.base import Entry
         cccl.make_reduce_into(**reduce_args())       # make sure the entry exists
@@ -265,7 +265,7 @@ def test_hostjit_backend_builds_uncached_and_says_why(cuda_env, tmp_path):
     out = run_child(
         """
         from cuda.compute import _caching
-        from cuforge.explain import recent_misses
+        from cuforge.keys.explain import recent_misses
         _caching._BACKEND_SERIALIZES_BUILD_RESULTS = False   # as the v2 (HostJIT) build is
         a = cccl.make_reduce_into(**reduce_args())
         first = last()
@@ -288,7 +288,7 @@ def test_an_unkeyable_argument_is_named(cuda_env, tmp_path):
     out = run_child(
         """
         import threading
-        from cuforge.fingerprint import UnstableKeyError
+        from cuforge.keys.fingerprint import UnstableKeyError
         LOCK = threading.Lock()
         def op(a, b):
             return a + b if LOCK else b
@@ -418,7 +418,7 @@ def test_offline_mode_serves_the_cache_and_never_builds(cuda_env, shared_cache):
     )
     out = run_child(
         """
-        from cuforge.blobcache import OfflineBuildError
+        from cuforge.core.blobcache import OfflineBuildError
         cccl.make_reduce_into(**reduce_args())
         hit = last()
         try:

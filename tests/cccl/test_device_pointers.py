@@ -87,7 +87,7 @@ def unary(x: np.int32) -> np.int32:
 
 #: what each process runs, with OPS importable as ``pointer_ops``
 CODE = """
-    from cuforge.fingerprint import UnstableKeyError
+    from cuforge.keys.fingerprint import UnstableKeyError
     from cuforge.cccl._key import state_arrays
     from cuda.compute._jit import _detect_all_device_arrays
     sys.path.insert(0, os.getcwd())

@@ -44,7 +44,7 @@ SCALE_H = "#define SCALE_BY 3.0f\n"
 COMPILE_SCRIPT = """
 import json, sys
 import cuforge
-from cuforge.pipeline import counters
+from cuforge.core.pipeline import counters
 spec = json.loads(sys.argv[1])
 out = []
 for job in spec:

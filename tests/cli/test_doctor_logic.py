@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from cuforge import toolchain
-from cuforge.arch import arch_findings, arch_to_torch
+from cuforge.base.arch import arch_findings, arch_to_torch
 from cuforge.cli import doctor, output
 from cuforge.torch.jobs import recommended_jobs
 

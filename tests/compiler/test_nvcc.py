@@ -8,6 +8,7 @@ import textwrap
 
 import pytest
 
+from cuforge.base.errors import ArchError, CompileError, ToolchainError
 from cuforge.compiler.nvcc import compile_nvcc, nvcc_command
 from cuforge.compiler.symbols import (
     Symbol,
@@ -17,7 +18,6 @@ from cuforge.compiler.symbols import (
     match_name_expressions,
     ptx_symbols,
 )
-from cuforge.errors import ArchError, CompileError, ToolchainError
 from cuforge.toolchain import nvcc_path
 
 try:

@@ -7,9 +7,9 @@ import threading
 
 import pytest
 
+from cuforge.base.errors import ArchError, CompileError
 from cuforge.compiler.nvrtc import compile_nvrtc, nvrtc_options
 from cuforge.compiler.symbols import elf_symbols, ptx_symbols
-from cuforge.errors import ArchError, CompileError
 from cuforge.toolchain import toolkit_include_dirs
 
 SAXPY = textwrap.dedent(

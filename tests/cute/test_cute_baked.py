@@ -24,7 +24,7 @@ from cutlass._mlir import ir  # noqa: E402
 from cutlass.cute.runtime import from_dlpack, make_ptr  # noqa: E402
 
 from cuforge.cute.cache import key_fields  # noqa: E402
-from cuforge.fingerprint import UnstableKeyError  # noqa: E402
+from cuforge.keys.fingerprint import UnstableKeyError  # noqa: E402
 
 HOST = torch.zeros(64, dtype=torch.float32)
 POINTER = make_ptr(cutlass.Float32, 0x7F0000001000, cute.AddressSpace.gmem, assumed_align=16)

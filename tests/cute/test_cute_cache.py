@@ -37,8 +37,8 @@ from tests.cute import kernels as K
 import cuforge.cute as cc
 from cuforge.cute.cache import counters
 if os.environ.get("CF_BLIND"):  # simulate a key that misses a change of the function
-    import cuforge.fingerprint
-    cuforge.fingerprint.fingerprint = lambda obj, **kw: "blind"
+    import cuforge.keys.fingerprint
+    cuforge.keys.fingerprint.fingerprint = lambda obj, **kw: "blind"
 a, b = K.fake_args()
 fn = getattr(K, os.environ.get("CF_FN", "scale"))
 out = []
@@ -296,7 +296,7 @@ def _stored_entry(key: str):
 
 
 def test_corrupt_object_is_rebuilt_and_overwritten():
-    from cuforge import blobcache
+    from cuforge.core import blobcache
     from cuforge.store.base import Entry
 
     built = _child()
@@ -532,7 +532,7 @@ def test_installed_modules_are_remembered_under_their_record(monkeypatch):
     fresh process does not look for its distribution again; a rewritten RECORD does."""
     import cutlass.cute.core as core
 
-    from cuforge import fingerprint
+    from cuforge.keys import fingerprint
 
     def forget():
         fingerprint._module_cache.pop(core.__name__, None)
@@ -568,7 +568,7 @@ def test_local_modules_are_remembered_as_not_installed(monkeypatch):
     """A module no distribution installed (the GEMM example's, here) is remembered as such
     under its file's stat and the stat of the directories that hold distributions: a fresh
     process does not look for its distribution; a changed directory does."""
-    from cuforge import fingerprint
+    from cuforge.keys import fingerprint
     from tests.cute import sgemm_example
 
     name = sgemm_example.__name__

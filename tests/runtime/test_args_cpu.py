@@ -8,7 +8,7 @@ import struct
 import pytest
 
 import cuforge
-from cuforge.program import Program
+from cuforge.frontend.program import Program
 from cuforge.runtime import args as argmod
 from cuforge.runtime.errors import (
     ArgumentCountError,

@@ -784,7 +784,7 @@ def test_python_fast_path(mock, use_ex):
 
 
 def test_settings_choose_the_launch_path(tmp_path):
-    """CUFORGE_FAST_LAUNCH is read through cuforge.config."""
+    """CUFORGE_FAST_LAUNCH is read through cuforge.base.config."""
     from tests.conftest import child_env, run_python
 
     code = """

@@ -71,7 +71,7 @@ def _compile_env(cache_dir: str) -> dict[str, str]:
 
 COMPILE_TWICE = f"""
     import json, cuforge, cuforge.store
-    from cuforge.pipeline import counters
+    from cuforge.core.pipeline import counters
     for i in range(2):
         cuforge.compile({KERNEL!r} + "\\n" * i, name="k.cu", arch="sm_90")
     print(json.dumps({{"compiles": counters["compiles"]}}))
@@ -79,7 +79,7 @@ COMPILE_TWICE = f"""
 
 COMPILE_ONCE = f"""
     import json, cuforge
-    from cuforge.pipeline import counters
+    from cuforge.core.pipeline import counters
     r = cuforge.compile({KERNEL!r}, name="k.cu", arch="sm_90")
     print(json.dumps({{"compiles": counters["compiles"], "from": r.source_of_result}}))
 """
@@ -373,7 +373,7 @@ def _bundle_with(path: str, entries: list[tuple[dict, bytes]]) -> None:
     (:func:`tests.bundle_files.raw_bundle`: ``write_bundle_file`` refuses malformed rows; a
     hostile or buggy writer does not)."""
     from cuforge._version import __version__
-    from cuforge.key import SCHEMA_VERSION
+    from cuforge.keys.key import SCHEMA_VERSION
     from tests.bundle_files import raw_bundle
 
     rows, body = [], b""
@@ -572,7 +572,7 @@ def test_a_full_disk_waits_out_its_back_off(tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------------- §7 leftovers
 def test_prune_and_clear_remove_stale_temp_files_and_unheld_locks(tmp_path):
-    from cuforge import _fs
+    from cuforge.base import _fs
 
     root = tmp_path / "cache"
     store = DiskStore(str(root), 1 << 30)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import os
 import time
 
-from cuforge._fs import locked
-from cuforge.layout import CacheLayout
+from cuforge.base._fs import locked
+from cuforge.base.layout import CacheLayout
 from cuforge.store.base import Entry
 from cuforge.store.disk import DiskStore
 from cuforge.store.upkeep import TORCH_BUILD_LOCK

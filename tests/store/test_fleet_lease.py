@@ -27,7 +27,7 @@ extern "C" __global__ void fleet_scale(float* x, int n) {
 CHILD = """
 import json, os, sys, time
 import cuforge
-from cuforge import pipeline
+from cuforge.core import pipeline
 
 real = pipeline.CompileRequest.compile
 

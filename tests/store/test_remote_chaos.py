@@ -66,7 +66,7 @@ def reference() -> dict[str, str]:
 WORKER = r"""
 import hashlib, json, os, time
 import cuforge
-from cuforge import pipeline
+from cuforge.core import pipeline
 from cuforge import default_cache
 
 expected = json.loads(os.environ["CHAOS_EXPECTED"])

@@ -15,8 +15,8 @@ import textwrap
 import pytest
 
 import cuforge
-from cuforge.config import settings
-from cuforge.errors import ConfigError
+from cuforge.base.config import settings
+from cuforge.base.errors import ConfigError
 from cuforge.store.base import Entry
 from cuforge.store.remote import breaker as breaker_mod
 from cuforge.store.remote import envelope, open_remotes

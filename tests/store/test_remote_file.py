@@ -144,7 +144,7 @@ extern "C" __global__ void scale(float* x, int n) {
 
 COMPILE_CHILD = """
 import json, cuforge
-from cuforge.pipeline import counters
+from cuforge.core.pipeline import counters
 p = cuforge.compile_file({src!r})
 print(json.dumps({{"compiles": counters["compiles"], "source": p.source_of_result}}))
 """

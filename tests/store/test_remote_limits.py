@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from cuforge.config import DEFAULT_REMOTE_MAX_BYTES, settings
-from cuforge.errors import ConfigError
+from cuforge.base.config import DEFAULT_REMOTE_MAX_BYTES, settings
+from cuforge.base.errors import ConfigError
 from cuforge.store.base import Entry
 from cuforge.store.remote import breaker as breaker_mod
 from cuforge.store.remote import open_remotes

@@ -45,7 +45,7 @@ def test_two_machines_share_through_the_bucket(s3_server):
 def test_read_only_and_the_usual_credential_chain(s3_server, monkeypatch, isolated_cache):
     """CUFORGE_REMOTE=s3://... through open_remotes, the endpoint from boto3's own variable
     (AWS_ENDPOINT_URL_S3), the credentials from the environment; read-only never writes."""
-    from cuforge.config import settings
+    from cuforge.base.config import settings
 
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_server.endpoint)
     monkeypatch.setenv("CUFORGE_REMOTE", f"s3://{BUCKET}/ro")
@@ -81,7 +81,7 @@ def test_garbage_and_oversized_values(s3_server):
 
 def test_a_signed_only_reader(s3_server, tmp_path):
     pytest.importorskip("cryptography", reason="pip install 'cuforge[sign]'")
-    from cuforge import signing
+    from cuforge.base import signing
 
     ci = signing.SigningKey("ci", os.urandom(32))
     keyring = signing.parse_keyring(ci.public_line() + "\n")

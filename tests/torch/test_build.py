@@ -202,7 +202,7 @@ def test_a_builder_killed_with_sigkill_does_not_block_the_next(ext, torch_env):
 
 @pytest.mark.slow
 def test_a_broken_source_gives_a_clear_error_and_the_fix_works(ext, torch_env):
-    from cuforge.errors import CompileError
+    from cuforge.base.errors import CompileError
 
     good = ext.read(ext.kernels)
     ext.write(ext.kernels, good.replace("out[i] = a[i] + b[i];", "out[i] = a[i] + undefined_b[i];"))
@@ -222,7 +222,7 @@ def test_a_broken_source_gives_a_clear_error_and_the_fix_works(ext, torch_env):
 
 @pytest.mark.skipif(GPU_VISIBLE, reason="a visible GPU always gives an arch")
 def test_no_gpu_and_no_arch_gives_the_clear_error(ext, torch_env, monkeypatch):
-    from cuforge.errors import ArchError
+    from cuforge.base.errors import ArchError
 
     monkeypatch.delenv("CUFORGE_ARCH", raising=False)
     monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)

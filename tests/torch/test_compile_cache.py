@@ -70,7 +70,7 @@ def test_an_fx_graph_miss_is_explained_by_the_field_that_changed(cache, tmp_path
     import torch._inductor.config as inductor_config
 
     import cuforge.triton
-    from cuforge.explain import last_miss
+    from cuforge.keys.explain import last_miss
     from cuforge.torch import compile_cache
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))

@@ -473,7 +473,7 @@ def test_other_mistakes(prog):
 
 def test_errors_are_value_errors_and_cuforge_errors():
     assert issubclass(CustomOpError, ValueError)
-    assert issubclass(CustomOpError, cuforge.errors.CuforgeError)
+    assert issubclass(CustomOpError, cuforge.base.errors.CuforgeError)
 
 
 def test_kernel_outputs_allocated_by_the_fake(prog):
@@ -505,7 +505,7 @@ def test_kernel_outputs_allocated_by_the_fake(prog):
 
 
 def test_cuforge_jit_executor_is_a_kernel_and_the_template_is_refused():
-    jit = pytest.importorskip("cuforge.jitkernel").jit
+    jit = pytest.importorskip("cuforge.frontend.jitkernel").jit
     k = jit(
         "template <typename T, int BLOCK>\n"
         "__global__ void scale(const T* x, T* out, T alpha, int n) {\n"

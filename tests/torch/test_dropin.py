@@ -153,7 +153,7 @@ class _Stream(io.StringIO):
 
 
 def test_progress_shows_on_a_terminal_only_and_obeys_ci_and_the_switch(monkeypatch):
-    from cuforge._progress import enabled
+    from cuforge.base._progress import enabled
 
     def progress_enabled(stream, env):
         for name in ("CI", "CUFORGE_PROGRESS"):

@@ -1,5 +1,5 @@
 """Certified keys of torch extensions (issue 24, item 3): the rows of
-tests/test_key_certification.py's design for ``cuforge.torch`` builds, here because they
+tests/keys/test_key_certification.py's design for ``cuforge.torch`` builds, here because they
 import torch (seconds per fresh process), which ``make test-integrations`` runs.
 
 The keys are computed as a build computes them, without compiling: :func:`plan` gives the
@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 
-from cuforge.config import CODEGEN_ENV_VARS
-from tests.test_key_certification import (
+from cuforge.base.config import CODEGEN_ENV_VARS
+from tests.keys.test_key_certification import (
     BlobMutation,
     Call,
     _check_key_row,
@@ -147,7 +147,7 @@ def _env_pair(setenv: dict[str, str], *, build_env: dict[str, str] | None = None
 def _version_pair(monkeypatch):
     base = _pair()(monkeypatch)[0]
     with monkeypatch.context() as m:
-        m.setattr("cuforge.key.__version__", "999.0.0")
+        m.setattr("cuforge.keys.key.__version__", "999.0.0")
         return base, _pair()(monkeypatch)[1]
 
 

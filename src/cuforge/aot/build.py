@@ -12,7 +12,7 @@ Guarantees:
 * A bundle is written only when every variant succeeded (a partial bundle would fail
   later, in production): with failures, :attr:`BuildReport.bundle` stays None.
 * ``strict=True``: nothing is compiled; every variant missing from the cache is a failure
-  with the :class:`~cuforge.pipeline.OfflineMissError` text (a check that a cache or a
+  with the :class:`~cuforge.core.pipeline.OfflineMissError` text (a check that a cache or a
   bundle is complete). A ``python`` variant is checked by calling its function in this
   process with ``CUFORGE_OFFLINE=1``: any build it would make raises instead, and the
   traceback is the failure's log.
@@ -28,7 +28,7 @@ from typing import Any
 
 from cuforge.aot.bundle import write_bundle
 from cuforge.aot.executor import Executor, LocalExecutor, default_jobs
-from cuforge.aot.manifest import Manifest, load_manifest
+from cuforge.aot.manifest import Manifest, load_manifest, parse_manifest
 from cuforge.aot.tasks import (
     BuildTask,
     TaskResult,
@@ -37,11 +37,13 @@ from cuforge.aot.tasks import (
     store_entries,
     task_entries,
 )
-from cuforge.caching import Cache
-from cuforge.errors import CuforgeError, OfflineMissError
+from cuforge.base.errors import CuforgeError, OfflineMissError
+from cuforge.core.caching import Cache, resolve
+from cuforge.core.prefetch import LockReport
+from cuforge.core.recording import lock_keys, read_lock
 from cuforge.store.base import Entry
 
-__all__ = ["build", "BuildReport", "make_executor"]
+__all__ = ["build", "build_lock", "BuildReport", "make_executor"]
 
 
 @dataclasses.dataclass
@@ -267,3 +269,106 @@ def _write(
     )
     report.bundle = os.path.abspath(path)
     report.bundle_entries = len({e.key for e in entries})
+
+
+def _find(cache: Cache, kind: str, key: str) -> Entry | None:
+    if kind == "manifest":  # every tier's manifest: the variant may be in any of them
+        for where in cache.chain:
+            entry = where.get(key, kind="manifest")
+            if entry is not None:
+                return entry
+        return None
+    return cache.get(key, kind=kind)
+
+
+def _kernel_manifest(entry: Entry, target: str) -> Entry:
+    """The manifest entry holding only the variant that leads to ``target``."""
+    variants = [v for v in entry.meta.get("variants", []) if v.get("for") == target]
+    return Entry(entry.key, "manifest", b"", {**entry.meta, "variants": variants[:1] or []})
+
+
+def _collect(cache: Cache, records: list[dict], entries: dict[str, Entry]) -> list[dict]:
+    """Add every entry of ``records`` the cache has; returns the records still lacking."""
+    lacking = []
+    for r in records:
+        if r["kind"] == "torch":
+            lacking.append(r)
+            continue
+        found = []
+        for kind, key, _name in lock_keys([r]):
+            entry = _find(cache, kind, key)
+            if entry is None:
+                break
+            found.append(_kernel_manifest(entry, r["key"]) if kind == "manifest" else entry)
+        else:
+            for entry in found:
+                entries[entry.key] = entry
+            continue
+        lacking.append(r)
+    return lacking
+
+
+def build_lock(
+    lock: str | os.PathLike[str],
+    bundle: str | os.PathLike[str],
+    *,
+    jobs: int | None = None,
+    executor: str = "local",
+    cache: Cache | None = None,
+    on_result: Callable[[Any, int], None] | None = None,
+) -> LockReport:
+    """``cuforge build --lock``: write ``bundle`` holding exactly the entries of ``lock``
+    (a lockfile written by :func:`cuforge.record`). Every entry of the lock that the cache
+    (any tier) has is copied into the bundle; a kernel or torch extension it lacks is built
+    from its ``cuforge.toml`` stanza (through :func:`build`, in parallel, local or Ray);
+    whatever is still missing is reported and no bundle is written (a partial warm set
+    would fail in production)."""
+    import tempfile
+
+    from cuforge.store.bundle import BundleStore
+
+    cache = resolve(cache)
+    lock = os.path.abspath(os.fspath(lock))
+    records = read_lock(lock)
+    report = LockReport()
+    entries: dict[str, Entry] = {}
+    lacking = _collect(cache, records, entries)
+    report.copied = len(entries)
+    stanzas = [r for r in lacking if r.get("manifest")]
+    if stanzas:
+        text = "\n\n".join("\n".join(r["manifest"]) for r in stanzas)
+        manifest = parse_manifest(text, lock)
+        with tempfile.TemporaryDirectory(prefix="cuforge-lock-") as tmp:
+            part = os.path.join(tmp, "part.cfb")
+            built = build(
+                manifest, jobs=jobs, executor=executor, bundle=part, cache=cache,
+                on_result=on_result,
+            )  # fmt: skip
+            report.built = built.built
+            report.failures = [f"{r.label}: {r.log.strip()}" for r in built.failed]
+            if built.ok:
+                store = BundleStore(part)
+                for info in store.iterate():
+                    entry = store.get(info.key)
+                    if entry is not None:
+                        entries.setdefault(entry.key, entry)
+                store.close()
+    still = _collect(cache, [r for r in lacking if r["kind"] != "torch"], {})
+    torch_done = (
+        {r["name"] for r in stanzas if r["kind"] == "torch"} if not report.failures else set()
+    )
+    for r in still + [r for r in lacking if r["kind"] == "torch" and r["name"] not in torch_done]:
+        report.missing.append(f"{r['system']} {r['name']} {r['key'][:16]}")
+    if not report.ok:
+        return report
+    archs = sorted({e.meta.get("arch", "") for e in entries.values() if e.meta.get("arch")})
+    report.bundle_bytes = write_bundle(
+        bundle,
+        sorted(entries.values(), key=lambda e: e.key),
+        variants=sorted(f"{r['system']}:{r['name']}:{r['key'][:16]}" for r in records),
+        archs=archs,
+        manifest=os.path.basename(lock),
+    )
+    report.bundle = os.path.abspath(os.fspath(bundle))
+    report.entries = len(entries)
+    return report

@@ -22,11 +22,11 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from cuforge._fs import destination_problem
 from cuforge._version import __version__
-from cuforge.caching import Cache, resolve
-from cuforge.errors import CuforgeError
-from cuforge.key import SCHEMA_VERSION
+from cuforge.base._fs import destination_problem
+from cuforge.base.errors import CuforgeError
+from cuforge.core.caching import Cache, resolve
+from cuforge.keys.key import SCHEMA_VERSION
 from cuforge.store.base import Entry, EntryInfo, Store
 from cuforge.store.bundle import BundleError, BundleStore, write_bundle_file
 from cuforge.toolchain.identity import nvcc_version, nvrtc_version

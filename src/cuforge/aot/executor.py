@@ -15,7 +15,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 
 from cuforge.aot.tasks import BuildTask, TaskResult, run_task
-from cuforge.caching import Cache
+from cuforge.core.caching import Cache
 from cuforge.torch.jobs import recommended_jobs
 
 __all__ = ["Executor", "LocalExecutor", "default_jobs"]

@@ -52,8 +52,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cuforge.aot.tasks import BuildTask, python_files, python_module_files, task_files
-from cuforge.arch import normalize_arch
-from cuforge.errors import CuforgeError
+from cuforge.base.arch import normalize_arch
+from cuforge.base.errors import CuforgeError
+from cuforge.base.toml import loads as _toml_loads
 
 __all__ = ["Manifest", "ManifestError", "load_manifest", "parse_manifest", "find_manifest"]
 
@@ -136,20 +137,6 @@ def find_manifest(start: str | None = None) -> str:
         "write one (`cuforge build --help` shows the format) or name the manifest: "
         "cuforge build path/to/cuforge.toml",
     )
-
-
-def _toml_loads(text: str):
-    try:
-        import tomllib
-    except ImportError:  # Python 3.10
-        try:
-            import tomli as tomllib  # type: ignore[no-redef]
-        except ImportError:
-            raise CuforgeError(
-                "reading a manifest on Python 3.10 needs tomli: pip install tomli "
-                "(Python 3.11+ has tomllib built in)"
-            ) from None
-    return tomllib.loads(text), tomllib.TOMLDecodeError
 
 
 def load_manifest(path: str | None = None, *, with_files: bool = True) -> Manifest:

@@ -61,9 +61,9 @@ from cuforge.aot.tasks import (
     read_blobs,
     run_task,
 )
-from cuforge.caching import Cache, default_cache
-from cuforge.config import CODEGEN_ENV_VARS, settings
-from cuforge.errors import CuforgeError, ToolchainError
+from cuforge.base.config import CODEGEN_ENV_VARS, settings
+from cuforge.base.errors import CuforgeError, ToolchainError
+from cuforge.core.caching import Cache, default_cache
 from cuforge.store.remote import open_remotes
 from cuforge.toolchain.identity import compiler_identity
 
@@ -74,7 +74,7 @@ __all__ = ["RayExecutor", "FORWARDED_ENV", "RAY_MISSING"]
 
 #: Environment variables a worker gets from the driver while it runs a task (set to the
 #: driver's value, or unset when the driver has them unset): those that enter cache keys
-#: (``cuforge.config.CODEGEN_ENV_VARS``), the arch fallbacks, and the remote tier's
+#: (``cuforge.base.config.CODEGEN_ENV_VARS``), the arch fallbacks, and the remote tier's
 #: settings except its secret.
 FORWARDED_ENV: tuple[str, ...] = (
     *CODEGEN_ENV_VARS,

@@ -41,13 +41,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from cuforge._fs import atomic_write, read_bytes, read_source
-from cuforge.caching import Cache, resolve, using
-from cuforge.deps import scan_includes
-from cuforge.errors import CompileError, CuforgeError
-from cuforge.key import bytes_digest
-from cuforge.pipeline import BACKENDS, call_entries, compile_cached
-from cuforge.program import Program
+from cuforge.base._fs import atomic_write, read_bytes, read_source
+from cuforge.base.errors import CompileError, CuforgeError
+from cuforge.core.caching import Cache, resolve, using
+from cuforge.core.pipeline import BACKENDS, call_entries, compile_cached
+from cuforge.frontend.program import Program
+from cuforge.keys.deps import scan_includes
+from cuforge.keys.key import bytes_digest
 from cuforge.store.base import Entry, is_entry_key
 from cuforge.store.disk import DiskStore
 from cuforge.store.schema import entry_problem
@@ -264,7 +264,7 @@ def _kernel_args(spec: Mapping, root: str) -> tuple[str, dict]:
 
 def _kernel_call(spec: Mapping, root: str, cache: Cache, *, strict: bool):
     """``cuforge.compile_file(spec["source"], ...)`` from ``root``, exactly as
-    :func:`cuforge.api.compile_file` makes it (plus ``strict``), against ``cache``."""
+    :func:`cuforge.frontend.api.compile_file` makes it (plus ``strict``), against ``cache``."""
 
     source, kwargs = _kernel_args(spec, root)
     return compile_cached(source, strict=strict, cache=cache, **kwargs)

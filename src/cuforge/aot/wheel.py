@@ -5,7 +5,7 @@ and ``.`` made ``_``: the bundle (``bundle.cfb``), ``cuforge-bundle.json`` (the 
 toolchain, cuforge version and key schema it serves, from the bundle's index) and an
 empty ``__init__.py``. It registers the package in the entry point group
 ``cuforge.bundles``; cuforge serves it on the default cache's first miss
-(:mod:`cuforge.bundle_wheels`). The wheel's METADATA says the same in its summary and
+(:mod:`cuforge.core.bundle_wheels`). The wheel's METADATA says the same in its summary and
 ``Keywords``. No dependency is declared: ``pip install --no-deps`` and a pinned cuforge
 are the user's (a mismatching wheel is skipped, with one line in ``cuforge doctor``).
 """
@@ -19,8 +19,8 @@ import os
 import re
 import zipfile
 
-from cuforge.bundle_wheels import BUNDLE_FILE, GROUP, INFO_FILE
-from cuforge.errors import CuforgeError
+from cuforge.base.errors import CuforgeError
+from cuforge.core.bundle_wheels import BUNDLE_FILE, GROUP, INFO_FILE
 
 __all__ = ["build_wheel"]
 

@@ -16,7 +16,7 @@
   values (numpy arrays and scalars, :class:`~cuda.compute.ProxyValue`) by dtype, GPU
   structs by type name and layout, iterators by their kind (their value types, modifiers,
   nested iterators and operators, never their state), ``OpKind`` and other enums by name,
-  Python callables by :func:`cuforge.fingerprint.fingerprint` (code, constants, closures,
+  Python callables by :func:`cuforge.keys.fingerprint.fingerprint` (code, constants, closures,
   globals, recursively; the device arrays cuda.compute turns into runtime state by dtype
   and shape), plain data by value.
 
@@ -30,7 +30,7 @@ the first such array and the call is not keyed (it runs uncached, the reason nam
 array's path): a build that holds one process's device address must never serve another.
 
 An argument that cannot be keyed the same way in every process raises
-:class:`cuforge.fingerprint.UnstableKeyError`; the caller then builds without caching.
+:class:`cuforge.keys.fingerprint.UnstableKeyError`; the caller then builds without caching.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ import sys
 import types
 from typing import TYPE_CHECKING
 
-from cuforge.fingerprint import (
+from cuforge.keys.fingerprint import (
     MAX_DEPTH,
     UNHANDLED,
     UnstableKeyError,
@@ -51,7 +51,7 @@ from cuforge.fingerprint import (
     attribute_names,
     fingerprint,
 )
-from cuforge.fingerprint import installed_versions as _installed_versions
+from cuforge.keys.fingerprint import installed_versions as _installed_versions
 
 if TYPE_CHECKING:
     from typing import Any
@@ -91,7 +91,7 @@ CODEGEN_DISTRIBUTIONS = (
 
 
 def installed_versions() -> dict[str, str]:
-    """Normalized distribution name -> version (:func:`cuforge.fingerprint.installed_versions`)."""
+    """Normalized distribution name -> version (:func:`cuforge.keys.fingerprint.installed_versions`)."""
     return _installed_versions()
 
 
@@ -134,7 +134,7 @@ def target_ccs(compute_capability: Any) -> str | None:
 def key_fields(algorithm: str, signature: Any, args: tuple, kwargs: dict) -> dict[str, str] | None:
     """The key fields of ``algorithm(*args, **kwargs)`` (see the module doc), or None when
     the targets cannot be determined (no device and no ``compute_capability=``). Raises
-    :class:`cuforge.fingerprint.UnstableKeyError` for an argument that cannot be keyed, and the
+    :class:`cuforge.keys.fingerprint.UnstableKeyError` for an argument that cannot be keyed, and the
     binding's TypeError for arguments the factory would reject."""
 
     bound = signature.bind(*args, **kwargs)
@@ -204,7 +204,7 @@ def spec(value: Any, what: str, state: frozenset[int] = frozenset()) -> str:
 
 
 def hook(obj: Any) -> Any:
-    """:func:`cuforge.fingerprint.fingerprint`'s hook for cuda.compute's own objects (see
+    """:func:`cuforge.keys.fingerprint.fingerprint`'s hook for cuda.compute's own objects (see
     :func:`_hook`; every device array keyed by its address too)."""
     return _hook(obj, frozenset())
 
@@ -318,7 +318,7 @@ def state_arrays(func: Any) -> tuple[frozenset[str], frozenset[str]]:
 
 
 def baked_array(value: Any, what: str) -> frozenset[int]:
-    """Raise :class:`cuforge.fingerprint.UnstableKeyError` naming the path of the first device
+    """Raise :class:`cuforge.keys.fingerprint.UnstableKeyError` naming the path of the first device
     array that argument ``value`` makes the compiler bake into the code (see the module
     doc). Otherwise return the ids of the device arrays in it that cuda.compute turns into
     runtime state (its operators' own globals and closure variables). A device array passed

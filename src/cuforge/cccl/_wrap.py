@@ -5,7 +5,7 @@ and is callable is a factory; every other callable ``X`` with a ``make_X`` besid
 its one-shot algorithm (``reduce_into`` -> ``make_reduce_into``).
 
 A cached factory keys the call (:mod:`cuforge.cccl._key`), looks it up through
-:func:`cuforge.blobcache.get_or_build` (entry kind ``"cccl"``, every tier, every
+:func:`cuforge.core.blobcache.get_or_build` (entry kind ``"cccl"``, every tier, every
 ``CUFORGE_*`` knob, single flight), and on a hit returns ``cuda.compute.deserialize`` of
 the stored blob -- no build. On a miss it calls the real factory, serializes the result,
 checks that the blob deserializes, stores it, and returns the factory's own object.
@@ -26,13 +26,13 @@ import threading
 import types
 from typing import TYPE_CHECKING
 
-from cuforge.arch import ArchError, normalize_arch
+from cuforge.base.arch import ArchError, normalize_arch
+from cuforge.cccl._key import key_fields
 
 # loaded with the module: `import cuforge.cccl` is the import cost, the first call is not
-from cuforge.blobcache import BlobResult, fence_uncached, get_or_build, make_key
-from cuforge.caching import Cache, resolve
-from cuforge.cccl._key import key_fields
-from cuforge.fingerprint import UnstableKeyError
+from cuforge.core.blobcache import BlobResult, fence_uncached, get_or_build, make_key
+from cuforge.core.caching import Cache, resolve
+from cuforge.keys.fingerprint import UnstableKeyError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -114,7 +114,7 @@ def _uses_hostjit() -> bool:
 
 def key_of(name: str, *args: Any, **kwargs: Any) -> tuple[str, dict[str, str]]:
     """``(key, fields)`` a call ``name(*args, **kwargs)`` of a factory would use, without
-    building or looking anything up. Raises :class:`cuforge.fingerprint.UnstableKeyError` for an
+    building or looking anything up. Raises :class:`cuforge.keys.fingerprint.UnstableKeyError` for an
     argument that cannot be keyed, and ValueError when no compute capability is given and
     no device can be queried."""
 
@@ -129,7 +129,7 @@ def key_of(name: str, *args: Any, **kwargs: Any) -> tuple[str, dict[str, str]]:
 
 
 def last_result() -> Any:
-    """The :class:`cuforge.blobcache.BlobResult` of this thread's last cached factory call
+    """The :class:`cuforge.core.blobcache.BlobResult` of this thread's last cached factory call
     (``source_of_result``, ``key``, ``fields``, ``reason``), or None."""
     return getattr(_local, "last", None)
 

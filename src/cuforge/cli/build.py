@@ -13,9 +13,9 @@ import os
 import sys
 from typing import Any
 
-from cuforge._fs import destination_problem
+from cuforge.base._fs import destination_problem
+from cuforge.base.config import settings
 from cuforge.cli import output
-from cuforge.config import settings
 
 __all__ = ["add_parser", "run"]
 
@@ -186,7 +186,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_lock(args: argparse.Namespace, jobs: int | None) -> int:
-    from cuforge.aot.lock import build_lock
+    from cuforge.aot.build import build_lock
 
     if not args.bundle or args.manifest:
         raise ValueError(

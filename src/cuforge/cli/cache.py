@@ -34,11 +34,11 @@ import time
 from typing import Any
 
 from cuforge.aot.bundle import export_bundle, import_bundle
+from cuforge.base.config import parse_size, settings
+from cuforge.base.layout import CacheLayout
 from cuforge.cli import output
 from cuforge.cli.common import cache_root
-from cuforge.config import parse_size, settings
-from cuforge.explain import recent_misses
-from cuforge.layout import CacheLayout
+from cuforge.keys.explain import recent_misses
 from cuforge.store import telemetry
 from cuforge.store.base import ENTRY_KINDS
 from cuforge.store.bundle import FORMAT_VERSION
@@ -391,7 +391,7 @@ def run_show(args: argparse.Namespace) -> int:
             print(f"  {label}: {_short_json(value, 400)}")
     log = (meta.get("log") or "").strip()
     if entry.kind in _BLOB_KINDS and not log:
-        # an integration's build (cuforge.blobcache): named files, no compiler log
+        # an integration's build (cuforge.core.blobcache): named files, no compiler log
         if args.payload:
             print(f"\npayload written to {args.payload}")
         return 0
@@ -403,7 +403,7 @@ def run_show(args: argparse.Namespace) -> int:
     return 0
 
 
-#: kinds stored by cuforge.blobcache (their payload is a set of named files)
+#: kinds stored by cuforge.core.blobcache (their payload is a set of named files)
 _BLOB_KINDS = ("cccl", "cute", "triton", "cuda-core", "jax", "cupy")
 
 
@@ -552,7 +552,7 @@ def _bundle_entries(path: str) -> _Listed:
 def _add_nearest(root: str, misses: list[dict], sources: list[_Listed]) -> None:
     """Give each miss ``"nearest"``: per source, the nearest entry of the same name and
     the fields that differ from the miss's (or why there is none)."""
-    from cuforge.explain import fields_of, nearest_entry
+    from cuforge.keys.explain import fields_of, nearest_entry
 
     for m in misses:
         name, key = str(m.get("name", "")), str(m.get("key", ""))

@@ -3,7 +3,7 @@
 :func:`_cache_dir` is the one place that reads the flag. Commands whose library function
 takes a directory pass it down (``cuforge cache ...``: ``DiskStore(dir)``); for the
 others (``compile``, ``build``, ``bundle install``, ``doctor``, ``env``), whose library
-reads :func:`cuforge.config.settings`, :func:`apply_cache_dir` hands it to them through
+reads :func:`cuforge.base.config.settings`, :func:`apply_cache_dir` hands it to them through
 ``CUFORGE_CACHE_DIR`` in this process (the command line's own, never the library's), until
 they take a cache object.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from cuforge.config import settings
+from cuforge.base.config import settings
 
 __all__ = ["_cache_dir", "cache_root", "apply_cache_dir"]
 

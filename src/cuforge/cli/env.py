@@ -6,7 +6,7 @@ current environment (an unreadable ``TORCH_CUDA_ARCH_LIST``, an arch no GPU has,
 missing) are warned about on stderr, so the exports on stdout stay eval-able.
 
 The machine facts it reads live in the library: the job count in
-:mod:`cuforge.torch.jobs`, arch-list findings in :mod:`cuforge.arch`, the library headers
+:mod:`cuforge.torch.jobs`, arch-list findings in :mod:`cuforge.base.arch`, the library headers
 in :mod:`cuforge.toolchain.facts`.
 """
 
@@ -20,9 +20,9 @@ import sys
 from typing import Any
 
 from cuforge import toolchain
-from cuforge.arch import arch_findings, arch_number, arch_to_torch, parse_arch_list
+from cuforge.base.arch import arch_findings, arch_number, arch_to_torch, parse_arch_list
+from cuforge.base.config import settings
 from cuforge.cli import output
-from cuforge.config import settings
 from cuforge.toolchain.facts import find_library_headers
 from cuforge.torch.facts import torch_installed
 from cuforge.torch.jobs import machine_resources, recommended_jobs

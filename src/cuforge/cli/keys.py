@@ -10,7 +10,7 @@
                                 entries NAME signed (``--keep-local``: keep them)
 =============================== ========================================================
 
-The work is done by :mod:`cuforge.signing`; this module parses arguments and prints.
+The work is done by :mod:`cuforge.base.signing`; this module parses arguments and prints.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import os
 import sys
 from typing import Any
 
+from cuforge.base.config import settings
 from cuforge.cli import output
-from cuforge.config import settings
 
 __all__ = ["add_parser"]
 
@@ -78,8 +78,8 @@ def _keyring_path(args: argparse.Namespace) -> str | None:
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    from cuforge import _fs
-    from cuforge.signing import generate, load_keyring_text, parse_keyring
+    from cuforge.base import _fs
+    from cuforge.base.signing import generate, load_keyring_text, parse_keyring
 
     directory = os.path.abspath(os.path.expanduser(args.dir or _default_dir()))
     try:
@@ -122,7 +122,7 @@ def run_generate(args: argparse.Namespace) -> int:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    from cuforge.signing import load_keyring, load_signing_key
+    from cuforge.base.signing import load_keyring, load_signing_key
 
     path = args.keyring or settings().trusted_keys
     keys = load_keyring(path).keys if path else []
@@ -160,7 +160,7 @@ def _drop_local(args: argparse.Namespace, name: str) -> int:
 
 
 def run_revoke(args: argparse.Namespace) -> int:
-    from cuforge.signing import revoke
+    from cuforge.base.signing import revoke
 
     path = _keyring_path(args)
     if path is None:

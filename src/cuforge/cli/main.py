@@ -35,10 +35,10 @@ from typing import Any
 
 import cuforge
 from cuforge._version import __version__
+from cuforge.base.config import settings
+from cuforge.base.errors import CuforgeError
 from cuforge.cli import output
 from cuforge.cli.common import apply_cache_dir
-from cuforge.config import settings
-from cuforge.errors import CuforgeError
 
 __all__ = ["main", "build_parser"]
 

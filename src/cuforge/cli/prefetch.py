@@ -40,7 +40,7 @@ def add_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cuforge.aot.lock import prefetch
+    from cuforge.core.prefetch import prefetch
 
     service = list(args.service)
     if service and service[0] == "--":
@@ -77,7 +77,7 @@ def _serve(lock: str, service: list[str]) -> int:
     import os
     import runpy
 
-    from cuforge.aot.lock import prefetch
+    from cuforge.core.prefetch import prefetch
 
     if not service or (service[0] == "-m" and len(service) < 2):
         raise output.UsageError(

@@ -21,8 +21,8 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 
-from cuforge.deps import join_path
-from cuforge.paths import keyed_path
+from cuforge.base.paths import keyed_path
+from cuforge.keys.deps import join_path
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: see docs/architecture.md, the warm path
 if TYPE_CHECKING:
@@ -232,7 +232,7 @@ class Backend(ABC):
     ) -> tuple[str, ...]:
         """``options`` as the cache key records them: every path the compiler reads as a
         path (include dirs, pre-included files) made absolute and, under ``base``, relative
-        to it (:func:`cuforge.paths.keyed_path`), in one spelling per kind
+        to it (:func:`cuforge.base.paths.keyed_path`), in one spelling per kind
         (``<include>${BASE}/inc``); every other option as it is."""
         here = cwd or os.getcwd()
         items = [str(o) for o in options]

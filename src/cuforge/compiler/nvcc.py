@@ -6,7 +6,7 @@ names); the pipeline keys on them.
 * The source is written to a temp dir under its own basename and compiled with
   ``-I <source_dir>`` so that quoted relative includes resolve as if compiled in place.
 * ``-MD -MF`` lists the files the compile read (absolute paths, the temp source dropped).
-* Errors come back as :class:`~cuforge.errors.CompileError` with the temp path in the log
+* Errors come back as :class:`~cuforge.base.errors.CompileError` with the temp path in the log
   replaced by the source's name, so ``file(line)`` points at the user's file.
 * Name expressions: nvcc has no API for them. Each expression's address is taken in a
   generated host function appended to the source (which makes nvcc instantiate the kernel
@@ -19,11 +19,11 @@ from __future__ import annotations
 import os
 import time
 
-from cuforge.arch import nvcc_arch_flags
+from cuforge.base.arch import nvcc_arch_flags
+from cuforge.base.errors import ArchError, CompileError, ToolchainError
 from cuforge.compiler.base import Backend, CompileJob
 from cuforge.compiler.outputs import CompileOutput
-from cuforge.deps import parse_depfile
-from cuforge.errors import ArchError, CompileError, ToolchainError
+from cuforge.keys.deps import parse_depfile
 from cuforge.toolchain import compiler_identity, nvcc_path, nvcc_supported_archs
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: see docs/architecture.md, the warm path
@@ -56,7 +56,7 @@ _NE_MARKER = "<cuforge name expressions>"
 
 def nvcc_command(options: Sequence[str], archs: Sequence[str], output: str) -> tuple[str, ...]:
     """The exact nvcc flags, without file names: the output kind, the arch flags
-    (:func:`cuforge.arch.nvcc_arch_flags`: ``-arch=sm_XY`` for one cubin,
+    (:func:`cuforge.base.arch.nvcc_arch_flags`: ``-arch=sm_XY`` for one cubin,
     ``-arch=compute_XY`` for PTX, one ``-gencode`` per arch plus ``--threads 0`` for a
     fatbin of several), then the user's options."""
     if output not in _OUTPUT_FLAGS:
@@ -155,7 +155,7 @@ def compile_nvcc(
     """Compile ``source`` with nvcc. ``source_dir``: where the source lives (its quoted
     relative includes are looked for there). Raises :class:`CompileError` with the log,
     :class:`ArchError` for an arch nvcc does not support, ValueError for an empty source,
-    :class:`~cuforge.errors.ToolchainError` when nvcc is missing."""
+    :class:`~cuforge.base.errors.ToolchainError` when nvcc is missing."""
     if not isinstance(source, str):
         raise TypeError(f"{name}: source must be str, not {type(source).__name__}")
     if not source.strip():

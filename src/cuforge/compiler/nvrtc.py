@@ -17,10 +17,10 @@ from __future__ import annotations
 import _thread
 import time
 
-from cuforge.arch import normalize_arch
+from cuforge.base.arch import normalize_arch
+from cuforge.base.errors import ArchError, CompileError, ToolchainError
 from cuforge.compiler.base import Backend, CompileJob
 from cuforge.compiler.outputs import CompileOutput
-from cuforge.errors import ArchError, CompileError, ToolchainError
 from cuforge.toolchain import (
     check_loaded_nvrtc,
     compiler_identity,

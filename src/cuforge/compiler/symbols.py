@@ -18,7 +18,7 @@ import struct
 import subprocess
 from typing import TYPE_CHECKING
 
-from cuforge.errors import ToolchainError
+from cuforge.base.errors import ToolchainError
 from cuforge.toolchain import toolkit_root
 
 if TYPE_CHECKING:

@@ -2,7 +2,7 @@
 
 A miss calls the real ``cutlass.cute.compile``, exports the result with
 ``export_to_c(dir, symbol)`` and stores the object file (host launcher + cubin), its header
-and a small JSON record as one ``"cute"`` entry through :mod:`cuforge.blobcache` (every tier:
+and a small JSON record as one ``"cute"`` entry through :mod:`cuforge.core.blobcache` (every tier:
 memory, disk, remote; every ``CUFORGE_*`` knob; one build per key across processes). A hit
 hands the stored, checksummed object to ``cutlass.cute.runtime.load_module(path)[symbol]``
 as an in-memory file (Linux; elsewhere a fresh private temporary directory): no tracing, no
@@ -16,7 +16,7 @@ The key (:func:`key_fields`) is made of:
 * ``dsl_settings``: the DSL's own compile-affecting settings (``CUTE_DSL_*``: opt level,
   debug, line info, ...) with library paths reduced to their file names;
 * ``options``: the ``options=`` string (and ``is_experimental``);
-* ``function``: ``module.qualname`` and ``fingerprint``: :func:`cuforge.fingerprint.fingerprint`
+* ``function``: ``module.qualname`` and ``fingerprint``: :func:`cuforge.keys.fingerprint.fingerprint`
   of the ``@cute.jit`` function -- its code, defaults, closure values and the globals it
   reads, recursively, so every ``@cute.jit`` / ``@cute.kernel`` function it reaches (and
   every constant and helper those read) is in it. The DSL rewrites a function's code when it
@@ -56,12 +56,13 @@ import threading
 import types
 from typing import TYPE_CHECKING
 
-from cuforge import blobcache, fingerprint
-from cuforge._fs import read_bytes
-from cuforge.caching import Cache, resolve
+from cuforge.base._fs import read_bytes
+from cuforge.core import blobcache
+from cuforge.core.caching import Cache, resolve
 from cuforge.cute.spec import UnkeyableArgument, describe_args
 from cuforge.cute.version import dsl_version
-from cuforge.fingerprint import UNHANDLED, UnstableKeyError
+from cuforge.keys import fingerprint
+from cuforge.keys.fingerprint import UNHANDLED, UnstableKeyError
 
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any
@@ -202,7 +203,7 @@ def _unwrap(fn: Any) -> Any:
 
 
 def _original_code_hook() -> Any:
-    """A :func:`cuforge.fingerprint.fingerprint` hook that hashes every ``@cute.jit`` /
+    """A :func:`cuforge.keys.fingerprint.fingerprint` hook that hashes every ``@cute.jit`` /
     ``@cute.kernel`` function as its *original* code.
 
     The DSL replaces such a function's ``__code__`` with a rewritten one the first time it
@@ -244,7 +245,7 @@ _FILE_DUMP_HINT = "a cache hit would not write the files it asks for"
 
 def _option_text(option: Any, where: str) -> str:
     """One ``CompileOption`` (object, option class, or a tuple of them) as key text: its
-    class and its values (:func:`cuforge.fingerprint.fingerprint` of its attributes)."""
+    class and its values (:func:`cuforge.keys.fingerprint.fingerprint` of its attributes)."""
     from cutlass.base_dsl.compiler import (
         BooleanBasedFileDumpOption,
         BooleanCompileOption,
@@ -345,7 +346,7 @@ def _options_field(options: Any, extra: dict, bracket: Any = None) -> str:
 def key_fields(fn: Any, *args: Any, **kwargs: Any) -> dict[str, str]:
     """The labeled fields of the key of ``cute.compile(fn, *args, **kwargs)`` (see the module
     doc). Raises :class:`cuforge.cute.spec.UnkeyableArgument` or
-    :class:`cuforge.fingerprint.UnstableKeyError` when something cannot be keyed stably."""
+    :class:`cuforge.keys.fingerprint.UnstableKeyError` when something cannot be keyed stably."""
     with _LOCK:
         fields, _ = _key_fields(fn, args, dict(kwargs))
     return fields

@@ -20,7 +20,7 @@ Guarantees of :func:`describe_args`:
   as the tensor the DSL makes of it: ``from_dlpack(array).mark_layout_dynamic()`` (dtype,
   rank, which extents and strides are static, the leading dimension, alignment).
 * Any other object (a kernel class instance, passed as ``self`` or as a Constexpr) is
-  keyed by :func:`cuforge.fingerprint.fingerprint` with ``instances=True``: its class by
+  keyed by :func:`cuforge.keys.fingerprint.fingerprint` with ``instances=True``: its class by
   content (methods, class attributes, bases) and its ``__dict__`` / ``__slots__`` state.
 * An argument it cannot describe stably raises :class:`UnkeyableArgument` naming the
   argument; the caller then compiles uncached and says why.
@@ -34,7 +34,7 @@ import inspect
 import typing
 from typing import TYPE_CHECKING
 
-from cuforge.fingerprint import UnstableKeyError, fingerprint
+from cuforge.keys.fingerprint import UnstableKeyError, fingerprint
 
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any
@@ -130,7 +130,7 @@ def _dlpack_spec(value: Any) -> str:
 
 def _instance(value: Any, where: str, hook: Any, constexpr: bool = False) -> str:
     """A kernel object (or any Python object) by its class and state:
-    :func:`cuforge.fingerprint.fingerprint` with ``instances=True``."""
+    :func:`cuforge.keys.fingerprint.fingerprint` with ``instances=True``."""
     try:
         return fingerprint(value, what=where, hook=hook, instances=True)
     except UnstableKeyError as exc:
@@ -210,7 +210,7 @@ def describe_args(fn: Any, args: tuple, kwargs: dict, hook: Any = None) -> str:
 
     Raises :class:`UnkeyableArgument` for an argument that cannot be described stably, and
     for arguments that do not fit the signature (naming the problem). ``hook``: passed to
-    :func:`cuforge.fingerprint.fingerprint` for Constexpr values and objects.
+    :func:`cuforge.keys.fingerprint.fingerprint` for Constexpr values and objects.
     """
 
     target = inspect.unwrap(fn)

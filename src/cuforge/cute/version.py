@@ -45,7 +45,7 @@ import hashlib
 import os
 import sys
 
-from cuforge.key import file_digest_of
+from cuforge.keys.key import file_digest_of
 from cuforge.toolchain import memo as _memo
 from cuforge.toolchain.wheel_record import recorded_sha256
 
@@ -274,7 +274,7 @@ def _install_signature(
 
 
 def _file_memo_on() -> bool:
-    from cuforge.config import settings
+    from cuforge.base.config import settings
 
     cfg = settings()
     return not (cfg.disable_cache or cfg.disable_file_cache)

@@ -13,10 +13,10 @@ import operator
 import struct
 import sys
 
+from cuforge.base.scalar_types import ELEMENT_KINDS, SCALAR_TYPES, torch_dtype_for
 from cuforge.runtime.driver import MEMORYTYPE_HOST, driver
 from cuforge.runtime.errors import ArgumentError, ArgumentValueError
 from cuforge.runtime.signature import SCALAR_CODES, Param
-from cuforge.scalar_types import ELEMENT_KINDS, SCALAR_TYPES, torch_dtype_for
 
 __all__ = [
     "Pointer",

@@ -7,7 +7,7 @@ a value out of range a ``ValueError``, a kernel name that does not exist a ``Loo
 
 from __future__ import annotations
 
-from cuforge.errors import CuforgeError
+from cuforge.base.errors import CuforgeError
 
 __all__ = [
     "LaunchError",

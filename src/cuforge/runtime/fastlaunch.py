@@ -49,7 +49,7 @@ INFO record on the ``cuforge`` logger when :mod:`logging` is in use; nothing is 
 otherwise.
 
 Trust: a library in the cache is code this process runs. It is imported only when the
-cache dir and its ``runtime/`` dir pass :func:`cuforge._fs.trust_problem` (owned by the
+cache dir and its ``runtime/`` dir pass :func:`cuforge.base._fs.trust_problem` (owned by the
 current user, not writable by group or others) and the file itself is a regular file (not
 a symlink) owned by the current user and not writable by group or others. Its path is
 always derived again from the hash, never read from anywhere. A library that fails the
@@ -68,9 +68,9 @@ import sys
 import threading
 import time
 
-from cuforge import _fs
-from cuforge.config import settings
-from cuforge.layout import CacheLayout
+from cuforge.base import _fs
+from cuforge.base.config import settings
+from cuforge.base.layout import CacheLayout, machine_dir
 
 __all__ = [
     "load",
@@ -318,7 +318,7 @@ def _say(message: str) -> None:
 def _runtime_dir() -> tuple[str | None, str | None]:
     """``(<cache>/runtime, None)`` when the library may be kept there, else ``(None, why)``."""
 
-    layout = CacheLayout.of(settings().cache_dir)
+    layout = CacheLayout.of(machine_dir())
     problem = layout.trust_problem(layout.runtime)
     if problem:
         return None, problem

@@ -104,7 +104,7 @@ def _dims(value, what: str) -> tuple[int, int, int]:
 
 
 class Kernel:
-    """A kernel of a compiled :class:`~cuforge.program.Program`, ready to launch.
+    """A kernel of a compiled :class:`~cuforge.frontend.program.Program`, ready to launch.
 
     ``name`` is an ``extern "C"`` name, a name expression given at compile time
     (``"block_sum<256, float>"``) or a mangled symbol. The binary is loaded lazily, once per

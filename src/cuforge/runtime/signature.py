@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 
-from cuforge.scalar_types import BY_C_NAME, SCALAR_TYPES
+from cuforge.base.scalar_types import BY_C_NAME, SCALAR_TYPES
 
 __all__ = [
     "Param",

@@ -1,6 +1,6 @@
 """cuforge's cache tiers: memory, disk, tiered, read-only, single flight and telemetry.
 
-The tiers are composed by :class:`cuforge.Cache` (``cuforge.caching``), which owns the
+The tiers are composed by :class:`cuforge.Cache` (``cuforge.core.caching``), which owns the
 cache dir's layout, its trust check and the tier chain. Everything here is imported
 lazily, so ``import cuforge.store`` stays cheap:
 

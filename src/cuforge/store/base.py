@@ -1,6 +1,6 @@
 """The one small interface every cache tier implements: get / put / delete / iterate / stats.
 
-A store maps a key (a lowercase hex digest made by :mod:`cuforge.key`) to an
+A store maps a key (a lowercase hex digest made by :mod:`cuforge.keys.key`) to an
 :class:`Entry`: an opaque payload (a cubin, an object file, a shared library, a JSON
 manifest) plus JSON-serializable metadata. Stores know nothing of compilers or keys;
 they never interpret the payload and never use pickle.
@@ -24,7 +24,7 @@ from collections.abc import Iterator
 
 # the one entry-key shape check (64 lowercase hex digits), for a key read from something
 # that may be damaged or planted (an index, a bundle, an entry list)
-from cuforge.layout import is_entry_key
+from cuforge.base.layout import is_entry_key
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: see docs/architecture.md, the warm path
 if TYPE_CHECKING:

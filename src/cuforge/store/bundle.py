@@ -18,7 +18,7 @@ artifact (inside a wheel, a container image) and be served in place::
                        "signature": {"kid", "ed25519"}}   (optional)
 
 ``signature`` (written when a signing key is given or ``CUFORGE_SIGNING_KEY`` is set): the
-Ed25519 signature (:func:`cuforge.signing.bundle_message`) of the SHA-256 of the index
+Ed25519 signature (:func:`cuforge.base.signing.bundle_message`) of the SHA-256 of the index
 without it, canonical JSON (sorted keys, no spaces). With a keyring (``CUFORGE_TRUSTED_KEYS``
 or ``keyring=``), opening refuses an unsigned bundle or one whose signature no trusted,
 unrevoked key made, offline (no network); the served entries' ``meta["signer"]`` names the
@@ -47,7 +47,7 @@ Guarantees of :class:`BundleStore` (a bundle is code: whatever it serves, a proc
   never a SIGBUS (the file is not memory-mapped).
 * Read-only: ``put`` and ``delete`` do nothing and return False.
 
-Layer 2: imports :mod:`cuforge._fs`, :mod:`cuforge.store.base` and
+Layer 2: imports :mod:`cuforge.base._fs`, :mod:`cuforge.store.base` and
 :mod:`cuforge.store.schema` only.
 """
 
@@ -59,8 +59,8 @@ import os
 import struct
 from typing import TYPE_CHECKING
 
-from cuforge._fs import atomic_write, destination_problem, open_regular
-from cuforge.errors import CuforgeError
+from cuforge.base._fs import atomic_write, destination_problem, open_regular
+from cuforge.base.errors import CuforgeError
 from cuforge.store.base import Entry, EntryInfo, Store, StoreStats, is_entry_key
 from cuforge.store.schema import entry_problem
 
@@ -108,7 +108,7 @@ def write_bundle_file(
     entry (a kernel needs a non-empty payload) or a ``path`` that exists and is not a
     regular file (a symlink, a device such as /dev/null, a directory: never replaced),
     ``OSError`` when the file cannot be written. ``signer``: a
-    :class:`cuforge.signing.SigningKey` to sign the index with (default: the one
+    :class:`cuforge.base.signing.SigningKey` to sign the index with (default: the one
     ``CUFORGE_SIGNING_KEY`` names, if any; None: unsigned)."""
 
     problem = destination_problem(path)
@@ -144,11 +144,11 @@ def write_bundle_file(
         body += payload
     doc: dict[str, Any] = {"format": FORMAT_VERSION, "info": info, "entries": rows}
     if signer is CONFIGURED:
-        from cuforge.signing import configured
+        from cuforge.base.signing import configured
 
         signer = configured()[0]
     if signer is not None:
-        from cuforge.signing import bundle_message
+        from cuforge.base.signing import bundle_message
 
         # the digest of the index as a reader parses it back (JSON types only)
         doc = json.loads(json.dumps(doc))
@@ -226,10 +226,10 @@ class BundleStore(Store):
     def __init__(
         self, path: str | os.PathLike[str], *, verify: bool = True, keyring: Any = CONFIGURED
     ) -> None:
-        """``keyring``: a :class:`cuforge.signing.Keyring` the bundle must be signed by
+        """``keyring``: a :class:`cuforge.base.signing.Keyring` the bundle must be signed by
         (default: ``CUFORGE_TRUSTED_KEYS``'s, if set; None: no signature required)."""
         if keyring is CONFIGURED:
-            from cuforge.signing import configured
+            from cuforge.base.signing import configured
 
             keyring = configured()[1]
         self._keyring = keyring
@@ -383,7 +383,7 @@ class BundleStore(Store):
         """Refuse a bundle the keyring does not accept; name the signer in every row."""
         keyring = self._keyring
         if keyring is not None:
-            from cuforge.signing import Untrusted, bundle_message
+            from cuforge.base.signing import Untrusted, bundle_message
 
             sig = doc.get("signature")
             sig = sig if isinstance(sig, dict) else {}

@@ -1,6 +1,6 @@
 """The disk tier: the embedded, persistent default.
 
-Paths come from a :class:`cuforge.layout.CacheLayout` (created with mode 0700)::
+Paths come from a :class:`cuforge.base.layout.CacheLayout` (created with mode 0700)::
 
     layout.entries/ab/cd/<key>   one file per entry (:mod:`cuforge.store.entry_codec`)
     layout.journal               append-only index (:mod:`cuforge.store.journal`)
@@ -17,7 +17,7 @@ Upkeep (eviction, ``prune``, ``clear``, ``verify``) is :mod:`cuforge.store.upkee
 
 The size the tier reports (``stats().bytes``, :meth:`DiskStore.total_bytes`) and holds to
 ``max_bytes`` is its entries plus the torch extension dirs (``layout.torch_builds``,
-``layout.torch_modules``: counted by :func:`cuforge.store.upkeep.count_torch_dirs` on a
+``layout.torch_modules``: counted by :meth:`cuforge.store.upkeep.Evictor.count_torch_dirs` on a
 put or ``total_bytes()`` at most once a minute, and by every eviction and ``stats()``), so that the cap bounds
 what cuforge keeps under the dir; ``stats().extra["dir_bytes"]`` is all of the dir, as
 ``du -sb`` counts it.
@@ -26,11 +26,11 @@ Every read checks an entry file's magic, version, lengths, digest and metadata's
 (:mod:`cuforge.store.schema`); a damaged or malformed entry is a miss: it is deleted, a
 warning is logged to the ``cuforge`` logger, and the caller rebuilds it.
 
-Files are opened through :mod:`cuforge._fs`: symlinks are never followed and anything
+Files are opened through :mod:`cuforge.base._fs`: symlinks are never followed and anything
 but a regular file (a FIFO, a directory, a device) in place of an entry counts as a
 damaged entry, so nothing under the cache dir can make a read hang.
 
-Writes go through :func:`cuforge._fs.atomic_write` (a temp file in the entry's own
+Writes go through :func:`cuforge.base._fs.atomic_write` (a temp file in the entry's own
 directory, then ``os.replace``), so readers see the old entry or the new one, never part
 of one. Entries with a payload are ``fsync``\\ ed; payload-less ones (direct-mode
 manifests: a lost one costs one compile) are not. A hit refreshes the file's mtime,
@@ -57,8 +57,8 @@ from __future__ import annotations
 import os
 from time import monotonic, time
 
-from cuforge import _fs
-from cuforge.layout import CacheLayout, is_entry_key
+from cuforge.base import _fs
+from cuforge.base.layout import CacheLayout, is_entry_key
 from cuforge.store import telemetry as _telemetry
 from cuforge.store.base import Entry, EntryInfo, Store, StoreStats
 from cuforge.store.entry_codec import (
@@ -79,7 +79,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Callable, Iterator
     from typing import Any
 
-    from cuforge.store.upkeep import VerifyReport
+    from cuforge.store.upkeep import Evictor, VerifyReport
 
 
 __all__ = [
@@ -121,7 +121,7 @@ def _logger():
 class DiskStore(Store):
     """A persistent, size-capped, checksummed, multi-process-safe tier. See the module doc.
 
-    ``root``: the cache dir, as a path or a :class:`~cuforge.layout.CacheLayout`
+    ``root``: the cache dir, as a path or a :class:`~cuforge.base.layout.CacheLayout`
     (``layout`` then holds every path the tier uses)."""
 
     tier = "disk"
@@ -149,6 +149,7 @@ class DiskStore(Store):
         self.torch_checked = 0.0
         # torch dirs removed by eviction, prune and clear in this process
         self.dirs_removed = 0
+        self._evictor: Evictor | None = None
         # this process's counters (stats() reports shared telemetry when it is on)
         self.hits = self.misses = self.puts = self.evictions = self.corrupt = 0
         self.journal_rebuilds = 0
@@ -447,9 +448,7 @@ class DiskStore(Store):
         self._count_torch_dirs_once()
         used, cap = self.journal.bytes + self.torch_bytes, self.max_bytes
         if used * 2 > cap or used + self.tmp_bytes > cap or self.journal.needs_compaction():
-            from cuforge.store import upkeep  # not loaded while the tier is under half full
-
-            upkeep.maybe_evict(self)
+            self.evictor.maybe_evict()
 
     def _count_torch_dirs_once(self) -> None:
         """Count the torch dirs when this process has not in the last minute (one stat
@@ -457,9 +456,7 @@ class DiskStore(Store):
         if self.torch_checked and monotonic() - self.torch_checked < 60.0:
             return
         if os.path.isdir(self.layout.torch):
-            from cuforge.store import upkeep
-
-            upkeep.count_torch_dirs(self)
+            self.evictor.count_torch_dirs()
         else:
             self.torch_checked = monotonic()
 
@@ -625,6 +622,17 @@ class DiskStore(Store):
         return self.journal.bytes + self.tmp_bytes + self.torch_bytes
 
     # ------------------------------------------------------------------ upkeep
+    @property
+    def evictor(self) -> Evictor:
+        """This tier's :class:`~cuforge.store.upkeep.Evictor` (made on first use: the hit
+        path never imports upkeep)."""
+        evictor = self._evictor
+        if evictor is None:
+            from cuforge.store.upkeep import Evictor
+
+            evictor = self._evictor = Evictor(self)
+        return evictor
+
     def prune(
         self,
         *,
@@ -635,16 +643,14 @@ class DiskStore(Store):
         least-recently-used ones until the tier holds at most ``max_bytes``; also module
         dirs whose module entry is gone, stale temp files and unheld compile lock files.
         Returns (entries removed, bytes freed). See :mod:`cuforge.store.upkeep`."""
-        from cuforge.store import upkeep
 
-        return upkeep.prune(self, max_bytes=max_bytes, older_than=older_than)
+        return self.evictor.prune(max_bytes=max_bytes, older_than=older_than)
 
     def clear(self) -> int:
         """Remove every entry, every torch dir not being built in, every temp file and
         every unheld compile lock file. Returns how many entries were removed."""
-        from cuforge.store import upkeep
 
-        return upkeep.clear(self)
+        return self.evictor.clear()
 
     def verify(
         self,
@@ -653,12 +659,11 @@ class DiskStore(Store):
         quick: bool = False,
         progress: Callable[[int], Any] | None = None,
     ) -> VerifyReport:
-        """Re-check every entry and the journal (:func:`cuforge.store.upkeep.verify`);
+        """Re-check every entry and the journal (:meth:`cuforge.store.upkeep.Evictor.verify`);
         ``repair``: remove the damage and rebuild the index. ``progress``: called with
         the number of entries checked so far (the total to expect is ``stats().entries``)."""
-        from cuforge.store import upkeep
 
-        return upkeep.verify(self, repair=repair, quick=quick, progress=progress)
+        return self.evictor.verify(repair=repair, quick=quick, progress=progress)
 
     # ------------------------------------------------------------------ scans
     def walk(self, tmp_bytes: list[int] | None = None) -> Iterator[tuple[str, str, Any]]:
@@ -761,7 +766,7 @@ class DiskStore(Store):
 
         idx = self.load_index()
         self.maybe_compact()
-        torch_dirs = upkeep.count_torch_dirs(self)
+        torch_dirs = self.evictor.count_torch_dirs()
         layout = self.layout
         other = upkeep.tree_bytes(
             self.root, skip=(layout.entries, layout.torch_builds, layout.torch_modules)
@@ -782,7 +787,7 @@ class DiskStore(Store):
         }
         shared = None
         if self.telemetry:
-            from cuforge.config import settings
+            from cuforge.base.config import settings
 
             if settings().telemetry:
                 shared = _telemetry.summary(self.root)["tiers"].get("disk", {})
@@ -832,7 +837,7 @@ class DiskStore(Store):
 # ---------------------------------------------------------------------- filters
 def _fsync_all(paths: list[str]) -> None:
     """``fsync`` each file of ``paths``, then each directory holding one, once each (best
-    effort, :func:`cuforge._fs.sync`: correctness rests on the checksums)."""
+    effort, :func:`cuforge.base._fs.sync`: correctness rests on the checksums)."""
     for path in paths:
         _fs.sync(path)
     for directory in dict.fromkeys(os.path.dirname(path) for path in paths):
@@ -877,7 +882,7 @@ def entry_filter(
     ``newer_than``: last used more / less than that many seconds ago."""
     import fnmatch
 
-    from cuforge.arch import normalize_arch
+    from cuforge.base.arch import normalize_arch
 
     want_arch = normalize_arch(arch) if arch else None
     hide = hide_manifests and kind is None

@@ -19,8 +19,8 @@ import os
 import stat
 from time import time
 
-from cuforge import _fs
-from cuforge._fastjson import loads as _loads
+from cuforge.base import _fs
+from cuforge.base._fastjson import loads as _loads
 from cuforge.store.schema import entry_problem
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: see docs/architecture.md, the warm path

@@ -27,14 +27,14 @@ from __future__ import annotations
 import os
 from _thread import allocate_lock
 
-from cuforge import _fs
+from cuforge.base import _fs
 from cuforge.store.entry_codec import read_all, read_info, remove_path
 
 TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs ~10 ms
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any
 
-    from cuforge.layout import CacheLayout
+    from cuforge.base.layout import CacheLayout
 
 __all__ = ["Journal", "JOURNAL_VERSION", "MAX_PENDING", "locked_file"]
 
@@ -48,7 +48,7 @@ _HEADER_BYTES = f"{HEADER}\n".encode()
 
 
 def locked_file(path: str, *, shared: bool = False, blocking: bool = True) -> _fs.locked:
-    """:class:`cuforge._fs.locked` on a lock file of the index dir, after removing anything
+    """:class:`cuforge.base._fs.locked` on a lock file of the index dir, after removing anything
     but a regular file in its place (damage that would otherwise stop every update)."""
     import stat
 

@@ -14,7 +14,7 @@ The rules (a field marked *typed* may be absent, but when present must have that
   number >= 0, not a bool), ``lowered_names`` (object of str -> str), ``key_fields``
   (object), ``header_paths`` (list of str) are *typed*.
 * ``"kernel"``: the above (the pipeline writes all of them).
-* ``"manifest"`` (the shared format of :mod:`cuforge.direct_mode`): ``variants``
+* ``"manifest"`` (the shared format of :mod:`cuforge.core.direct_mode`): ``variants``
   (*typed*): a list of variant objects, each with ``headers`` (object of str -> str),
   ``probes`` (list of str) and ``for`` (a non-empty str), all required, and ``digest``
   (str, *typed*); other keys of a variant are allowed (forward compatibility). The old

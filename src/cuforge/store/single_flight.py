@@ -7,7 +7,7 @@
 
 Threads of this process wait on a per-key lock; processes on this machine wait on an OS
 file lock (an ``flock`` on ``<lock_dir>/<key[:2]>/<key>.lock``, taken with
-:class:`cuforge._fs.locked`: no symlink is followed, only a regular file is used).
+:class:`cuforge.base._fs.locked`: no symlink is followed, only a regular file is used).
 The kernel drops a file lock when its holder dies, even by SIGKILL, so a crashed
 compile never blocks anyone. A waiter gives up after ``timeout`` seconds and gets
 ``False``: it should then compile for itself (and may still put the result).
@@ -34,7 +34,7 @@ from contextlib import contextmanager
 from time import monotonic, sleep
 from typing import TYPE_CHECKING
 
-from cuforge import _fs
+from cuforge.base import _fs
 
 if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Iterator

@@ -43,9 +43,9 @@ import weakref
 from _thread import allocate_lock
 from time import monotonic, time
 
-from cuforge import _fs
-from cuforge.config import settings
-from cuforge.layout import CacheLayout
+from cuforge.base import _fs
+from cuforge.base.config import settings
+from cuforge.base.layout import CacheLayout
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: see docs/architecture.md, the warm path
 if TYPE_CHECKING:  # pragma: no cover

@@ -1,7 +1,7 @@
 """Where the CUDA toolchain is, what it is, and which GPU archs to build for.
 
-The bottom layer beside :mod:`cuforge.config`: it imports only config, arch, errors and
-:mod:`cuforge._fs`, and nothing expensive at import time (no ``cuda.*``, ``subprocess``,
+The bottom layer beside :mod:`cuforge.base.config`: it imports only config, arch, errors and
+:mod:`cuforge.base._fs`, and nothing expensive at import time (no ``cuda.*``, ``subprocess``,
 ``ctypes``, ``shutil`` or ``json``). One job per module:
 
 * :mod:`~cuforge.toolchain.locate` -- finding things: :func:`toolkit_root`,

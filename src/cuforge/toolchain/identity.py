@@ -14,8 +14,8 @@ import _thread
 import os
 import sys
 
-from cuforge.config import raw_env_get, raw_env_key
-from cuforge.errors import ToolchainError
+from cuforge.base.config import raw_env_get, raw_env_key
+from cuforge.base.errors import ToolchainError
 from cuforge.toolchain import locate
 from cuforge.toolchain import memo as _memo
 from cuforge.toolchain.memo import file_stat_key
@@ -183,7 +183,7 @@ def compiler_identity(backend: str) -> dict[str, str]:
 
     Warm, this costs a dictionary lookup and one or two ``stat`` calls; in a fresh process
     it reads ``<cache_dir>/toolchain.json`` instead of loading NVRTC or running nvcc.
-    Raises :class:`~cuforge.errors.ToolchainError` when the compiler is missing, and
+    Raises :class:`~cuforge.base.errors.ToolchainError` when the compiler is missing, and
     ``ValueError`` for an unknown backend.
     """
     env = _identity_env(backend)
@@ -204,7 +204,7 @@ def compiler_identity(backend: str) -> dict[str, str]:
 
 
 def check_loaded_nvrtc() -> None:
-    """Raise :class:`~cuforge.errors.ToolchainError` when the NVRTC that compiles (the one
+    """Raise :class:`~cuforge.base.errors.ToolchainError` when the NVRTC that compiles (the one
     cuda-pathfinder loads) is not the one this process's keys identify (a replayed search
     that pathfinder would not make: a newer pathfinder that searches elsewhere). Its path
     is remembered, so the next try keys with it. Called once, when NVRTC is first loaded to

@@ -14,9 +14,9 @@ import os
 import stat as _stat
 import sys
 
-from cuforge import _fs
-from cuforge.config import raw_env_get, raw_env_key, settings
-from cuforge.errors import ToolchainError
+from cuforge.base import _fs
+from cuforge.base.config import raw_env_get, raw_env_key, settings
+from cuforge.base.errors import ToolchainError
 from cuforge.toolchain import memo as _memo
 
 __all__ = [
@@ -152,7 +152,7 @@ def _find_toolkit_root(cuda_home: str, cuda_path: str, path: str) -> str | None:
 
 def nvcc_path() -> str:
     """The nvcc to run: ``CUFORGE_NVCC`` when set, else ``<toolkit_root>/bin/nvcc``.
-    Raises :class:`~cuforge.errors.ToolchainError` saying how to fix it."""
+    Raises :class:`~cuforge.base.errors.ToolchainError` saying how to fix it."""
     configured = settings().nvcc
     if configured:
         candidate = os.path.expanduser(configured)
@@ -215,7 +215,7 @@ def nvrtc_library_path() -> str:
     re-validated with a stat of it and of the site-packages dirs (a wheel installed or
     removed since makes cuda-pathfinder search again). **Never load this path**: it may
     come from the cache dir. Load :func:`find_nvrtc_library`. Raises
-    :class:`~cuforge.errors.ToolchainError` when NVRTC cannot be found."""
+    :class:`~cuforge.base.errors.ToolchainError` when NVRTC cannot be found."""
     key = _nvrtc_locate_key()
     path = _nvrtc_path_memo.get(key)
     if path is not None and os.path.isfile(path):
@@ -236,7 +236,7 @@ def nvrtc_library_path() -> str:
 def find_nvrtc_library() -> str:
     """Absolute path of the NVRTC library, found by cuda-pathfinder in this process (never
     read from a memo): the path to load. Costs the cuda-pathfinder import (~120 ms) on the
-    first call of a process. Raises :class:`~cuforge.errors.ToolchainError`."""
+    first call of a process. Raises :class:`~cuforge.base.errors.ToolchainError`."""
     key = _nvrtc_locate_key()
     path = _found_memo.get(key)
     if path is not None and os.path.isfile(path):
@@ -256,7 +256,7 @@ def derive_nvrtc_library() -> str:
     ``stat`` calls); else pathfinder's search. Importing cuda-pathfinder costs ~45 ms, most
     of a fresh cache dir's first lookup; the compile path checks that the NVRTC
     cuda-bindings loads is this one (:func:`cuforge.toolchain.identity.check_loaded_nvrtc`). Raises
-    :class:`~cuforge.errors.ToolchainError` when NVRTC cannot be found."""
+    :class:`~cuforge.base.errors.ToolchainError` when NVRTC cannot be found."""
     key = _nvrtc_locate_key()
     path = _found_memo.get(key) or _derived_memo.get(key)
     if path is not None and os.path.isfile(path):

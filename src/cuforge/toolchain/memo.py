@@ -8,13 +8,13 @@ not learn it again. Guarantees:
   entry is keyed by the stat of the file it describes (:func:`file_stat_key`); the paths
   cuforge loads (``ctypes.CDLL``) or executes are derived again in the process that does
   so (see :mod:`cuforge.toolchain.locate`).
-* **It is read only from a trusted cache dir** (:func:`cuforge._fs.trust_problem`: owned
+* **It is read only from a trusted cache dir** (:func:`cuforge.base._fs.trust_problem`: owned
   by the current user, not writable by group or others), and written only there.
 * It is read as a regular file only (no FIFO, no symlink; at most 16 MiB) and replaced
   atomically; a missing, unreadable or corrupt memo is the same as an empty one, and an
   unwritable cache dir only means probing again later.
 
-The bottom layer: imports config and :mod:`cuforge._fs` only, json lazily.
+The bottom layer: imports config and :mod:`cuforge.base._fs` only, json lazily.
 """
 
 from __future__ import annotations
@@ -22,10 +22,9 @@ from __future__ import annotations
 import _thread
 import os
 
-from cuforge import _fs
-from cuforge._fastjson import loads
-from cuforge.config import settings
-from cuforge.layout import CacheLayout
+from cuforge.base import _fs
+from cuforge.base._fastjson import loads
+from cuforge.base.layout import CacheLayout, machine_dir
 
 __all__ = [
     "lock",
@@ -52,15 +51,15 @@ _cache: tuple[str, tuple[int, int, int], dict] | None = None
 
 
 def memo_path() -> str:
-    """``<cache_dir>/toolchain.json`` for the current settings."""
-
-    return CacheLayout.of(settings().cache_dir).toolchain_memo
+    """``<cache_dir>/toolchain.json`` of the cache doing the work
+    (:func:`cuforge.base.layout.machine_dir`)."""
+    return CacheLayout.of(machine_dir()).toolchain_memo
 
 
 def _trusted(path: str) -> bool:
     """Whether the memo's directory may be read from and written to (see module doc): the
-    cache dir's one trust rule (:meth:`cuforge.layout.CacheLayout.trust_problem`)."""
-    from cuforge.layout import CacheLayout
+    cache dir's one trust rule (:meth:`cuforge.base.layout.CacheLayout.trust_problem`)."""
+    from cuforge.base.layout import CacheLayout
 
     return CacheLayout.of(os.path.dirname(path)).trust_problem(path) is None
 
@@ -106,7 +105,7 @@ def save(memo: dict) -> None:
 
 
 def write_json_atomic(path: str, data: dict) -> bool:
-    """Replace ``path`` with ``data`` as JSON (:func:`cuforge._fs.atomic_write`: temp file
+    """Replace ``path`` with ``data`` as JSON (:func:`cuforge.base._fs.atomic_write`: temp file
     + ``os.replace``, a symlink at ``path`` replaced, never followed). False when it could
     not be written: callers treat these memo files as optional."""
     import json  # json: ~10 ms to import, only when the memo is written

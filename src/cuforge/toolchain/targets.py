@@ -1,11 +1,11 @@
 """Which GPU archs a compile targets: explicit, else the visible GPU, else ``CUFORGE_ARCH``,
 else ``TORCH_CUDA_ARCH_LIST``, else a clear error. Spelling and numbering archs is
-:mod:`cuforge.arch`'s job; this module only decides where the archs come from."""
+:mod:`cuforge.base.arch`'s job; this module only decides where the archs come from."""
 
 from __future__ import annotations
 
-from cuforge.arch import HOW_TO_SET, ArchError, arch_number, normalize_arch, parse_arch_list
-from cuforge.config import settings
+from cuforge.base.arch import HOW_TO_SET, ArchError, arch_number, normalize_arch, parse_arch_list
+from cuforge.base.config import settings
 from cuforge.toolchain import gpu
 
 __all__ = ["resolve_archs"]
@@ -39,7 +39,7 @@ def resolve_archs(arch: object, *, allow_many: bool) -> tuple[str, ...]:
     ``arch``: None, a string (``"sm_90"``, ``"9.0"``, ``"90"``, ``"sm_90a"``, or a list
     such as ``"8.0;9.0"``), an int (``90``) or a sequence of those. When None: the first
     visible GPU's arch; else ``CUFORGE_ARCH``; else ``TORCH_CUDA_ARCH_LIST``; else
-    :class:`~cuforge.errors.ArchError` saying how to set it. With ``allow_many`` False an
+    :class:`~cuforge.base.errors.ArchError` saying how to set it. With ``allow_many`` False an
     explicit list of several is an error, and a list from the environment gives its
     highest arch.
     """

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from cuforge._fs import write_if_changed
+from cuforge.base._fs import write_if_changed
 from cuforge.torch.build import BuildSpec, build, default_build_directory, warn_ignored
 
 __all__ = ["load", "load_inline", "import_module"]

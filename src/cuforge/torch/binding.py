@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import os
 
-from cuforge._fs import write_if_changed
+from cuforge.base._fs import write_if_changed
+from cuforge.base.scalar_types import SCALAR_TYPES
 from cuforge.runtime.signature import strip_comments
-from cuforge.scalar_types import SCALAR_TYPES
 
 __all__ = ["Op", "generate_binding", "parse_launchers"]
 

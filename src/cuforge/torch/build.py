@@ -12,7 +12,7 @@ helper share)::
             objects' keys + ldflags -> link key -> module from the store, or link
             ninja runs only the compiles and the link that missed
 
-Keys (all :class:`cuforge.key.KeyBuilder`):
+Keys (all :class:`cuforge.keys.key.KeyBuilder`):
 
 * TU key = source path (relative to the sources' common root) and content, the exact
   flags, compiler identities (nvcc's and the host compiler's), torch version + git hash
@@ -23,7 +23,7 @@ Keys (all :class:`cuforge.key.KeyBuilder`):
 * link key = the objects' keys in order + the link flags + the host compiler.
 * load key = everything the build depends on except header contents; its manifest maps
   header contents to the link key (a direct-mode manifest, like ccache's: the format of
-  :mod:`cuforge.direct_mode`, shared with the kernel pipeline; a TU key's manifest maps them
+  :mod:`cuforge.core.direct_mode`, shared with the kernel pipeline; a TU key's manifest maps them
   to the object key the same way).
 
 Paths under the sources' root and the build dir are written as placeholders in every
@@ -42,14 +42,14 @@ import tempfile
 import time
 from collections.abc import MutableMapping
 
-from cuforge import direct_mode
-from cuforge._fs import atomic_write, locked, read_bytes, temp_path, unlink, write_if_changed
-from cuforge.caching import Cache, default_cache, resolve
-from cuforge.config import settings
-from cuforge.deps import file_digest, parse_depfile
-from cuforge.errors import OfflineMissError
-from cuforge.key import KeyBuilder, bytes_digest
-from cuforge.layout import is_entry_key as _is_key
+from cuforge.base._fs import atomic_write, locked, read_bytes, temp_path, unlink, write_if_changed
+from cuforge.base.config import settings
+from cuforge.base.errors import OfflineMissError
+from cuforge.base.layout import is_entry_key as _is_key
+from cuforge.core import direct_mode
+from cuforge.core.caching import Cache, default_cache, resolve
+from cuforge.keys.deps import file_digest, parse_depfile
+from cuforge.keys.key import KeyBuilder, bytes_digest
 from cuforge.store.base import Entry
 from cuforge.store.upkeep import TORCH_BUILD_LOCK
 from cuforge.toolchain import compiler_identity, resolve_archs
@@ -428,7 +428,7 @@ def _match(p: Plan, store, base_digest: str) -> direct_mode.Variant | None:
 # Whoever can write the cache dir can make this process run their code (a module file is
 # imported, i.e. executed). So a module file is imported from the cache dir only when:
 #   * the cache dir and every directory on the way to the module pass the cache's trust
-#     check (cuforge.layout: owned by this user, not writable by group or others);
+#     check (cuforge.base.layout: owned by this user, not writable by group or others);
 #     otherwise modules are written to and imported from a private temp dir of this process;
 #   * its path is derived again from the link key (never read from an entry or a memo),
 #     and the key is checked to be a key (64 hex digits: no path can hide in it);

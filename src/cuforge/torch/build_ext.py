@@ -24,7 +24,7 @@ import os
 from setuptools import Extension
 from setuptools.command.build_ext import build_ext
 
-from cuforge._fs import atomic_write, read_bytes
+from cuforge.base._fs import atomic_write, read_bytes
 from cuforge.torch.build import BuildSpec, build, warn_ignored
 from cuforge.torch.flags import is_cuda_file
 

@@ -57,8 +57,8 @@ import re
 import sys
 from typing import TYPE_CHECKING
 
-from cuforge.blobcache import make_key
-from cuforge.caching import Cache, default_cache
+from cuforge.core.blobcache import make_key
+from cuforge.core.caching import Cache, default_cache
 from cuforge.store.base import Entry
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -169,7 +169,7 @@ def enable(cache: Cache | None = None, *, triton: bool = True) -> bool:
     _pin_ptxas()
     if triton:
         try:
-            import cuforge.triton as _triton
+            import cuforge.adapters.triton as _triton
         except ImportError:
             pass  # no Triton: nothing to cache there
         else:

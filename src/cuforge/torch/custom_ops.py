@@ -36,9 +36,9 @@ import inspect
 import keyword
 from typing import TYPE_CHECKING
 
-from cuforge.errors import CuforgeError
+from cuforge.base.errors import CuforgeError
+from cuforge.base.scalar_types import SCALAR_TYPES
 from cuforge.runtime.kernel import Kernel
-from cuforge.scalar_types import SCALAR_TYPES
 from cuforge.torch.opshim import written_by
 
 if TYPE_CHECKING:

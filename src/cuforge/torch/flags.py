@@ -27,12 +27,12 @@ import sys
 import sysconfig
 
 from cuforge import toolchain
-from cuforge._fs import atomic_write, read_bytes
-from cuforge.arch import gencode_flags
-from cuforge.config import settings
-from cuforge.deps import stat_signature
-from cuforge.errors import ToolchainError
-from cuforge.layout import CacheLayout
+from cuforge.base._fs import atomic_write, read_bytes
+from cuforge.base.arch import gencode_flags
+from cuforge.base.config import settings
+from cuforge.base.errors import ToolchainError
+from cuforge.base.layout import CacheLayout, machine_dir
+from cuforge.keys.deps import stat_signature
 
 __all__ = [
     "PRESETS",
@@ -85,17 +85,17 @@ def is_cuda_file(path: str) -> bool:
 
 def trusted_memo_dir() -> str | None:
     """``<cache_dir>/torch`` when the cache dir (and that subdirectory) passes the cache
-    dir's trust rule (:meth:`cuforge.layout.CacheLayout.trust_problem`), else None: an
+    dir's trust rule (:meth:`cuforge.base.layout.CacheLayout.trust_problem`), else None: an
     untrusted memo could name the include dirs a build uses, so it is neither read nor
     written then."""
-    layout = CacheLayout.of(settings().cache_dir)
+    layout = CacheLayout.of(machine_dir())
     if layout.trust_problem(layout.torch) is not None:
         return None
     return layout.torch
 
 
 def _memo_path() -> str | None:
-    layout = CacheLayout.of(settings().cache_dir)
+    layout = CacheLayout.of(machine_dir())
     return None if trusted_memo_dir() is None else layout.torch_paths_memo
 
 
@@ -250,7 +250,7 @@ def build_env() -> BuildEnv:
         os.environ.get("CUDA_HOME"),
         os.environ.get("CUDA_PATH"),
         os.environ.get("PATH"),
-        settings().cache_dir,
+        machine_dir(),
     )
     memo = _env_memo
     if memo is not None and memo[0] == fingerprint:

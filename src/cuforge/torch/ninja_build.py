@@ -1,7 +1,7 @@
 """The build.ninja cuforge writes (only the compiles and the link that missed the cache)
 and running it with the ``ninja`` executable of the PyPI ``ninja`` package.
 
-A failed build raises :class:`cuforge.errors.CompileError` naming the failing TU, with
+A failed build raises :class:`cuforge.base.errors.CompileError` naming the failing TU, with
 that TU's compiler output trimmed to its first errors, and the full log's path.
 """
 
@@ -12,9 +12,9 @@ import shlex
 import subprocess
 import sys
 
-from cuforge._fs import open_regular, write_if_changed
-from cuforge._progress import enabled as progress_enabled
-from cuforge.errors import CompileError, ToolchainError
+from cuforge.base._fs import open_regular, write_if_changed
+from cuforge.base._progress import enabled as progress_enabled
+from cuforge.base.errors import CompileError, ToolchainError
 from cuforge.toolchain import nvcc_path
 from cuforge.torch.progress import BuildProgress, parse_status
 

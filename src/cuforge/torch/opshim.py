@@ -94,7 +94,7 @@ def enabled(cpp) -> str | None:
     ``CUFORGE_TORCH_OP_SHIM=0`` turns it off for the process (:data:`OFF_WHY`)."""
     if cpp is False:
         return "cpp=False"
-    from cuforge.config import settings
+    from cuforge.base.config import settings
 
     if not settings().torch_op_shim:
         return OFF_WHY
@@ -275,7 +275,7 @@ def register(op, kernel, spec, names, cache=None):
     lib = load_shim(cache)
     if lib is None:
         why = _state.get("why", "the C++ op shim is not available")
-        from cuforge.caching import resolve
+        from cuforge.core.caching import resolve
 
         resolve(cache).warn_once(f"cuforge.torch.custom_op: the Python CUDA kernel stays: {why}")
         return why

@@ -3,7 +3,7 @@
 Ninja prints a status line per finished edge; cuforge sets ``NINJA_STATUS`` so that each
 starts with a marker and ``[finished/total]`` (:func:`parse_status` reads it). On a
 terminal the build shows ``<name>: 3/5 objects`` (cached objects count as done), then
-``linking``, through ``rich``. Whether to show it is :func:`cuforge._progress.enabled`
+``linking``, through ``rich``. Whether to show it is :func:`cuforge.base._progress.enabled`
 (a terminal, not under CI; ``CUFORGE_PROGRESS=1`` / ``0`` forces it on / off); a verbose
 build prints ninja's own lines instead.
 """

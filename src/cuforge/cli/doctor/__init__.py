@@ -29,7 +29,7 @@ nvcc, the toolkit, ccache/sccache), :mod:`~cuforge.cli.doctor.gpu` (GPUs, archs,
 launch path), :mod:`~cuforge.cli.doctor.torch`, :mod:`~cuforge.cli.doctor.cache` (the cache
 dir and its trust), :mod:`~cuforge.cli.doctor.remote`; :mod:`~cuforge.cli.doctor.render` draws
 the report. The machine facts they read live in the library (:mod:`cuforge.toolchain`,
-:mod:`cuforge.torch.facts`, :mod:`cuforge.torch.jobs`, :mod:`cuforge.arch`).
+:mod:`cuforge.torch.facts`, :mod:`cuforge.torch.jobs`, :mod:`cuforge.base.arch`).
 
 ``remote`` (:func:`cuforge.store.remote.sync.probe`): reachable (a get of a key that does
 not exist answers a miss, not an error), latency (the median of a few such round trips,
@@ -40,7 +40,7 @@ write is refused; WARN when slower than the transfer timeout's tenth; SKIP when 
 is configured.
 
 ``cache.dir`` FAILs when the cache dir, or a directory directly under it (``v1``,
-``locks``, ...), fails :func:`cuforge._fs.trust_problem` (not owned by you, or writable by
+``locks``, ...), fails :func:`cuforge.base._fs.trust_problem` (not owned by you, or writable by
 group or others): cuforge then reads nothing from it, and the fix (``chmod go-w ...`` or
 ``chown ...``) is printed; the cache.size/hits/integrity checks are SKIPped.
 """

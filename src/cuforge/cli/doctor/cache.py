@@ -6,10 +6,10 @@ from __future__ import annotations
 import os
 import tempfile
 
+from cuforge.base.config import settings
+from cuforge.base.layout import CacheLayout
 from cuforge.cli import output
 from cuforge.cli.doctor.base import Check, Probe, row_maker
-from cuforge.config import settings
-from cuforge.layout import CacheLayout
 from cuforge.store import telemetry
 from cuforge.store.disk import DiskStore
 
@@ -27,7 +27,7 @@ def _probe_writable(root: str) -> bool:
 def _trust_problems(root: str) -> list[tuple[str, str | None]]:
     """(problem, fix) for the cache dir and every directory under it (the fan-out dirs
     of the entries and the torch module dirs included) that fails the cache dir's one
-    trust rule (:meth:`cuforge.layout.CacheLayout.trust_problem`, as the runtime applies
+    trust rule (:meth:`cuforge.base.layout.CacheLayout.trust_problem`, as the runtime applies
     it); the fix covers the whole tree."""
 
     layout = CacheLayout(root)
@@ -193,7 +193,7 @@ def check_cache(p: Probe) -> list[Check]:
 def check_bundle_wheels(p: Probe) -> list[Check]:
     """One row for the installed warm-set wheels (entry point group ``cuforge.bundles``):
     PASS with how many match this process, WARN with one line per wheel that is skipped."""
-    from cuforge.bundle_wheels import installed, mismatch, skipped
+    from cuforge.core.bundle_wheels import installed, mismatch, skipped
 
     row = row_maker("bundle_wheels", "bundle wheels")
     found = [(name, mismatch(info)) for name, _, info in installed()]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from cuforge import toolchain
-from cuforge.arch import arch_findings, arch_to_torch, parse_arch_list
+from cuforge.base.arch import arch_findings, arch_to_torch, parse_arch_list
 from cuforge.cli import output
 from cuforge.cli.doctor.base import Check, Probe, row_maker
 from cuforge.runtime import fastlaunch

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from cuforge.base.config import settings
 from cuforge.cli.doctor.base import Check, Probe, row_maker
-from cuforge.config import settings
 from cuforge.store.remote import open_remotes, sync
 
 

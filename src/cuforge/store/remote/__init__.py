@@ -13,7 +13,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs ~10 ms
 if TYPE_CHECKING:  # pragma: no cover
-    from cuforge.config import Settings
+    from cuforge.base.config import Settings
     from cuforge.store.base import Store
     from cuforge.store.remote.base import RemoteBackend
 
@@ -43,7 +43,7 @@ def namespace() -> str:
     """``"cuforge-<version>-k<key schema>"``: writers of another namespace never share
     entries (a backend keeps namespaces apart; the envelope checks it again)."""
     from cuforge._version import __version__
-    from cuforge.key import SCHEMA_VERSION
+    from cuforge.keys.key import SCHEMA_VERSION
 
     return f"cuforge-{__version__}-k{SCHEMA_VERSION}"
 
@@ -51,7 +51,7 @@ def namespace() -> str:
 def read_secret(current: Settings) -> bytes | None:
     """The HMAC key: ``CUFORGE_REMOTE_KEY``, else the stripped contents of
     ``CUFORGE_REMOTE_KEY_FILE`` (read once per process), else None. Raises
-    :class:`~cuforge.errors.ConfigError` for a key file that cannot be read or is empty."""
+    :class:`~cuforge.base.errors.ConfigError` for a key file that cannot be read or is empty."""
     if current.remote_key:
         return current.remote_key.encode()
     path = current.remote_key_file
@@ -61,8 +61,8 @@ def read_secret(current: Settings) -> bytes | None:
     if secret is None:
         import os
 
-        from cuforge import _fs
-        from cuforge.errors import ConfigError
+        from cuforge.base import _fs
+        from cuforge.base.errors import ConfigError
 
         try:
             secret = _fs.read_bytes(os.path.expanduser(path), max_bytes=1 << 16, follow=True)
@@ -113,9 +113,9 @@ def scheme_of(url: str) -> str:
 def backend_class(url: str, plugin: str = "") -> type[RemoteBackend] | None:
     """The backend class serving ``url``: the plug-in (``plugin``, ``"module:Class"``)
     when it lists the URL's scheme, else the built-in one; None (after one warning) when a
-    built-in backend cannot be imported. Raises :class:`~cuforge.errors.ConfigError` for a
+    built-in backend cannot be imported. Raises :class:`~cuforge.base.errors.ConfigError` for a
     scheme nothing serves, or a plug-in that is not one."""
-    from cuforge.errors import ConfigError
+    from cuforge.base.errors import ConfigError
 
     scheme = scheme_of(url)
     if plugin:
@@ -173,9 +173,9 @@ def open_remotes(current: Settings, *, telemetry_root: str | None = None) -> lis
     ``CUFORGE_REMOTE_BACKEND=module:Class``. A built-in backend whose module or
     dependency is missing is skipped with one warning naming the URL and the fix
     (``pip install 'cuforge[s3]'``). A backend whose constructor fails with anything
-    but a :class:`~cuforge.errors.ConfigError` is skipped with one warning.
+    but a :class:`~cuforge.base.errors.ConfigError` is skipped with one warning.
 
-    Raises :class:`~cuforge.errors.ConfigError` for a scheme nothing serves, a plug-in that
+    Raises :class:`~cuforge.base.errors.ConfigError` for a scheme nothing serves, a plug-in that
     cannot be imported or is not a :class:`~cuforge.store.remote.base.RemoteBackend`
     subclass listing the scheme, or an unreadable ``CUFORGE_REMOTE_KEY_FILE``.
 
@@ -208,13 +208,13 @@ def open_remotes(current: Settings, *, telemetry_root: str | None = None) -> lis
     urls = current.remote
     if not urls:
         return []
-    from cuforge.errors import ConfigError
+    from cuforge.base.errors import ConfigError
     from cuforge.store.remote.tier import RemoteStore
 
     secret = read_secret(current)
     signer = keyring = None
     if current.signing_key or current.trusted_keys:
-        from cuforge.signing import configured
+        from cuforge.base.signing import configured
 
         signer, keyring = configured(current)
     ns = namespace()

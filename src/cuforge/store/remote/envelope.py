@@ -10,7 +10,7 @@ Format (version :data:`VERSION`), integers little-endian::
   version), ``sha256`` the hex SHA-256 of ``entry``, ``sig`` the hex HMAC-SHA256 (with the
   shared key) of the length-prefixed fields ``ns``, ``kind``, ``key``, ``sha256``;
   ``ed25519`` the hex Ed25519 signature of the same fields
-  (:func:`cuforge.signing.entry_message`) by the key whose id is ``kid``.
+  (:func:`cuforge.base.signing.entry_message`) by the key whose id is ``kid``.
 * ``entry``: an entry file of the disk tier (:func:`cuforge.store.disk.encode_entry`:
   its own BLAKE2b checksum, and metadata that must follow :mod:`cuforge.store.schema`).
 
@@ -38,7 +38,7 @@ TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs ~10 
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any
 
-    from cuforge.signing import Keyring, SigningKey
+    from cuforge.base.signing import Keyring, SigningKey
     from cuforge.store.base import Entry
 
 __all__ = [
@@ -106,7 +106,7 @@ def seal(
     if secret is not None:
         header["sig"] = signature(secret, ns, entry.kind, entry.key, digest)
     if signer is not None:
-        from cuforge.signing import entry_message
+        from cuforge.base.signing import entry_message
 
         header["ed25519"] = signer.sign(entry_message(ns, entry.kind, entry.key, digest))
         header["kid"] = signer.kid
@@ -135,7 +135,7 @@ def _parse_header(raw, kind: str, key: str) -> dict:
     """The JSON header ``raw`` (bytes or a memoryview of them), checked for shape and for
     naming ``(kind, key)``; raises :class:`Rejected`. The namespace is the caller's check
     (a trust failure, not damage)."""
-    from cuforge._fastjson import loads
+    from cuforge.base._fastjson import loads
 
     try:
         header = loads(bytes(raw).decode("utf-8"))
@@ -167,13 +167,13 @@ def check_head(head, total: int, kind: str, key: str, max_bytes: int | None = No
     return end
 
 
-#: cuforge.signing once a keyring was used (imported on the first verify, not per hit)
+#: cuforge.base.signing once a keyring was used (imported on the first verify, not per hit)
 _signing: Any = None
 
 
 def _load_signing() -> Any:
     global _signing
-    from cuforge import signing
+    from cuforge.base import signing
 
     _signing = signing
     return signing

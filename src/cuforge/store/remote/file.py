@@ -5,7 +5,7 @@ Layout: ``<dir>/<namespace>/<kind>/<key[:2]>/<key>``, one file per entry (an env
 
 * Publishing takes no lock (``flock`` is unreliable on network file systems): the value is
   written to a uniquely named temp file in the target directory, then renamed onto its
-  content address (:func:`cuforge._fs.atomic_write`, which never follows a symlink). A
+  content address (:func:`cuforge.base._fs.atomic_write`, which never follows a symlink). A
   reader sees the old file or the new one, never part of one; two writers of one key both
   publish a valid entry and the last rename wins.
 * Reads open regular files only, never through a symlink, and refuse a file over
@@ -47,7 +47,7 @@ def _path_of(url: str) -> str:
 
     parts = urlsplit(url)
     if parts.scheme != "file" or parts.netloc not in ("", "localhost") or not parts.path:
-        from cuforge.errors import ConfigError
+        from cuforge.base.errors import ConfigError
 
         raise ConfigError(
             f"CUFORGE_REMOTE: {url!r} is not a file URL of a local path; expected "
@@ -81,7 +81,7 @@ class FileBackend(RemoteBackend):
         """Every ``(kind, key)`` stored in this namespace (for ``cuforge cache explain
         --remote``): the file names of ``<dir>/<namespace>/<kind>/<xx>/``; names that are
         not an entry's (temporary files, strays) are left out."""
-        from cuforge.layout import is_entry_key
+        from cuforge.base.layout import is_entry_key
 
         top = os.path.join(self.root, self.namespace)
         found = []
@@ -103,7 +103,7 @@ class FileBackend(RemoteBackend):
         return found
 
     def get(self, kind: str, key: str) -> bytes | None:
-        from cuforge import _fs
+        from cuforge.base import _fs
 
         path = self.path_for(kind, key)
         try:
@@ -191,7 +191,7 @@ class FileBackend(RemoteBackend):
         return None
 
     def put(self, kind: str, key: str, data: bytes) -> None:
-        from cuforge import _fs
+        from cuforge.base import _fs
 
         if not os.path.isdir(self.root):
             # the share itself must exist (an unmounted NFS path must not fill the local disk)
@@ -215,7 +215,7 @@ class FileBackend(RemoteBackend):
     def _read_lease(self, path: str) -> tuple[int, float, str, float] | None:
         """``(token, ttl seconds, holder, mtime)`` of the lease file, or None when it is
         gone; a garbled one reads as expired at once (token 0, ttl 0)."""
-        from cuforge import _fs
+        from cuforge.base import _fs
 
         try:
             fd = _fs.open_regular(path)

@@ -7,7 +7,7 @@ example plug-in.
 
 from __future__ import annotations
 
-from cuforge.errors import ConfigError
+from cuforge.base.errors import ConfigError
 
 TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs ~10 ms
 if TYPE_CHECKING:  # pragma: no cover

@@ -253,7 +253,7 @@ class RedisBackend(RemoteBackend):
         names), looking at ``limit`` keys at most (default :data:`SCAN_LIMIT`); and, when the
         scan stopped at that cap before the end, how many keys it looked at (else None). Leases and names that are not an entry's are left out. The whole
         scan takes at most ``timeout``, like any call."""
-        from cuforge.layout import is_entry_key
+        from cuforge.base.layout import is_entry_key
         from cuforge.store.base import ENTRY_KINDS
 
         limit = SCAN_LIMIT if limit is None else max(1, limit)

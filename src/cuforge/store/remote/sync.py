@@ -46,7 +46,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Callable, Sequence
     from typing import Any
 
-    from cuforge.config import Settings
+    from cuforge.base.config import Settings
     from cuforge.store.base import EntryInfo, Store
     from cuforge.store.disk import DiskStore
 
@@ -92,7 +92,7 @@ class NoRemoteError(ValueError):
 def remote_settings(urls: Sequence[str] | None = None) -> Settings:
     """The current settings, with ``CUFORGE_REMOTE`` replaced by ``urls`` when given
     (``--remote URL``); every other remote setting (key, read-only, timeouts) is kept."""
-    from cuforge.config import Settings, settings
+    from cuforge.base.config import Settings, settings
 
     if not urls:
         return settings()

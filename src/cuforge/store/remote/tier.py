@@ -50,7 +50,7 @@ TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs ~10 
 if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Iterator
 
-    from cuforge.signing import Keyring, SigningKey
+    from cuforge.base.signing import Keyring, SigningKey
     from cuforge.store.base import EntryInfo
     from cuforge.store.remote.base import RemoteBackend
 

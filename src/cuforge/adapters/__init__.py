@@ -1,0 +1,1 @@
+"""Layer 5: cuforge under other systems' caches (Triton, CuPy, JAX, cuda.core)."""

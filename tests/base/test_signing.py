@@ -1,0 +1,276 @@
+"""Ed25519 signatures: writers sign with a private key, readers trust only a keyring.
+
+Everything is real: key files written by ``cuforge keys generate``, a real shared directory
+as the remote (file://), real bundle files, real child processes for import costs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+pytest.importorskip("cryptography", reason="pip install 'cuforge[sign]' (cryptography)")
+
+from cuforge.base import signing
+from cuforge.cli.main import main as cli
+from cuforge.store.base import Entry
+from cuforge.store.bundle import BundleError, BundleStore, write_bundle_file
+from cuforge.store.remote.envelope import MAGIC, namespace, seal
+from cuforge.store.remote.file import FileBackend
+from cuforge.store.remote.tier import RemoteStore
+from tests.child import child_env, run_python
+from tests.store.helpers import key_of
+
+
+def _entry(i: int = 1, meta: dict | None = None) -> Entry:
+    return Entry(key_of(i), "kernel", os.urandom(2000), {"name": f"k{i}.cu", **(meta or {})})
+
+
+def _keys(tmp_path, *names: str) -> tuple[dict[str, signing.SigningKey], str]:
+    """Key pairs ``names`` (made by the CLI) and a keyring trusting all of them."""
+    ring = tmp_path / "trusted"
+    out = {}
+    for name in names:
+        assert cli(["keys", "generate", "--name", name, "--dir", str(tmp_path / "keys"),
+                    "--keyring", str(ring)]) == 0  # fmt: skip
+        out[name] = signing.load_signing_key(str(tmp_path / "keys" / f"{name}.key"))
+    return out, str(ring)
+
+
+def _tier(tmp_path, **kw) -> RemoteStore:
+    shared = tmp_path / "shared"
+    shared.mkdir(exist_ok=True)
+    backend = FileBackend(f"file://{shared}", namespace=namespace(), connect_timeout=0.1, timeout=1)
+    return RemoteStore(backend, **kw)
+
+
+def test_generate_writes_a_private_key_only_its_owner_reads(tmp_path):
+    keys, ring = _keys(tmp_path, "ci")
+    key_file = tmp_path / "keys" / "ci.key"
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    pub = (tmp_path / "keys" / "ci.pub").read_text().split()
+    assert pub == ["ci", f"ed25519:{keys['ci'].public.hex()}"]
+    assert open(ring).read().split() == pub
+    # a key file others can read is refused (whoever reads it could sign)
+    key_file.chmod(0o644)
+    with pytest.raises(ValueError, match="chmod 600"):
+        signing.load_signing_key(str(key_file))
+    # never overwritten
+    assert cli(["keys", "generate", "--name", "ci", "--dir", str(tmp_path / "keys")]) == 1
+
+
+def test_signed_round_trip_names_the_writer(tmp_path):
+    keys, ring = _keys(tmp_path, "ci")
+    writer = _tier(tmp_path, signer=keys["ci"])
+    reader = _tier(tmp_path, keyring=signing.load_keyring(ring))
+    e = _entry(1, {"signer": "someone-else"})  # a claim in meta is never kept
+    assert writer.put(e)
+    got = reader.get(e.key, kind="kernel")
+    assert got is not None and got.payload == e.payload
+    assert got.meta["signer"] == "ci"
+    # a reader without a keyring reads it too, but names no writer
+    plain = _tier(tmp_path).get(e.key, kind="kernel")
+    assert plain is not None and "signer" not in plain.meta
+
+
+def test_a_reader_cannot_forge_an_entry_another_reader_accepts(tmp_path):
+    keys, ring = _keys(tmp_path, "ci")
+    keyring = signing.load_keyring(ring)
+    shared = _tier(tmp_path)  # the raw backend, as a reader with write access sees it
+    backend, ns = shared.backend, shared.namespace
+    # 1. a reader's own tier does not even publish (it holds no signing key)
+    reader_a = _tier(tmp_path, keyring=keyring)
+    assert reader_a.put(_entry(1)) is False and backend.get("kernel", key_of(1)) is None
+    # 2. unsigned, 3. signed with the reader's own key, 4. a real signature on other bytes
+    rogue = signing.SigningKey("ci", os.urandom(32))  # even under the trusted key's name
+    good = seal(_entry(4), ns, signer=keys["ci"])
+    header_end = 9 + int.from_bytes(good[5:9], "little")
+    header = json.loads(good[9:header_end])
+    forged_body = seal(_entry(4), ns)[9 + int.from_bytes(seal(_entry(4), ns)[5:9], "little") :]
+    import hashlib
+
+    header["sha256"] = hashlib.sha256(forged_body).hexdigest()  # the signature stays
+    raw = json.dumps(header).encode()
+    spliced = MAGIC + bytes((1,)) + len(raw).to_bytes(4, "little") + raw + forged_body
+    attempts = {
+        2: seal(_entry(2), ns),
+        3: seal(_entry(3), ns, signer=rogue),
+        4: spliced,
+    }
+    for i, data in attempts.items():
+        backend.put("kernel", key_of(i), data)
+    reader_b = _tier(tmp_path, keyring=keyring)
+    for i in attempts:
+        assert reader_b.get(key_of(i), kind="kernel") is None, i
+    assert reader_b.rejected == 3 and reader_b.hits == 0
+    # the genuine entry, as written, is accepted (the refusals are about the forgeries)
+    backend.put("kernel", key_of(4), good)
+    assert reader_b.get(key_of(4), kind="kernel") is not None
+
+
+def test_the_entry_message_is_the_length_prefixed_fields():
+    """The signed bytes never change across versions (stored entries stay valid): the
+    domain and each field, each after its length (4 bytes, little endian)."""
+
+    def frame(part: bytes) -> bytes:
+        return len(part).to_bytes(4, "little") + part
+
+    fields = ("v1-abc", "kernel", "a" * 64, "b" * 64)
+    want = b"".join(frame(p) for p in (b"cuforge-remote-ed25519-v1", *(f.encode() for f in fields)))
+    assert signing.entry_message(*fields) == want
+    assert signing.entry_message("ns", "k", "é", "") == b"".join(
+        frame(p) for p in (b"cuforge-remote-ed25519-v1", b"ns", b"k", "é".encode(), b"")
+    )
+
+
+def test_replay_under_another_key_is_refused(tmp_path):
+    keys, ring = _keys(tmp_path, "ci")
+    writer = _tier(tmp_path, signer=keys["ci"])
+    e = _entry(1)
+    assert writer.put(e)
+    backend = writer.backend
+    data = backend.get("kernel", e.key)
+    end = 9 + int.from_bytes(data[5:9], "little")
+    header = json.loads(data[9:end])
+    header["key"] = key_of(2)  # the same signed bytes, claimed for another key
+    raw = json.dumps(header).encode()
+    backend.put(
+        "kernel", key_of(2), MAGIC + bytes((1,)) + len(raw).to_bytes(4, "little") + raw + data[end:]
+    )
+    backend.put("kernel", key_of(3), data)  # or copied as is
+    reader = _tier(tmp_path, keyring=signing.load_keyring(ring))
+    assert reader.get(key_of(2), kind="kernel") is None
+    assert reader.get(key_of(3), kind="kernel") is None
+    assert reader.get(e.key, kind="kernel") is not None
+
+
+def test_rotation_and_revocation(tmp_path):
+    keys, ring = _keys(tmp_path, "ci-old", "ci-new")
+    old, new = _entry(1), _entry(2)
+    assert _tier(tmp_path, signer=keys["ci-old"]).put(old)
+    assert _tier(tmp_path, signer=keys["ci-new"]).put(new)
+    reader = _tier(tmp_path, keyring=signing.configured_keyring(ring))
+    assert reader.get(old.key, kind="kernel").meta["signer"] == "ci-old"
+    assert reader.get(new.key, kind="kernel").meta["signer"] == "ci-new"
+    assert signing.revoke(ring, "ci-old") == 1
+    reader = _tier(tmp_path, keyring=signing.configured_keyring(ring))  # the file changed
+    assert reader.get(old.key, kind="kernel") is None
+    assert reader.rejected == 1
+    assert reader.get(new.key, kind="kernel").meta["signer"] == "ci-new"
+    # a key nobody lists any more is unknown: refused too
+    kept = open(ring).read().splitlines()[1]
+    with open(ring, "w") as f:
+        f.write(kept + "\n")
+    reader = _tier(tmp_path, keyring=signing.configured_keyring(ring))
+    assert reader.get(old.key, kind="kernel") is None
+
+
+def test_revoke_drops_local_copies_and_cache_show_names_the_writer(
+    tmp_path, isolated_cache, capsys
+):
+    from cuforge.store.disk import DiskStore
+
+    keys, ring = _keys(tmp_path, "ci")
+    e = _entry(1)
+    assert _tier(tmp_path, signer=keys["ci"]).put(e)
+    got = _tier(tmp_path, keyring=signing.load_keyring(ring)).get(e.key, kind="kernel")
+    local = DiskStore(str(isolated_cache), 1 << 30)
+    assert local.put(got)  # what the chain does with a remote hit
+    capsys.readouterr()
+    assert cli(["cache", "show", e.key]) == 0
+    shown = capsys.readouterr().out
+    assert any(line.split() == ["signer", "ci"] for line in shown.splitlines()), shown
+    assert cli(["keys", "revoke", "ci", "--keyring", ring]) == 0
+    assert "deleted 1 local cache entries" in capsys.readouterr().out
+    assert local.get(e.key) is None
+    assert cli(["keys", "list", "--keyring", ring, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["keys"][0]["status"] == "revoked"
+
+
+def _bundle(tmp_path, signer, name="b.cfb") -> str:
+    path = str(tmp_path / name)
+    write_bundle_file(path, [_entry(1), _entry(2)], {"variants": ["a"]}, signer=signer)
+    return path
+
+
+def test_bundles_are_signed_and_verified_offline(tmp_path):
+    keys, ring = _keys(tmp_path, "ci")
+    keyring = signing.load_keyring(ring)
+    signed = _bundle(tmp_path, keys["ci"])
+    store = BundleStore(signed, keyring=keyring)
+    assert store.signer == "ci"
+    assert {e.meta["signer"] for e in store.entries()} == {"ci"}
+    assert BundleStore(signed, keyring=None).signer is None  # no keyring: no check
+    # unsigned, signed by a stranger, tampered after signing: refused at load
+    with pytest.raises(BundleError, match="unsigned"):
+        BundleStore(_bundle(tmp_path, None, "u.cfb"), keyring=keyring)
+    stranger = signing.SigningKey("ci", os.urandom(32))
+    with pytest.raises(BundleError, match="not in the keyring"):
+        BundleStore(_bundle(tmp_path, stranger, "s.cfb"), keyring=keyring)
+    with open(signed, "rb") as f:
+        data = bytearray(f.read())
+    index_off = int.from_bytes(data[16:24], "little")
+    doc = json.loads(bytes(data[index_off:]))
+    doc["entries"][0]["meta"]["name"] = "evil.cu"
+    index = json.dumps(doc, sort_keys=True).encode()
+    import hashlib
+    import struct
+
+    head = struct.pack("<8sIIQQ32s", b"CFBUNDL\0", 1, 0, index_off, len(index),
+                       hashlib.sha256(index).digest())  # fmt: skip
+    tampered = tmp_path / "t.cfb"
+    tampered.write_bytes(head + hashlib.sha256(head).digest() + bytes(data[96:index_off]) + index)
+    BundleStore(str(tampered), keyring=None)  # a well-formed bundle...
+    with pytest.raises(BundleError, match="bad signature"):
+        BundleStore(str(tampered), keyring=keyring)  # ...that no trusted key signed
+    signing.revoke(ring, "ci")
+    with pytest.raises(BundleError, match="revoked"):
+        BundleStore(signed, keyring=signing.load_keyring(ring))
+
+
+def test_the_environment_signs_and_requires(tmp_path, isolated_cache, monkeypatch):
+    """CUFORGE_SIGNING_KEY signs bundles written with no explicit key;
+    CUFORGE_TRUSTED_KEYS makes loading require a signature and remotes require it too."""
+    from cuforge.base.config import settings
+    from cuforge.store.remote import open_remotes
+
+    keys, ring = _keys(tmp_path, "ci")
+    monkeypatch.setenv("CUFORGE_SIGNING_KEY", str(tmp_path / "keys" / "ci.key"))
+    path = str(tmp_path / "env.cfb")
+    write_bundle_file(path, [_entry(1)], {})
+    monkeypatch.setenv("CUFORGE_TRUSTED_KEYS", ring)
+    assert BundleStore(path).signer == "ci"
+    (tmp_path / "shared").mkdir()
+    monkeypatch.setenv("CUFORGE_REMOTE", f"file://{tmp_path / 'shared'}")
+    (tier,) = open_remotes(settings())
+    assert tier.signer.name == "ci" and len(tier.keyring) == 1
+    assert tier.put(_entry(5)) and tier.get(key_of(5), kind="kernel").meta["signer"] == "ci"
+
+
+def test_no_cryptography_import_without_a_keyring_or_a_signature(tmp_path):
+    """``import cuforge``, a configured signing key and a local hit import no cryptography;
+    the first signature does."""
+    keys, ring = _keys(tmp_path, "ci")
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    code = """
+        import json, sys
+        import cuforge
+        from cuforge.store.base import Entry
+        before = "cryptography" in sys.modules
+        cache = cuforge.default_cache()
+        e = Entry("ab" * 32, "kernel", b"x" * 100, {"name": "k.cu"})
+        cache.store.tiers[1].put(e)  # the disk tier only
+        hit = cache.get_with_tier("ab" * 32, kind="kernel")
+        after_hit = "cryptography" in sys.modules
+        cache.store.tiers[-1].put(e)  # the remote: signs
+        print(json.dumps([before, after_hit, hit is not None, "cryptography" in sys.modules]))
+    """
+    env = child_env(
+        CUFORGE_CACHE_DIR=str(tmp_path / "c"),
+        CUFORGE_REMOTE=f"file://{shared}",
+        CUFORGE_SIGNING_KEY=str(tmp_path / "keys" / "ci.key"),
+    )
+    assert run_python(code, env) == [False, False, True, True]

@@ -1,0 +1,209 @@
+"""The compile fence (cuforge.fence / CUFORGE_FENCE): a hit never trips it, a build after it
+is reported once per key (warn) or refused with CompileAfterFenceError (error), in every
+system: kernels, cuforge.jit, blob builds (cached and uncached), Triton."""
+
+from __future__ import annotations
+
+import pytest
+
+import cuforge
+from cuforge.base.errors import CompileAfterFenceError, CuforgeError
+from cuforge.core import blobcache, fencing
+from tests.frontend.test_jit import SCALE
+
+SRC = 'extern "C" __global__ void k(float* x) { x[0] = TILE; }\n'
+
+
+@pytest.fixture(autouse=True)
+def no_fence(isolated_cache):
+    fencing._mode = None
+    fencing.reset()
+    yield
+    fencing._mode = None
+    fencing.reset()
+
+
+def _compile(cache, tile):
+    return cuforge.compile(SRC, name="k.cu", defines={"TILE": tile}, cache=cache)
+
+
+def test_warm_replay_trips_nothing_and_a_new_kernel_is_refused(cache):
+    _compile(cache, 4)
+    builds = cache.counters["compiles"]
+    with cuforge.fence("error"):
+        _compile(cache, 4)  # call memo
+        cache.clear_memos()
+        _compile(cache, 4)  # memory tier
+        _compile(cache.replace(), 4)  # disk tier, a fresh process's view
+        with pytest.raises(CompileAfterFenceError) as info:
+            _compile(cache, 8)
+    err = info.value
+    assert isinstance(err, CuforgeError)
+    assert (err.system, err.kind, err.name) == ("kernel", "kernel", "k.cu")
+    assert err.key and err.key[:16] in str(err) and "k.cu" in str(err)
+    assert "define TILE changed 4 -> 8" in err.reasons
+    assert "[[kernel]]" in err.manifest_entry
+    assert any("test_fence.py" in frame for frame in err.stack)
+    assert cache.counters["compiles"] == builds  # nothing was compiled
+    assert fencing.mode() == ""  # the block's fence is down after it
+    _compile(cache, 8)  # and builds again
+
+
+def test_warn_reports_each_key_once_and_builds(cache, capsys):
+    fence = cuforge.fence("warn")
+    assert fence.mode == "warn" and fencing.mode() == "warn"
+    _compile(cache, 16)
+    cache.clear_memos()
+    cache.delete(_compile(cache, 16).key)  # gone from the cache: the same key builds again
+    cache.clear_memos()
+    _compile(cache.replace(memory=False), 16)
+    err = capsys.readouterr().err
+    assert err.count("compile after the fence") == 1
+    assert "kernel 'k.cu'" in err and "test_fence.py" in err
+    assert len(fencing.reports()) == 1
+    cuforge.fence("off")
+
+
+def test_environment_variable_and_bad_mode(cache, monkeypatch):
+    monkeypatch.setenv("CUFORGE_FENCE", "error")
+    with pytest.raises(CompileAfterFenceError):
+        _compile(cache, 32)
+    monkeypatch.setenv("CUFORGE_FENCE", "sometimes")
+    with pytest.raises(ValueError, match="CUFORGE_FENCE"):
+        fencing.mode()
+    with pytest.raises(ValueError, match="fence mode"):
+        cuforge.fence("loud")
+
+
+def test_jit_specialization(cache):
+    k = cuforge.jit(SCALE, "scale", arch="sm_80", cache=cache)
+    k.specialize(T="float", BLOCK=32)
+    with cuforge.fence("error"):
+        k2 = cuforge.jit(SCALE, "scale", arch="sm_80", cache=cache.replace())
+        k2.specialize(T="float", BLOCK=32)  # a warm replay in a new kernel object
+        with pytest.raises(CompileAfterFenceError) as info:
+            k2.specialize(T="float", BLOCK=64)
+    assert info.value.system == "cuforge.jit"
+
+
+def test_blob_builds_cached_and_uncached(cache):
+    built = []
+
+    def build():
+        built.append(1)
+        return {"a.bin": b"x"}
+
+    fields = {"arch": "sm_90", "what": "reduce"}
+    blobcache.get_or_build("cccl", "reduce", fields, build, dict, cache=cache)
+    with cuforge.fence("error"):
+        hit = blobcache.get_or_build("cccl", "reduce", fields, build, dict, cache=cache.replace())
+        assert hit.source_of_result == "disk"
+        with pytest.raises(CompileAfterFenceError) as info:
+            blobcache.get_or_build(
+                "cccl", "reduce", {**fields, "arch": "sm_100"}, build, dict, cache=cache
+            )
+        assert (info.value.system, info.value.name) == ("cuda.compute", "reduce")
+        assert "arch sm_90 -> sm_100" in info.value.reasons
+        with pytest.raises(CompileAfterFenceError):
+            blobcache.get_or_build(
+                "cute", "f", fields, build, dict, uncacheable="a closure", cache=cache
+            )
+    assert len(built) == 1
+
+
+def test_builds_with_caching_off_are_fenced_too(cache, capsys, monkeypatch):
+    off = cache.replace(enabled=False)
+    built = []
+
+    def build():
+        built.append(1)
+        return {"a.bin": b"x"}
+
+    with cuforge.fence("error"):
+        with pytest.raises(CompileAfterFenceError) as info:
+            _compile(off, 4)
+        assert (info.value.system, info.value.name) == ("kernel", "k.cu")
+        assert info.value.key and "[[kernel]]" in info.value.manifest_entry
+        k = cuforge.jit(SCALE, "scale", arch="sm_80", cache=off)
+        with pytest.raises(CompileAfterFenceError) as info:
+            k.specialize(T="float", BLOCK=32)
+        assert info.value.system == "cuforge.jit"
+        with pytest.raises(CompileAfterFenceError) as info:
+            blobcache.get_or_build("cccl", "reduce", {"arch": "sm_90"}, build, dict, cache=off)
+        assert (info.value.system, info.value.name) == ("cuda.compute", "reduce")
+        monkeypatch.setenv("CUFORGE_DISABLE_CACHE", "1")  # the default cache, off
+        assert not cuforge.default_cache().enabled
+        with pytest.raises(CompileAfterFenceError):
+            cuforge.compile(SRC, name="k.cu", defines={"TILE": 5})
+    assert off.counters["compiles"] == 0 and built == []  # nothing was compiled
+    with cuforge.fence("warn"):  # each key once, and it builds every time (nothing cached)
+        for _ in range(2):
+            _compile(off, 4)
+            blobcache.get_or_build("cccl", "reduce", {"arch": "sm_90"}, build, dict, cache=off)
+    err = capsys.readouterr().err
+    assert err.count("compile after the fence: kernel 'k.cu'") == 1
+    assert err.count("compile after the fence: cuda.compute 'reduce'") == 1
+    assert off.counters["compiles"] == 2 and len(built) == 2
+
+
+def test_triton_compile_outside_cuforge(capsys, tmp_path, monkeypatch):
+    triton = pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    @triton.jit
+    def add_one(x_ptr, n: tl.constexpr):
+        offs = tl.arange(0, n)
+        tl.store(x_ptr + offs, tl.load(x_ptr + offs) + 1)
+
+    def compile_it(n):
+        src = ASTSource(add_one, {"x_ptr": "*fp32", "n": "constexpr"}, constexprs={"n": n})
+        return triton.compile(src, target=GPUTarget("cuda", 90, 32))
+
+    try:
+        compile_it(16)  # warm
+    except Exception as exc:  # noqa: BLE001 - no ptxas / backend here
+        pytest.skip(f"Triton cannot compile for sm_90 here: {exc}")
+    with cuforge.fence("error"):
+        compile_it(16)  # Triton's own cache: a hit
+        with pytest.raises(CompileAfterFenceError) as info:
+            compile_it(32)
+    assert info.value.system == "triton" and info.value.key
+    with cuforge.fence("warn"):
+        compile_it(64)
+        compile_it(64)
+    assert capsys.readouterr().err.count("compile after the fence: triton") == 1
+
+
+def test_cupy_backend_load_miss_is_fenced_and_a_hit_is_not(cache, capsys, monkeypatch):
+    """cuforge.cupy's backend (CuPy compiles right after a load that returns None): under
+    error the load raises, so CuPy compiles nothing; a hit never trips. CuPy is not
+    installed here: only its backend base class stands in (the GPU test drives the real
+    CuPy: tests/adapters/cupy)."""
+    import sys
+    import types
+
+    if "cupy" not in sys.modules:
+        base = types.ModuleType("cupy.cuda._compiler_cache")
+        base.KernelCacheBackend = type("KernelCacheBackend", (), {})
+        for name in ("cupy", "cupy.cuda"):
+            monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+        monkeypatch.setitem(sys.modules, "cupy.cuda._compiler_cache", base)
+    import cuforge.cupy as cc
+
+    backend = cc.backend(cache)
+    backend.save("abc123.cubin", b"\x7fELF cubin", 'extern "C" __global__ void k() {}')
+    with cuforge.fence("error"):
+        assert backend.load("abc123.cubin") == b"\x7fELF cubin"  # a hit: no trip
+        with pytest.raises(CompileAfterFenceError) as info:
+            backend.load("new456.cubin")
+    err = info.value
+    assert err.system == "cupy" and err.name == "new456.cubin"
+    assert err.key == cc.entry_key("new456.cubin") and err.key[:16] in str(err)
+    assert "Nothing was compiled" in str(err)
+    with cuforge.fence("warn"):
+        assert backend.load("other.cubin") is None and backend.load("other.cubin") is None
+    assert capsys.readouterr().err.count("compile after the fence: cupy 'other.cubin'") == 1
+    assert backend.load("another.cubin") is None  # no fence: a plain miss
