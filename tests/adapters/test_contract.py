@@ -151,3 +151,39 @@ def test_a_signed_only_reader_refuses_unsigned_entries(face, tmp_path, monkeypat
     signed.put("k2", b"\x7fELF-signed")
     fresh = face.bind(cuforge.Cache(tmp_path / "r2", memory=False, remotes=remote))
     assert fresh.get("k2") == b"\x7fELF-signed"
+
+
+@pytest.mark.parametrize(
+    "system",
+    [
+        pytest.param(
+            name,
+            marks=pytest.mark.skipif(
+                not importlib.util.find_spec(name), reason=f"{name} is not installed"
+            ),
+        )
+        for name in ("jax", "cupy")
+    ],
+)
+def test_a_version_outside_the_window_is_probed_not_switched_off(system, monkeypatch, caplog):
+    """Outside the tested window the adapter runs its contract probe (a put/get round trip
+    through the system's own hook object): passed, it plugs in with one line naming the
+    untested version; a failing probe refuses with what is missing."""
+    import importlib
+    import logging
+
+    from cuforge.adapters import common
+
+    adapter = importlib.import_module(f"cuforge.{system}")
+    monkeypatch.setattr(adapter, "SUPPORTED", ((99, 0), (99, 1)))
+    monkeypatch.setattr(common, "_probed", {})
+    with caplog.at_level(logging.WARNING, logger="cuforge"):
+        assert adapter.hook_problem() is None
+        assert adapter.hook_problem() is None
+    assert caplog.text.count("contract probe passed") == 1
+    assert common.VERDICTS[system][0] == "probed"
+    monkeypatch.setattr(common, "_probed", {})
+    monkeypatch.setattr(adapter, "_probe", lambda: "the hook lost its put()")
+    problem = adapter.hook_problem()
+    assert problem is not None and "contract probe failed: the hook lost its put()" in problem
+    assert common.VERDICTS[system][0] == "refused"

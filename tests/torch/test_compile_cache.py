@@ -96,3 +96,30 @@ def test_an_fx_graph_miss_is_explained_by_the_field_that_changed(cache, tmp_path
     assert fields["torch_version"] == "hash abc" and fields["gm"] == "hash def"
     assert fields["fx_kwargs[x]"] == "hash ghi", fields
     assert info.kind == "inductor"
+
+
+def test_a_torch_outside_the_window_is_probed_then_enabled_or_refused(monkeypatch, caplog):
+    """A torch outside the tested window: the contract probe (a value through torch's own
+    RemoteFxGraphCache, its backend overridden as enable() does) passes, so it is enabled
+    with one line; with a flag torch no longer has, it is refused saying which."""
+    import logging
+
+    from cuforge.adapters import common
+    from cuforge.torch import compile_cache as cc
+
+    monkeypatch.setattr(cc, "SUPPORTED", ((99, 0), (99, 1)))
+    monkeypatch.setattr(common, "_probed", {})
+    try:
+        with caplog.at_level(logging.WARNING, logger="cuforge"):
+            assert cc.enable(triton=False) is True
+        assert caplog.text.count("contract probe passed") == 1
+        assert common.VERDICTS["torch_compile"][0] == "probed"
+    finally:
+        cc.disable()
+    monkeypatch.setattr(common, "_probed", {})
+    monkeypatch.setattr(cc, "_FLAGS", (("torch._inductor.config", ("no_such_flag_in_torch",)),))
+    monkeypatch.setitem(cc._state, "warned", False)
+    with caplog.at_level(logging.WARNING, logger="cuforge"):
+        assert cc.enable(triton=False) is False
+    assert "torch._inductor.config has no no_such_flag_in_torch" in caplog.text
+    assert common.VERDICTS["torch_compile"][0] == "refused"

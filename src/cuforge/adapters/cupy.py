@@ -41,7 +41,14 @@ import os
 import threading
 from typing import TYPE_CHECKING
 
-from cuforge.adapters.common import damaged, read_files, version_tuple, warn_once, write_files
+from cuforge.adapters.common import (
+    damaged,
+    read_files,
+    refused,
+    warn_once,
+    window_verdict,
+    write_files,
+)
 from cuforge.core import blobcache
 from cuforge.core.caching import Cache, resolve
 from cuforge.keys.deps import file_digest, scan_includes
@@ -84,18 +91,32 @@ def hook_problem() -> str | None:
         from cupy.cuda import compiler
     except ImportError as exc:
         return f"CuPy cannot be imported ({exc})"
-    low, high = SUPPORTED
-    if not (low <= version_tuple(cupy.__version__, 2) < high):
-        return f"CuPy {cupy.__version__} is outside the versions cuforge.cupy supports (>= {low[0]}, < {high[0]})"
     setter = getattr(compiler, "_set_kernel_cache_backend", None)
     if not callable(setter) or not hasattr(compiler, "_kernel_cache_backend"):
-        return "cupy.cuda.compiler has no _set_kernel_cache_backend / _kernel_cache_backend"
+        return refused(
+            "cupy", "cupy.cuda.compiler has no _set_kernel_cache_backend / _kernel_cache_backend"
+        )
     try:
         from cupy.cuda._compiler_cache import KernelCacheBackend
     except ImportError:
-        return "cupy.cuda._compiler_cache has no KernelCacheBackend"
+        return refused("cupy", "cupy.cuda._compiler_cache has no KernelCacheBackend")
     if getattr(KernelCacheBackend, "__abstractmethods__", None) != frozenset({"load", "save"}):
-        return "CuPy's KernelCacheBackend is not load(name) / save(name, cubin, source)"
+        return refused(
+            "cupy", "CuPy's KernelCacheBackend is not load(name) / save(name, cubin, source)"
+        )
+    return window_verdict("cupy", "CuPy", cupy.__version__, SUPPORTED, _probe)
+
+
+def _probe() -> str | None:
+    """The contract, on a CuPy outside :data:`SUPPORTED`: cuforge's ``KernelCacheBackend``
+    stores a cubin and loads it back, from a throwaway cache dir."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="cuforge-cupy-probe-") as tmp:
+        b = backend(Cache(tmp, remotes=(), telemetry=False))
+        b.save("cuforge_probe.cubin", b"\x7fELF-probe", 'extern "C" __global__ void k() {}')
+        if b.load("cuforge_probe.cubin") != b"\x7fELF-probe":
+            return "a cubin saved through the KernelCacheBackend was not loaded back"
     return None
 
 

@@ -39,7 +39,7 @@ import pathlib
 import threading
 from typing import TYPE_CHECKING
 
-from cuforge.adapters.common import read_files, version_tuple, warn_once, write_files
+from cuforge.adapters.common import read_files, refused, warn_once, window_verdict, write_files
 from cuforge.core import blobcache
 from cuforge.core.caching import Cache, resolve
 
@@ -58,7 +58,7 @@ __all__ = [
 
 KIND = "jax"
 #: JAX versions whose private hook this module was written against: [low, high)
-SUPPORTED = ((0, 4, 36), (0, 12))
+SUPPORTED = ((0, 4, 36), (0, 13))
 
 _FILE = "executable"
 _lock = threading.Lock()
@@ -79,15 +79,23 @@ def hook_problem() -> str | None:
         from jax._src.compilation_cache_interface import CacheInterface
     except ImportError as exc:
         return f"JAX's compilation cache cannot be imported ({exc})"
-    low, high = SUPPORTED
-    version = version_tuple(jax.__version__)
-    if not (low <= version < high):
-        shown = ".".join(map(str, low)), ".".join(map(str, high))
-        return f"JAX {jax.__version__} is outside the versions cuforge.jax supports (>= {shown[0]}, < {shown[1]})"
     if not hasattr(cc, "_cache") or not callable(getattr(cc, "_get_cache", None)):
-        return "jax._src.compilation_cache has no _cache / _get_cache"
+        return refused("jax", "jax._src.compilation_cache has no _cache / _get_cache")
     if getattr(CacheInterface, "__abstractmethods__", None) != frozenset({"get", "put"}):
-        return "jax's CacheInterface is not get(key) / put(key, value)"
+        return refused("jax", "jax's CacheInterface is not get(key) / put(key, value)")
+    return window_verdict("jax", "JAX", jax.__version__, SUPPORTED, _probe)
+
+
+def _probe() -> str | None:
+    """The contract, on a JAX outside :data:`SUPPORTED`: cuforge's ``CacheInterface``
+    subclass can be made, and bytes put through it come back, from a throwaway cache dir."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="cuforge-jax-probe-") as tmp:
+        adapter = _adapter_class()(Cache(tmp, remotes=(), telemetry=False))
+        adapter.put("cuforge-probe-key", b"probe-bytes")
+        if adapter.get("cuforge-probe-key") != b"probe-bytes":
+            return "bytes put through the CacheInterface were not served back"
     return None
 
 

@@ -57,6 +57,7 @@ import triton
 from triton.runtime.cache import CacheManager as _TritonCacheManager
 from triton.runtime.cache import FileCacheManager as _FileCacheManager
 
+from cuforge.adapters.common import refused, window_verdict
 from cuforge.base import _fs
 from cuforge.core.blobcache import make_key, offline_error, pack, unpack
 from cuforge.core.caching import Cache, Hit, default_cache
@@ -72,6 +73,7 @@ __all__ = [
     "disable",
     "enabled",
     "supported",
+    "hook_problem",
     "SUPPORTED",
     "ENV_LINE",
     "prune_materialized",
@@ -85,7 +87,7 @@ __all__ = [
 
 #: the Triton versions whose cache-manager protocol this module was written against
 #: (``(low, high)``: low <= version < high)
-SUPPORTED = ((3, 4), (3, 9))
+SUPPORTED = ((3, 4), (3, 10))
 #: the shell line that makes every process use this cache (``cuforge env`` prints it)
 ENV_LINE = "TRITON_CACHE_MANAGER=cuforge.triton:CacheManager"
 #: the files a launch needs (``binary_only=True`` stores just these)
@@ -111,23 +113,73 @@ def _version() -> tuple[int, ...]:
     return tuple(parts)
 
 
-def supported() -> bool:
-    """Whether the installed Triton is one this module supports (:data:`SUPPORTED`)."""
-    low, high = SUPPORTED
+def hook_problem() -> str | None:
+    """Why cuforge cannot be Triton's cache manager here (None when it can): Triton has no
+    ``knobs.cache.manager_class``, or it is outside :data:`SUPPORTED` and its contract
+    probe fails (:func:`cuforge.adapters.common.window_verdict`)."""
+    if _state.get("probing"):
+        return None  # the probe's own managers (below)
     knobs = getattr(triton, "knobs", None)
-    return low <= _version() < high and hasattr(getattr(knobs, "cache", None), "manager_class")
+    if not hasattr(getattr(knobs, "cache", None), "manager_class"):
+        return refused("triton", f"Triton {triton.__version__} has no knobs.cache.manager_class")
+    return window_verdict("triton", "Triton", triton.__version__, SUPPORTED, _probe)
+
+
+def supported() -> bool:
+    """Whether cuforge can be the installed Triton's cache manager (:func:`hook_problem`)."""
+    return hook_problem() is None
+
+
+def _probe() -> str | None:
+    """The contract, on a Triton outside :data:`SUPPORTED`: Triton's ``CacheManager``
+    protocol has its four methods, and a group put through Triton's own
+    ``get_cache_manager`` (with :class:`CacheManager` as ``knobs.cache.manager_class``)
+    comes back from a second manager, into a throwaway cache dir."""
+    import tempfile
+
+    from triton.runtime import cache as tcache
+
+    for method in ("get_file", "put", "get_group", "put_group"):
+        if not callable(getattr(tcache.CacheManager, method, None)):
+            return f"triton.runtime.cache.CacheManager has no {method}()"
+    getter = getattr(tcache, "get_cache_manager", None)
+    if not callable(getter):
+        return "triton.runtime.cache has no get_cache_manager(key)"
+    knobs = triton.knobs
+    saved = dict(_state), knobs.cache.manager_class
+    with tempfile.TemporaryDirectory(prefix="cuforge-triton-probe-") as tmp:
+        _state.update(cache=Cache(tmp, remotes=(), telemetry=False), probing=True)
+        knobs.cache.manager_class = CacheManager
+        try:
+            import hashlib
+
+            key = hashlib.sha256(b"cuforge contract probe").hexdigest()  # Triton base32s it
+            first = getter(key)
+            if not isinstance(first, CacheManager):
+                return "get_cache_manager(key) does not make a knobs.cache.manager_class"
+            if first.get_group("probe.json") is not None:
+                return "an empty cache served a group"
+            group = {
+                "probe.json": first.put('{"name": "probe"}', "probe.json", binary=False),
+                "probe.bin": first.put(b"\x7fELF-probe", "probe.bin"),
+            }
+            first.put_group("probe.json", group)
+            again = getter(key).get_group("probe.json")
+            if not again or set(again) != set(group):
+                return "a group put with put_group was not served back by get_group"
+            if _fs.read_bytes(again["probe.bin"]) != b"\x7fELF-probe":
+                return "get_group served other bytes than put_group stored"
+        finally:
+            _state.clear()
+            _state.update(saved[0])
+            knobs.cache.manager_class = saved[1]
+    return None
 
 
 def _warn_unsupported() -> None:
     if not _state["warned"]:
         _state["warned"] = True
-        _log.warning(
-            "cuforge: Triton %s is not a version cuforge.triton supports (%s.%s <= version "
-            "< %s.%s); Triton keeps its own cache",
-            triton.__version__,
-            *SUPPORTED[0],
-            *SUPPORTED[1],
-        )
+        _log.warning("cuforge: %s", hook_problem() or "cuforge.triton cannot plug in here")
 
 
 def enable(cache: Cache | None = None, *, binary_only: bool = False) -> bool:

@@ -64,10 +64,17 @@ from cuforge.store.base import Entry
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any
 
-__all__ = ["enable", "disable", "supported", "SUPPORTED", "fields_from_debug_lines"]
+__all__ = [
+    "enable",
+    "disable",
+    "supported",
+    "hook_problem",
+    "SUPPORTED",
+    "fields_from_debug_lines",
+]
 
 #: ``(low, high)``: the torch versions this module patches (low <= version < high)
-SUPPORTED = ((2, 6), (2, 15))
+SUPPORTED = ((2, 6), (2, 16))
 #: Inductor's remote-cache classes whose byte store cuforge becomes
 _CLASSES = (
     "RemoteFxGraphCache",
@@ -115,14 +122,58 @@ def _torch_version() -> tuple[int, int]:
     return int(parts[0]), int("".join(c for c in parts[1] if c.isdigit()) or 0)
 
 
-def supported() -> bool:
-    """Whether the installed torch is one whose remote-cache hook this module knows."""
-    low, high = SUPPORTED
-    if not low <= _torch_version() < high:
-        return False
+def hook_problem() -> str | None:
+    """Why cuforge cannot hold torch.compile's caches here (None when it can): a remote-cache
+    class without ``backend_override_cls``, or a torch outside :data:`SUPPORTED` whose
+    contract probe fails (:func:`cuforge.adapters.common.window_verdict`)."""
+    import torch
     from torch._inductor import remote_cache
 
-    return all(hasattr(getattr(remote_cache, c, None), "backend_override_cls") for c in _CLASSES)
+    from cuforge.adapters.common import refused, window_verdict
+
+    for name in _CLASSES:
+        if not hasattr(getattr(remote_cache, name, None), "backend_override_cls"):
+            return refused(
+                "torch_compile",
+                f"torch {torch.__version__}: torch._inductor.remote_cache.{name} has no "
+                "backend_override_cls",
+            )
+    return window_verdict("torch_compile", "torch", torch.__version__, SUPPORTED, _probe)
+
+
+def supported() -> bool:
+    """Whether cuforge can hold the installed torch's compile caches (:func:`hook_problem`)."""
+    return hook_problem() is None
+
+
+def _probe() -> str | None:
+    """The contract, on a torch outside :data:`SUPPORTED`: the flags cuforge turns on exist,
+    and a value put through torch's own ``RemoteFxGraphCache`` (its backend overridden by
+    cuforge's, as :func:`enable` does) comes back from a second instance, into a throwaway
+    cache dir."""
+    import importlib
+    import tempfile
+
+    from torch._inductor import remote_cache
+
+    for module, flags in _FLAGS:
+        config = importlib.import_module(module)
+        for flag in flags:
+            if not hasattr(config, flag):
+                return f"{module} has no {flag}"
+    cls = remote_cache.RemoteFxGraphCache
+    saved = cls.backend_override_cls, _state["cache"]
+    with tempfile.TemporaryDirectory(prefix="cuforge-torch-probe-") as tmp:
+        _state["cache"] = Cache(tmp, remotes=(), telemetry=False)
+        cls.backend_override_cls = _factory("RemoteFxGraphCache")
+        try:
+            value = {"cuforge": "probe", "n": 1}
+            cls("cuforge-probe").put("probe-key", value)
+            if cls("cuforge-probe").get("probe-key") != value:
+                return "a value put through RemoteFxGraphCache was not served back"
+        finally:
+            cls.backend_override_cls, _state["cache"] = saved
+    return None
 
 
 def enable(cache: Cache | None = None, *, triton: bool = True) -> bool:
@@ -132,18 +183,11 @@ def enable(cache: Cache | None = None, *, triton: bool = True) -> bool:
     unsupported torch, whose own caches then stay as they are."""
     if cache is not None and not isinstance(cache, Cache):
         raise TypeError(f"cache= must be a cuforge.Cache or None, not {type(cache).__name__}")
-    if not supported():
+    problem = hook_problem()
+    if problem is not None:
         if not _state["warned"]:
             _state["warned"] = True
-            import torch
-
-            _log.warning(
-                "cuforge: torch %s is not a version cuforge.torch.compile_cache supports "
-                "(%s.%s <= version < %s.%s); torch.compile keeps its own caches",
-                torch.__version__,
-                *SUPPORTED[0],
-                *SUPPORTED[1],
-            )
+            _log.warning("cuforge: %s; torch.compile keeps its own caches", problem)
         return False
     import importlib
 

@@ -59,9 +59,19 @@ def test_enable_disable_and_an_unknown_version(monkeypatch, caplog, cache):
     assert type(cc._cache).__name__ == "CuforgeJaxCache"
     cj.disable()
     assert cc._cache is before and not cj.is_enabled()
+    # outside the tested window: probed, not switched off (the probe passes here)...
+    from cuforge.adapters import common
+
     monkeypatch.setattr(cj, "SUPPORTED", ((0, 0, 1), (0, 0, 2)))
+    monkeypatch.setattr(common, "_probed", {})
+    assert cj.enable(cache) and type(cc._cache).__name__ == "CuforgeJaxCache"
+    assert "contract probe passed" in caplog.text
+    cj.disable()
+    # ...and a failing probe keeps JAX's own cache, saying what is missing
+    monkeypatch.setattr(common, "_probed", {})
+    monkeypatch.setattr(cj, "_probe", lambda: "no CacheInterface round trip")
     assert cj.enable(cache) is False and cc._cache is before
-    assert "outside the versions cuforge.jax supports" in caplog.text
+    assert "contract probe failed: no CacheInterface round trip" in caplog.text
 
 
 def test_adapter_round_trip_and_corruption(cache, caplog):

@@ -204,16 +204,55 @@ def test_cache_ls_lists_triton_entries_by_kernel_name(cache, enabled):
     assert "mul_kernel" in out and "triton" in out
 
 
-def test_an_unsupported_triton_version_keeps_tritons_own_cache(monkeypatch, caplog, cache):
+def test_a_triton_outside_the_window_is_probed_then_enabled_with_one_line(
+    monkeypatch, caplog, cache, tmp_path
+):
+    """A Triton newer (or older) than the tested window is not switched off silently: the
+    contract probe (a group through Triton's own get_cache_manager) passes, and the
+    adapter is enabled with one line naming the untested version; kernels then cache."""
     import triton
 
+    from cuforge.adapters import common
+
+    monkeypatch.setattr(ct, "SUPPORTED", ((3, 0), (3, 1)))
+    monkeypatch.setattr(common, "_probed", {})
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-own"))
+    with caplog.at_level(logging.WARNING, logger="cuforge"):
+        assert ct.enable(cache) is True
+        assert ct.enable(cache) is True
+    try:
+        assert triton.knobs.cache.manager_class is ct.CacheManager
+        assert caplog.text.count("contract probe passed") == 1
+        assert f"Triton {triton.__version__} is outside the tested versions" in caplog.text
+        assert common.VERDICTS["triton"][0] == "probed"
+        counter = CompileCounter().install()
+        compile_kernel()
+        compile_kernel()
+        assert counter.compiles == 1 and cache.counters.get("triton:compiled") == 1
+    finally:
+        ct.disable()
+        triton.knobs.compilation.listener = None
+
+
+def test_a_failed_probe_keeps_tritons_own_cache_and_says_what_is_missing(
+    monkeypatch, caplog, cache
+):
+    import triton
+    from triton.runtime import cache as tcache
+
+    from cuforge.adapters import common
+
     monkeypatch.setattr(ct, "SUPPORTED", ((99, 0), (99, 1)))
+    monkeypatch.setattr(common, "_probed", {})
     monkeypatch.setitem(ct._state, "warned", False)
+    monkeypatch.delattr(tcache, "get_cache_manager")
     with caplog.at_level(logging.WARNING, logger="cuforge"):
         assert ct.enable(cache) is False
         assert ct.enable(cache) is False
     assert triton.knobs.cache.manager_class is None
-    assert caplog.text.count("not a version cuforge.triton supports") == 1
+    assert caplog.text.count("contract probe failed") == 1
+    assert "has no get_cache_manager(key)" in caplog.text
+    assert common.VERDICTS["triton"][0] == "refused"
 
 
 # -- the native modules Triton builds with the C compiler ---------------------------------------
