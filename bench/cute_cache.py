@@ -4,7 +4,7 @@
     python bench/cute_cache.py --runs 9 --json bench/out/cute_cache.json
 
 Run from the repository root (the kernels are ``tests/cute/kernels.py`` -- ``b = a * 2`` --
-and ``tests/cute/gemm.py`` -- the SIMT SGEMM of the CUTLASS CuTe DSL examples). Arguments
+and ``tests/cute/gemm.py`` -- the project's own SIMT GEMM on the CuTe DSL). Arguments
 are fake tensors (dynamic extents), so no GPU is needed to compile: without one the arch is
 ``CUTE_DSL_ARCH`` (default here ``sm_90a``); with one, the device's. Every figure is the
 median of ``--runs`` runs, each in a fresh cache directory or process as stated:

@@ -462,10 +462,9 @@ def test_import_is_lazy():
 
 
 @pytest.mark.slow
-@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # the example's own deprecated names
 def test_gemm_example_round_trip():
-    """The CUTLASS SIMT SGEMM example (a class instance behind a plain @cute.jit function,
-    a cuda.CUstream default argument): keyed stably, stored, restored in a fresh process."""
+    """The project's SIMT GEMM (a class instance behind a plain @cute.jit function, a
+    cuda.CUstream default argument): keyed stably, stored, restored in a fresh process."""
     from tests.cute import gemm
 
     before = cc.key_fields(gemm.sgemm, *gemm.fake_args())
@@ -565,19 +564,19 @@ def test_installed_modules_are_remembered_under_their_record(monkeypatch):
 
 
 def test_local_modules_are_remembered_as_not_installed(monkeypatch):
-    """A module no distribution installed (the GEMM example's, here) is remembered as such
+    """A module no distribution installed (the tests' GEMM, here) is remembered as such
     under its file's stat and the stat of the directories that hold distributions: a fresh
     process does not look for its distribution; a changed directory does."""
     from cuforge.keys import fingerprint
-    from tests.cute import sgemm_example
+    from tests.cute import gemm
 
-    name = sgemm_example.__name__
+    name = gemm.__name__
 
     def forget():
         fingerprint._not_installed.discard(name)
 
     forget()
-    assert fingerprint._installed_key(sgemm_example) is None
+    assert fingerprint._installed_key(gemm) is None
     fingerprint._flush_memo()
 
     def must_not_look(module):
@@ -585,7 +584,7 @@ def test_local_modules_are_remembered_as_not_installed(monkeypatch):
 
     monkeypatch.setattr(fingerprint, "distributions_of", must_not_look)
     forget()
-    assert fingerprint._installed_key(sgemm_example) is None
+    assert fingerprint._installed_key(gemm) is None
     real_stat = fingerprint._memo.file_stat_key
     monkeypatch.setattr(
         fingerprint._memo,
@@ -595,11 +594,11 @@ def test_local_modules_are_remembered_as_not_installed(monkeypatch):
     forget()
     try:
         with pytest.raises(AssertionError, match="looked up"):
-            fingerprint._installed_key(sgemm_example)
+            fingerprint._installed_key(gemm)
     finally:
         monkeypatch.undo()
         forget()
-    assert fingerprint._installed_key(sgemm_example) is None
+    assert fingerprint._installed_key(gemm) is None
 
 
 def test_a_hit_without_memfd_loads_through_a_private_file_and_removes_it(monkeypatch, tmp_path):
