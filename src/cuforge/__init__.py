@@ -110,9 +110,9 @@ def _from_environment() -> None:
     from os import environ
 
     if environ.get("CUFORGE_FENCE", "").strip().lower() in ("warn", "error"):
-        from cuforge.core.fencing import install_triton_hooks
+        from cuforge.core.fencing import install_hooks
 
-        install_triton_hooks()
+        install_hooks()
     path = environ.get("CUFORGE_RECORD", "").strip()
     if path:
         from cuforge.core.recording import start_from_env

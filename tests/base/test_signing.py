@@ -274,3 +274,20 @@ def test_no_cryptography_import_without_a_keyring_or_a_signature(tmp_path):
         CUFORGE_SIGNING_KEY=str(tmp_path / "keys" / "ci.key"),
     )
     assert run_python(code, env) == [False, False, True, True]
+
+
+def test_a_keyring_signed_share_serves_native_host_code_and_unsigned_readers_refuse_it(tmp_path):
+    """Native host code (a torch module, a Triton C module) signed by a trusted key is
+    served; the same share read without a keyring refuses it (issue 35, item 5)."""
+    keys, ring = _keys(tmp_path, "ci")
+    writer = _tier(tmp_path, signer=keys["ci"])
+    module = Entry(key_of(1), "module", os.urandom(900), {"name": "ext"})
+    launcher = Entry(key_of(2), "triton", os.urandom(900), {"name": "x", "native_module": True})
+    assert writer.put(module) and writer.put(launcher)
+    reader = _tier(tmp_path, keyring=signing.load_keyring(ring))
+    assert reader.get(module.key, kind="module").payload == module.payload
+    assert reader.get(launcher.key, kind="triton").payload == launcher.payload
+    plain = _tier(tmp_path)
+    assert plain.get(module.key, kind="module") is None
+    assert plain.get(launcher.key, kind="triton") is None
+    assert plain.stats().extra["refused_native"] == 2

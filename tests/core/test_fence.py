@@ -207,3 +207,70 @@ def test_cupy_backend_load_miss_is_fenced_and_a_hit_is_not(cache, capsys, monkey
         assert backend.load("other.cubin") is None and backend.load("other.cubin") is None
     assert capsys.readouterr().err.count("compile after the fence: cupy 'other.cubin'") == 1
     assert backend.load("another.cubin") is None  # no fence: a plain miss
+
+
+# a Python C module like the ones Triton builds with the C compiler (cuda_utils, launchers)
+_C_MODULE = r"""
+#include <Python.h>
+static PyObject* answer(PyObject* self, PyObject* args) { return PyLong_FromLong(ANSWER); }
+static PyMethodDef methods[] = {{"answer", answer, METH_NOARGS, NULL}, {NULL, NULL, 0, NULL}};
+static struct PyModuleDef mod = {PyModuleDef_HEAD_INIT, "NAME", NULL, -1, methods};
+PyMODINIT_FUNC PyInit_NAME(void) { return PyModule_Create(&mod); }
+"""
+
+
+@pytest.fixture
+def triton_cc(tmp_path, monkeypatch):
+    """Triton's C compiler logged (``$CC_LOG``; Triton's compiler choice is memoized, so it
+    is cleared before and after): yields a function that counts the C builds so far."""
+    pytest.importorskip("triton")
+    from triton.runtime import build
+
+    from tests.adapters.triton.kernels import c_builds, logging_cc
+
+    try:
+        cc = logging_cc(tmp_path / "cc")
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+    monkeypatch.setenv("CC", cc)
+    monkeypatch.setenv("CC_LOG", str(tmp_path / "cc.log"))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    build._find_compiler.cache_clear()
+    yield lambda: c_builds(tmp_path / "cc.log")
+    build._find_compiler.cache_clear()
+
+
+def _c_module(name: str, answer: int):
+    from triton.runtime.build import compile_module_from_src
+
+    src = _C_MODULE.replace("NAME", name).replace("ANSWER", str(answer))
+    return compile_module_from_src(src, name).answer()
+
+
+def test_tritons_c_modules_are_fenced_in_its_cache_and_in_cuforges(cache, triton_cc, capsys):
+    """Triton's native modules (compile_module_from_src: cuda_utils, the launchers) ask the
+    fence before the C compiler runs, whichever cache manager missed (issue 35, item 2)."""
+    import cuforge.triton as ct
+
+    assert _c_module("fence_warm", 1) == 1 and triton_cc() == 1
+    with cuforge.fence("error"):
+        assert _c_module("fence_warm", 1) == 1  # Triton's cache: a hit, no trip
+        with pytest.raises(CompileAfterFenceError) as info:
+            _c_module("fence_fresh", 2)
+        assert triton_cc() == 1  # nothing was compiled
+        err = info.value
+        assert (err.system, err.kind, err.name) == ("triton", "triton-module", "fence_fresh")
+        assert err.key and err.key[:16] in str(err) and "Nothing was compiled" in str(err)
+        assert any("test_fence.py" in frame for frame in err.stack)
+        assert ct.enable(cache)  # cuforge's cache manager: its native miss is fenced too
+        try:
+            with pytest.raises(CompileAfterFenceError):
+                _c_module("fence_cuforge", 3)
+            assert triton_cc() == 1 and "triton:native_built" not in cache.counters
+        finally:
+            ct.disable()
+    with cuforge.fence("warn"):
+        assert _c_module("fence_fresh", 2) == 2  # reported, and built
+    assert triton_cc() == 2
+    assert capsys.readouterr().err.count("compile after the fence: triton 'fence_fresh'") == 1
+    assert _c_module("fence_other", 4) == 4  # no fence: a plain build

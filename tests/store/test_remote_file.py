@@ -162,3 +162,92 @@ def test_two_machines_one_shared_dir_compile_nothing(tmp_path):
     assert a == {"compiles": 1, "source": "compiled"}
     b = run_child(code, child_env(CUFORGE_CACHE_DIR=str(tmp_path / "b"), **common))
     assert b == {"compiles": 0, "source": "remote"}
+
+
+# -- native host code from an unsigned share (issue 35, item 5) -------------------------------
+
+#: one entry of each kind of native host code, and a Triton kernel group (device code)
+_NATIVE = [
+    ("module", {"name": "ext_mod"}),
+    ("object", {"name": "ext.o"}),
+    ("triton", {"name": "cuda_utils", "native_module": True, "backend": "triton"}),
+]
+
+
+def _planted(shared, **kw):
+    """A tier over ``shared`` (RemoteStore keyword arguments ``kw``) and the entries an
+    earlier writer with the same signing planted there: the native ones, then a kernel
+    group."""
+    from cuforge.store.base import Entry
+    from cuforge.store.remote.tier import RemoteStore
+
+    entries = [Entry(key_of(f"n{i}"), kind, os.urandom(500), meta) for i, (kind, meta) in
+               enumerate(_NATIVE)]  # fmt: skip
+    entries.append(Entry(key_of("group"), "triton", os.urandom(500), {"name": "add_kernel"}))
+    writer = RemoteStore(_backend(shared), **kw)
+    for e in entries:
+        assert writer.put(e)
+    return RemoteStore(_backend(shared), **kw), entries
+
+
+def test_an_unsigned_share_serves_no_native_host_code(tmp_path, caplog, capsys, monkeypatch):
+    import logging
+
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755)
+    reader, entries = _planted(shared)
+    *native, group = entries
+    monkeypatch.setenv("CUFORGE_VERBOSE", "1")
+    with caplog.at_level(logging.WARNING, logger="cuforge"):
+        for e in native:
+            assert reader.get(e.key, kind=e.kind) is None  # a miss: built locally
+        assert reader.get_many([(e.kind, e.key) for e in native]) == [None] * 3
+        assert reader.get(group.key, kind="triton").payload == group.payload  # device code
+    stats = reader.stats()
+    assert stats.rejected == 6 and stats.extra["refused_native"] == 6 and stats.hits == 1
+    warnings = [r.getMessage() for r in caplog.records if "native host code" in r.getMessage()]
+    assert len(warnings) == 1 and "CUFORGE_REMOTE_NATIVE=allow" in warnings[0]
+    err = capsys.readouterr().err
+    assert err.count("refused") == 6 and "refused triton 'cuda_utils'" in err
+    # the setting allows them, explicitly
+    monkeypatch.setenv("CUFORGE_REMOTE_NATIVE", "allow")
+    for e in native:
+        assert reader.get(e.key, kind=e.kind).payload == e.payload
+    monkeypatch.setenv("CUFORGE_REMOTE_NATIVE", "sometimes")
+    from cuforge.base.config import settings
+    from cuforge.base.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="CUFORGE_REMOTE_NATIVE"):
+        settings()
+
+
+def test_a_signed_share_serves_native_host_code(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755)
+    reader, entries = _planted(shared, secret=b"team-secret")
+    for e in entries:
+        assert reader.get(e.key, kind=e.kind).payload == e.payload
+    assert reader.stats().extra["refused_native"] == 0 and reader.stats().rejected == 0
+
+
+def test_a_group_writable_share_warns_once(tmp_path, caplog):
+    import logging
+
+    from cuforge.store.base import Entry
+    from cuforge.store.remote.tier import RemoteStore
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o775)  # a team share: the group writes, others do not
+    writer = RemoteStore(_backend(shared))
+    e1 = Entry(key_of(1), "kernel", b"one", {"name": "k.cu"})
+    e2 = Entry(key_of(2), "kernel", b"two", {"name": "k.cu"})
+    assert writer.put(e1) and writer.put(e2)
+    reader = RemoteStore(_backend(shared))
+    with caplog.at_level(logging.WARNING, logger="cuforge"):
+        assert reader.get(e1.key, kind="kernel").payload == b"one"
+        assert reader.get(e2.key, kind="kernel").payload == b"two"
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert str(shared) in warning and "writable by its group" in warning
+    assert "chmod" in warning and "CUFORGE_REMOTE_KEY" in warning
+    assert reader.backend.share_problem() is None  # doctor fails only world-writable shares

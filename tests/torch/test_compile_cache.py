@@ -123,3 +123,77 @@ def test_a_torch_outside_the_window_is_probed_then_enabled_or_refused(monkeypatc
         assert cc.enable(triton=False) is False
     assert "torch._inductor.config has no no_such_flag_in_torch" in caplog.text
     assert common.VERDICTS["torch_compile"][0] == "refused"
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    seen: list[BaseException] = []
+    while exc is not None and exc not in seen:
+        seen.append(exc)
+        exc = getattr(exc, "inner_exception", None) or exc.__cause__ or exc.__context__
+    return seen
+
+
+@pytest.mark.slow
+def test_the_fence_refuses_a_fresh_cpu_graph_after_a_warm_up(tmp_path, monkeypatch, capsys):
+    """torch.compile on Inductor's CPU backend builds C++ with the host compiler: after the
+    fence, a warm graph runs (no build) and a fresh graph is refused before the compiler
+    runs (error), or reported and built (warn). Compiler runs counted by a logging CXX
+    (issue 35, item 2)."""
+    import shutil
+
+    import torch
+    import torch._inductor.config as inductor_config
+
+    import cuforge
+    from cuforge.base.errors import CompileAfterFenceError
+    from cuforge.core import fencing
+
+    real = shutil.which("g++") or shutil.which("clang++")
+    if real is None:
+        pytest.skip("no C++ compiler for Inductor's CPU backend")
+    log = tmp_path / "cxx.log"
+    cxx = tmp_path / "cxx"
+    cxx.write_text(f'#!/bin/sh\necho "$@" >> "{log}"\nexec {real} "$@"\n')
+    cxx.chmod(0o755)
+
+    def builds() -> int:
+        if not log.exists():
+            return 0
+        return sum(1 for line in log.read_text().splitlines() if "-o" in line.split())
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setattr(inductor_config.cpp, "cxx", (None, str(cxx)))
+    monkeypatch.setattr(inductor_config, "compile_threads", 1)
+    torch._dynamo.reset()
+    fencing._mode = None
+    fencing.reset()
+
+    def warm(x):
+        return (x.sin() + 1) * 2
+
+    def fresh(x):
+        return (x.cos() - 3) * x
+
+    x = torch.randn(8)
+    try:
+        compiled = torch.compile(warm)
+        expected = compiled(x)
+        built = builds()
+        assert built >= 1
+        with cuforge.fence("error"):
+            assert torch.equal(compiled(x), expected)  # warm: no build, no trip
+            with pytest.raises(Exception) as info:  # noqa: B017 - dynamo wraps the error
+                torch.compile(fresh)(x)
+        (err,) = [e for e in _causes(info.value) if isinstance(e, CompileAfterFenceError)]
+        assert err.system == "torch.compile" and err.kind == "inductor-cpp" and err.key
+        assert "Nothing was compiled" in str(err)
+        assert builds() == built  # the compiler never ran
+        torch._dynamo.reset()
+        with cuforge.fence("warn"):
+            assert torch.allclose(torch.compile(fresh)(x), fresh(x))
+        assert builds() > built
+        assert "compile after the fence: torch.compile" in capsys.readouterr().err
+    finally:
+        torch._dynamo.reset()
+        fencing._mode = None
+        fencing.reset()

@@ -20,6 +20,9 @@ def test_an_extension_built_on_one_machine_loads_on_another_without_compiling(
     shared = tmp_path / "shared"
     shared.mkdir()
     monkeypatch.setenv("CUFORGE_REMOTE", f"file://{shared}")
+    # signed: modules and objects are host code, refused from a remote that checks no
+    # signature (tests/store/test_remote_file.py)
+    monkeypatch.setenv("CUFORGE_REMOTE_KEY", "team-secret")
     ci = Ext(str(tmp_path / "ci" / "checkout"))
     monkeypatch.setenv("CUFORGE_CACHE_DIR", str(tmp_path / "ci-cache"))
     built = build_extension(ci.spec())

@@ -31,8 +31,10 @@ What happens (see docs/triton.md):
   source and by the C compiler's, Python's and the platform's identity
   (:func:`native_fields`; on Triton 3.7+ the install's dirs enter Triton's key path-free,
   :func:`path_free_config`): a fresh machine's first launch runs no C compiler. They are
-  native code loaded into the process: served only as checksummed (and, when signing is
-  on, signed) entries, like the cubins. Autotune results stay in Triton's own cache dir.
+  native code loaded into the process: served only as checksummed entries that say they
+  are native (``meta.native_module``), and from a remote tier only when it checks
+  signatures (or ``CUFORGE_REMOTE_NATIVE=allow``): from an unsigned remote they are a miss,
+  built here (:func:`cuforge.store.schema.is_native`). Autotune results stay in Triton's own cache dir.
 
 Supported: Triton 3.4 to 3.8 (tested on 3.6.0 on an H100 and on 3.8.0 on the CPU). On another version :func:`enable` warns
 once and leaves Triton's own cache in place; the ``TRITON_CACHE_MANAGER`` route falls back
@@ -62,6 +64,7 @@ from cuforge.base import _fs
 from cuforge.core.blobcache import make_key, offline_error, pack, unpack
 from cuforge.core.caching import Cache, Hit, default_cache
 from cuforge.store.base import Entry
+from cuforge.store.schema import is_native
 from cuforge.toolchain import wheel_record
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -744,6 +747,10 @@ class CacheManager(_TritonCacheManager):
         try:
             if entry.kind != "triton":
                 raise ValueError(f"the entry is of kind {entry.kind!r}, not 'triton'")
+            if not is_native(entry.kind, entry.meta):
+                # a tier that checks no signature refuses native code by this flag: an
+                # entry at a native key without it is not what this module stored
+                raise ValueError("the entry does not say it holds a native module")
             files = unpack(entry.payload)
             if list(files) != [filename]:
                 raise ValueError(f"the entry holds {sorted(files)}, not just {filename!r}")

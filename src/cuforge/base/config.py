@@ -47,6 +47,9 @@ CUFORGE_SIGNING_KEY        a private key file (``cuforge keys generate``): sign 
 CUFORGE_TRUSTED_KEYS       a keyring file of ``NAME ed25519:HEX`` lines: accept only remote
                            entries and bundles signed by one of these keys (readers)
 CUFORGE_REMOTE_READONLY    ``1``: read remote tiers, never write them
+CUFORGE_REMOTE_NATIVE      ``allow``: serve native host code (torch extension objects and
+                           modules, the op shim, Triton's C modules) from a remote tier that
+                           checks no signature; default ``refuse`` (built locally instead)
 CUFORGE_REMOTE_CONNECT_TIMEOUT  seconds to connect to a remote (default 0.1)
 CUFORGE_REMOTE_TIMEOUT     seconds for one remote get or put, all of it (default 1)
 CUFORGE_REMOTE_MAX_BYTES   the largest remote value read or written (128 MiB); a larger
@@ -79,6 +82,7 @@ Accepted values, and what an out-of-range one does (always a :class:`ConfigError
   ``threading.TIMEOUT_MAX``, about 292 years). Negative and ``nan`` are errors;
 * ``CUFORGE_FAST_LAUNCH``: ``c`` or ``python``; anything else is an error.
 * ``CUFORGE_FENCE``: ``off``, ``warn`` or ``error`` (any case); anything else is an error.
+* ``CUFORGE_REMOTE_NATIVE``: ``refuse`` or ``allow`` (any case); anything else is an error.
 """
 
 from __future__ import annotations
@@ -150,6 +154,7 @@ _SETTING_VARS: tuple[str, ...] = (
     "CUFORGE_SIGNING_KEY",
     "CUFORGE_TRUSTED_KEYS",
     "CUFORGE_REMOTE_READONLY",
+    "CUFORGE_REMOTE_NATIVE",
     "CUFORGE_REMOTE_CONNECT_TIMEOUT",
     "CUFORGE_REMOTE_TIMEOUT",
     "CUFORGE_REMOTE_TTL",
@@ -227,6 +232,7 @@ class Settings:
         "signing_key",
         "trusted_keys",
         "remote_readonly",
+        "remote_native",
         "remote_connect_timeout",
         "remote_timeout",
         "remote_ttl",
@@ -309,6 +315,11 @@ class Settings:
         #: a keyring file: accept only entries and bundles signed by its keys
         self.trusted_keys: str = (get("CUFORGE_TRUSTED_KEYS") or "").strip()
         self.remote_readonly: bool = _switch(get, "CUFORGE_REMOTE_READONLY", False)
+        #: True: native host code entries are served by remote tiers that check no
+        #: signature (``CUFORGE_REMOTE_NATIVE=allow``); False (default): refused, a miss
+        self.remote_native: bool = (
+            _choice(get, "CUFORGE_REMOTE_NATIVE", ("refuse", "allow"), "refuse") == "allow"
+        )
         self.remote_connect_timeout: float = _seconds(
             get, "CUFORGE_REMOTE_CONNECT_TIMEOUT", DEFAULT_REMOTE_CONNECT_TIMEOUT
         )

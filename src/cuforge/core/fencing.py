@@ -17,6 +17,21 @@ After it, every build any system served by cuforge is about to run is reported:
   compile, nothing on a launch); ``error`` uses ``knobs.runtime.add_stages_inspection_hook``,
   whose pipeline form Triton calls only on a miss, before any stage runs -- so nothing is
   compiled. (Triton then also calls it, argument-less, once per launch: a Python call.)
+* **Triton's C modules** (its ``cuda_utils`` helper, on Triton <= 3.6 one launcher per
+  kernel signature: what ``compile_module_from_src`` / ``compile_so_from_src`` build with
+  the C compiler when Triton's cache manager -- its own or :mod:`cuforge.triton`'s --
+  missed): ``triton.runtime.build._build``, the one function every such build runs
+  (Triton 3.4 to 3.8), is wrapped; ``error`` raises before the C compiler runs;
+* **torch.compile on Inductor's CPU backend** (its C++ kernels and wrappers, AOTInductor's
+  ``.so``): ``torch._inductor.cpp_builder.CppBuilder.build``, the one method that runs the
+  host compiler, is wrapped (torch has no public hook); Inductor calls it only when the
+  built file is not in its cache dir, so a warm graph never asks. ``error`` raises before
+  the compiler runs (torch.compile raises it wrapped in dynamo's ``BackendCompilerFailed``,
+  the fence's error its ``__cause__``). Inductor's probe of the CPU's vector ISA (a tiny
+  program it builds once per machine and ISA, then keeps in its cache dir) is not asked:
+  torch turns any error of it into "this ISA does not work" and would silently generate
+  other code. Both wraps (Triton, Inductor) are installed the same way as Triton's hooks,
+  stay installed, and act only while a fence is up;
 * **CuPy and JAX** (when :func:`cuforge.cupy.enable` / :func:`cuforge.jax.enable` made
   cuforge their cache): a miss in cuforge's cache is where the system compiles next, so
   that is where the fence asks (:func:`adapter_miss`); a hit never asks. CuPy's backend
@@ -52,7 +67,15 @@ if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Callable
     from typing import Any
 
-__all__ = ["fence", "mode", "reports", "before_build", "adapter_miss", "CompileAfterFenceError"]
+__all__ = [
+    "fence",
+    "mode",
+    "reports",
+    "before_build",
+    "adapter_miss",
+    "install_hooks",
+    "CompileAfterFenceError",
+]
 
 _MODES = ("off", "warn", "error")
 #: the mode :func:`fence` set (None: CUFORGE_FENCE decides)
@@ -93,7 +116,7 @@ class fence:
         self._previous = _mode
         _mode = self.mode
         if self.mode != "off":
-            install_triton_hooks()
+            install_hooks()
 
     def __enter__(self) -> fence:
         return self
@@ -129,7 +152,7 @@ def before_build(cache: Any, key: str, what: str, offline_error: Callable[[], An
     current = mode()
     if not current:
         return
-    install_triton_hooks()
+    install_hooks()
     info = describe(cache, key, what, offline_error)
     _trip(current, info)
 
@@ -238,12 +261,16 @@ _SYSTEM_DIRS = tuple(f"{os.sep}{p}{os.sep}" for p in ("triton", "jax", "jaxlib",
 
 def caller_stack(limit: int = 4) -> list[str]:
     """The innermost ``limit`` frames outside cuforge and the systems it serves (Triton,
-    JAX, CuPy) (``file:line in func``), outermost first."""
+    JAX, CuPy, torch once imported) (``file:line in func``), outermost first."""
     frame = sys._getframe(1)
     out: list[str] = []
+    torch_file = getattr(sys.modules.get("torch"), "__file__", None)
+    skipped: tuple[str, ...] = (_PACKAGE_DIR,)
+    if torch_file:
+        skipped += (os.path.dirname(torch_file) + os.sep,)
     while frame is not None and len(out) < limit:
         path = frame.f_code.co_filename
-        if not path.startswith(_PACKAGE_DIR) and not any(d in path for d in _SYSTEM_DIRS):
+        if not path.startswith(skipped) and not any(d in path for d in _SYSTEM_DIRS):
             if not path.startswith("<frozen"):
                 out.append(f"{os.path.basename(path)}:{frame.f_lineno} in {frame.f_code.co_name}")
         frame = frame.f_back
@@ -259,32 +286,50 @@ def _message(info: dict[str, Any]) -> str:
     )
 
 
-# ---------------------------------------------------------------------- Triton
+# ---------------------------------------------------------------------- the systems' hooks
 
-#: the Triton hooks installed: "listener" (warn), "stages" (error)
+#: the hooks installed: "listener" (warn), "stages" (error), "native" (Triton's C module
+#: builds), "inductor" (Inductor's C++ builds)
 _triton_installed: set[str] = set()
 _finder_installed = False
+#: the module whose import each system's hooks wait for
+_TRITON, _INDUCTOR = "triton", "torch._inductor.cpp_builder"
 
 
-def install_triton_hooks() -> None:
-    """Hook Triton's compiler when ``triton`` is imported, or as soon as it gets imported
-    (never imports it)."""
+def _triton_wanted() -> int:
+    """How many Triton hooks this mode wants (the stages hook only under ``error``)."""
+    return 3 if mode() == "error" else 2
+
+
+def install_hooks() -> None:
+    """Hook the systems cuforge fences that build outside :meth:`cuforge.Cache.build_once`
+    (Triton's compiler and its C modules, Inductor's C++ builds): now for those imported,
+    or as soon as they get imported (an import hook waits; cuforge never imports them)."""
     global _finder_installed
-    if len(_triton_installed) == 2 or (mode() != "error" and _triton_installed):
+    installed = _triton_installed
+    triton_done = len(installed - {"inductor"}) >= _triton_wanted()
+    if triton_done and "inductor" in installed:
         return
-    if "triton" in sys.modules:
+    modules = sys.modules
+    if not triton_done and _TRITON in modules:
         _install_triton()
-        return
-    if not _finder_installed:
+    if "inductor" not in installed and _INDUCTOR in modules:
+        _install_inductor()
+    if not _finder_installed and (_TRITON not in modules or _INDUCTOR not in modules):
         _finder_installed = True
-        sys.meta_path.insert(0, _TritonFinder())
+        sys.meta_path.insert(0, _SystemFinder())
 
 
-class _TritonFinder:
-    """Waits for ``import triton`` and hooks it right after (then steps aside)."""
+#: the name this function had when it hooked Triton alone
+install_triton_hooks = install_hooks
+
+
+class _SystemFinder:
+    """Waits for ``import triton`` / ``import torch._inductor.cpp_builder`` and hooks each
+    right after it ran (then steps aside, once both were imported)."""
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        if fullname != "triton":
+        if fullname not in (_TRITON, _INDUCTOR):
             return None
         from importlib.machinery import PathFinder
 
@@ -297,11 +342,15 @@ class _TritonFinder:
         def exec_module(module: Any) -> None:
             real_exec(module)
             global _finder_installed
-            if self in sys.meta_path:
-                sys.meta_path.remove(self)
-            _finder_installed = False
+            if _TRITON in sys.modules and _INDUCTOR in sys.modules:
+                if self in sys.meta_path:
+                    sys.meta_path.remove(self)
+                _finder_installed = False
             if mode():
-                _install_triton()
+                if fullname == _TRITON:
+                    _install_triton()
+                else:
+                    _install_inductor()
 
         loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
@@ -354,6 +403,111 @@ def _install_triton() -> None:
         if mode() == "error" and "stages" not in _triton_installed:
             _triton_installed.add("stages")
             knobs.runtime.add_stages_inspection_hook = stages_hook
+        if "native" not in _triton_installed:
+            _triton_installed.add("native")
+            _wrap_native_build()
+
+
+def _wrap_native_build() -> None:
+    """Wrap ``triton.runtime.build._build`` (the C compiler run of every C module Triton
+    builds after its cache missed) to ask the fence first."""
+    try:
+        from triton.runtime import build
+    except ImportError:  # a Triton without it: nothing to hook
+        return
+    original = getattr(build, "_build", None)
+    if original is None or getattr(original, "_cuforge_fence", False):
+        return
+
+    def _build(*args: Any, **kwargs: Any) -> Any:
+        current = mode()
+        if current:
+            name = args[0] if args else kwargs.get("name", "?")
+            source = args[1] if len(args) > 1 else kwargs.get("src", "")
+            _trip(current, _native_info(str(name), _native_key(str(source))))
+        return original(*args, **kwargs)
+
+    _build.__wrapped__ = original  # type: ignore[attr-defined]
+    _build._cuforge_fence = True  # type: ignore[attr-defined]
+    build._build = _build
+
+
+def _native_key(source: str) -> str:
+    """Triton's cache key of the C module being built (its cache manager's ``key``, from
+    the frame that made it), else the SHA-256 of the C source file."""
+    frame = sys._getframe(2)
+    for _ in range(4):
+        if frame is None:
+            break
+        key = getattr(frame.f_locals.get("cache"), "key", None)
+        if isinstance(key, str) and key:
+            return key
+        frame = frame.f_back
+    import hashlib
+
+    try:
+        with open(source, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        return hashlib.sha256(source.encode("utf-8", "replace")).hexdigest()
+
+
+def _native_info(name: str, key: str) -> dict[str, Any]:
+    return {
+        "system": "triton",
+        "kind": "triton-module",
+        "name": name,
+        "key": key,
+        "reasons": ["a C module not in Triton's cache (built with the C compiler)"],
+        "manifest_entry": None,
+        "stack": caller_stack(),
+    }
+
+
+# ---------------------------------------------------------------------- Inductor (C++)
+
+
+def _install_inductor() -> None:
+    """Wrap ``CppBuilder.build`` of ``torch._inductor.cpp_builder`` (imported already) to
+    ask the fence before the host compiler runs (module doc)."""
+    module = sys.modules.get(_INDUCTOR)
+    builder = getattr(module, "CppBuilder", None)
+    with _lock:
+        if "inductor" in _triton_installed:
+            return
+        _triton_installed.add("inductor")
+        original = getattr(builder, "build", None)
+        if original is None or getattr(original, "_cuforge_fence", False):
+            return  # another torch: nothing we know to hook
+
+        def build(self: Any, *args: Any, **kwargs: Any) -> Any:
+            current = mode()
+            if current:
+                caller = sys._getframe(1).f_globals.get("__name__", "")
+                if caller != "torch._inductor.cpu_vec_isa":  # the ISA probe (module doc)
+                    _trip(current, _inductor_info(self))
+            return original(self, *args, **kwargs)
+
+        build.__wrapped__ = original  # type: ignore[attr-defined]
+        build._cuforge_fence = True  # type: ignore[attr-defined]
+        builder.build = build
+
+
+def _inductor_info(builder: Any) -> dict[str, Any]:
+    try:
+        target = str(builder.get_target_file_path())
+    except Exception:  # noqa: BLE001 - torch's private builder; the report names less
+        target = str(getattr(builder, "_name", "?"))
+    name = os.path.basename(target)
+    return {
+        "system": "torch.compile",
+        "kind": "inductor-cpp",
+        "name": name,
+        "key": str(getattr(builder, "_name", "") or name),
+        "reasons": ["not in Inductor's C++ cache (a C++ build with the host compiler)"],
+        "manifest_entry": None,
+        "stack": caller_stack(),
+    }
 
 
 def _triton_info(name: str, key: str) -> dict[str, Any]:

@@ -36,6 +36,16 @@ The rules (a field marked *typed* may be absent, but when present must have that
   format (:data:`_ADAPTER_OUTPUTS`).
 * any other kind is corrupt.
 
+**Native host code** (:func:`is_native`, the one definition): entries whose bytes the
+process links and loads (``dlopen``), i.e. code that runs as the process's user on the host:
+every ``"object"`` and ``"module"`` entry (the torch build's translation units and
+extension modules; :mod:`cuforge.torch.opshim`'s op shim is one such module) and a
+``"triton"`` entry whose ``meta.native_module`` is true (a C module Triton builds:
+``cuda_utils``, its launchers). A remote tier with no signature check refuses them
+(:class:`cuforge.store.remote.tier.RemoteStore`, ``CUFORGE_REMOTE_NATIVE``), and a
+loader of native code takes only an entry that says it is native (a native entry that
+hid the flag would otherwise pass that refusal).
+
 Imports nothing at load time.
 """
 
@@ -47,10 +57,23 @@ TYPE_CHECKING = False  # not typing.TYPE_CHECKING: see docs/architecture.md, the
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any
 
-__all__ = ["KINDS", "entry_problem"]
+__all__ = ["KINDS", "NATIVE_KINDS", "entry_problem", "is_native"]
 
 #: Every kind an entry may have: the one list, ``cuforge.store.base.ENTRY_KINDS``.
 KINDS = ENTRY_KINDS
+
+#: the kinds whose every entry is native host code (see the module doc, :func:`is_native`)
+NATIVE_KINDS = ("object", "module")
+
+
+def is_native(kind: str, meta: Any) -> bool:
+    """Whether an entry of ``kind`` with ``meta`` is native host code the process loads:
+    an ``object`` or ``module`` entry, or a ``triton`` entry whose ``meta.native_module``
+    is true (module doc)."""
+    if kind in NATIVE_KINDS:
+        return True
+    return kind == "triton" and isinstance(meta, dict) and bool(meta.get("native_module"))
+
 
 _STR_FIELDS = ("name", "arch", "backend", "output", "log")
 

@@ -312,7 +312,8 @@ def test_machine_b_builds_nothing_neither_kernels_nor_native_modules(
     def machine(label: str) -> dict:
         home = tmp_path / label
         home.mkdir(parents=True, exist_ok=True)
-        env = {**c_compiler, "CC_LOG": str(home / "cc.log")}
+        # signed: a remote that checks no signature serves no native code (issue 35, item 5)
+        env = {**c_compiler, "CC_LOG": str(home / "cc.log"), "CUFORGE_REMOTE_KEY": "team-secret"}
         return _machine(tmp_path, label, ["add_kernel"], remote, **env, _code=NATIVE_MACHINE)
 
     a = machine("a")
@@ -371,3 +372,57 @@ def test_native_module_keys_hold_no_path_of_the_triton_install():
     assert out["library_dirs"] == ["<triton>/backends/nvidia/lib"]
     assert out["libraries"] == ["libcuda.so.1"] and config["include_dirs"][0].startswith(root)
     assert hasattr(driver, "libcuda_dirs")
+
+
+def test_an_unsigned_share_serves_no_native_module_it_is_built_here(
+    tmp_path, c_compiler, monkeypatch
+):
+    """Triton's C modules are host code the process loads: from a share that checks no
+    signature they are refused (a miss: Triton's C compiler builds them here) unless
+    CUFORGE_REMOTE_NATIVE=allow; an entry at a native module's key that hides its
+    native_module flag (so the tier would serve it) is not loaded either (issue 35, item 5)."""
+    from triton.runtime.build import compile_module_from_src
+
+    from cuforge.store.base import Entry
+    from tests.adapters.triton.kernels import c_builds
+
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755)
+    url = f"file://{shared}"
+    log = tmp_path / "cc.log"
+    monkeypatch.setenv("CC", c_compiler["CC"])
+    monkeypatch.setenv("CC_LOG", str(log))
+    src = LAUNCHER_SRC.replace("42", "44").replace("__triton_launcher", "cuforge_unsigned")
+
+    def machine(label: str) -> cuforge.Cache:
+        monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / label / "triton"))
+        cache = cuforge.Cache(tmp_path / label / "cuforge", remotes=[url])
+        assert ct.enable(cache)
+        try:
+            assert compile_module_from_src(src, "cuforge_unsigned").answer() == 44
+        finally:
+            ct.disable()
+        return cache
+
+    def remote(cache: cuforge.Cache) -> dict:
+        return cache.store.stats().extra["tiers"]["remote"]
+
+    a = machine("a")
+    assert c_builds(log) == 1 and a.counters.get("triton:native_built") == 1, a.counters
+    b = machine("b")  # unsigned: refused, built here
+    assert c_builds(log) == 2 and b.counters.get("triton:native_built") == 1, b.counters
+    assert "triton:native_remote" not in b.counters
+    assert remote(b)["extra"]["refused_native"] == 1, remote(b)
+    monkeypatch.setenv("CUFORGE_REMOTE_NATIVE", "allow")
+    c = machine("c")  # allowed explicitly: served
+    assert c_builds(log) == 2 and c.counters.get("triton:native_remote") == 1, c.counters
+    # the entry planted again without its flag: the tier serves it, the loader refuses it
+    monkeypatch.delenv("CUFORGE_REMOTE_NATIVE")
+    (info,) = [i for i in a.iterate() if i.meta.get("name") == "cuforge_unsigned"]
+    entry = a.get(info.key, kind="triton")
+    meta = {k: v for k, v in entry.meta.items() if k != "native_module"}
+    planter = cuforge.Cache(tmp_path / "planter", remotes=[url])
+    assert planter.put(Entry(entry.key, "triton", entry.payload, meta))
+    d = machine("d")
+    assert c_builds(log) == 3 and d.counters.get("triton:load_errors") == 1, d.counters
+    assert d.counters.get("triton:native_built") == 1, d.counters

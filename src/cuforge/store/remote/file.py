@@ -13,8 +13,9 @@ Layout: ``<dir>/<namespace>/<kind>/<key[:2]>/<key>``, one file per entry (an env
   whose envelope header is wrong after reading just the header; the rest is read into one
   buffer, in chunks, each started before the deadline (``timeout``).
 * Trust: with no signing key, an entry read from a share that anyone may write to (the
-  share or a directory under it writable by others) is code anyone could have planted:
-  :meth:`FileBackend.trust_problem` says so (the tier warns once), and
+  share or a directory under it writable by others, or by its group) is code anyone
+  could have planted: :meth:`FileBackend.trust_problem` says so (the tier warns once; it
+  refuses native host code from an unsigned share anyway), and
   :meth:`FileBackend.share_problem` checks the whole share for ``cuforge doctor``.
 * Build leases (fleet-wide single flight, :meth:`FileBackend.lease`):
   ``<dir>/<namespace>/.leases/<kind>/<key[:2]>/<key>``, created with ``O_EXCL``, holding
@@ -153,12 +154,13 @@ class FileBackend(RemoteBackend):
 
     def trust_problem(self, kind: str, key: str) -> str | None:
         """Why the entry of ``(kind, key)`` may have been planted: the share, or a
-        directory on the way to the entry, is writable by others (each directory is
-        checked once per process); None when none is."""
+        directory on the way to the entry, is writable by others or by its group (any
+        member of the group may have written it; each directory is checked once per
+        process); None when none is."""
         directory = self.root
         for part in (self.namespace, kind, key[:2], None):
             if directory not in self._trusted_dirs:
-                problem = _world_writable(directory)
+                problem = _world_writable(directory) or _group_writable(directory)
                 if problem is not None:
                     return problem
                 self._trusted_dirs.add(directory)
@@ -322,6 +324,28 @@ class FileBackend(RemoteBackend):
         except OSError as exc:
             raise RemoteError(f"cannot stat an entry in {self.root}: {exc}") from exc
         return stat.S_ISREG(st.st_mode)
+
+
+def _group_writable(directory: str) -> str | None:
+    """``"<dir> is writable by its group <name>"`` when it is (a missing dir is no
+    problem). A team share often is; without a signing key, any member of the group can
+    plant an entry (``cuforge doctor`` does not fail it: only world-writable shares)."""
+    try:
+        st = os.lstat(directory)
+    except OSError:
+        return None
+    if not st.st_mode & stat.S_IWGRP:
+        return None
+    try:
+        import grp
+
+        group = grp.getgrgid(st.st_gid).gr_name
+    except (ImportError, KeyError):
+        group = str(st.st_gid)
+    return (
+        f"the shared directory {directory} is writable by its group {group} "
+        f"(mode {stat.filemode(st.st_mode)}): any member of it may have written this entry"
+    )
 
 
 def _world_writable(directory: str) -> str | None:

@@ -19,8 +19,14 @@ What it adds to the backend, in one place:
   failures, one timeout, or calls that are steadily slower than half the timeout, the
   remote is skipped entirely (no call at all) until a probe after a back-off succeeds.
 * **Untrusted shares**: with no signing key, a backend that can tell that anyone may have
-  written a value (a world-writable ``file://`` share,
+  written a value (a ``file://`` share writable by others or by its group,
   :meth:`~cuforge.store.remote.base.RemoteBackend.trust_problem`) gets one warning.
+* **No native code unsigned**: with no signing key (neither ``secret`` nor ``keyring``),
+  an entry of native host code (:func:`cuforge.store.schema.is_native`: torch objects and
+  modules, the op shim, Triton's C modules; the process would ``dlopen`` it) is refused:
+  a miss, counted as ``rejected`` and ``refused_native``, one warning per tier, a line per
+  refusal under ``CUFORGE_VERBOSE`` / ``CUFORGE_EXPLAIN``; the caller builds it locally.
+  ``CUFORGE_REMOTE_NATIVE=allow`` serves them anyway. Signed tiers serve them.
 * **Lazy**: building the tier checks the URL only; the backend imports its client library
   and connects on the first ``get`` / ``put`` (a process that hits a local tier never
   pays for the remote). A client library found missing or broken then
@@ -41,10 +47,12 @@ from __future__ import annotations
 
 from time import monotonic
 
+from cuforge.base.config import settings as _settings
 from cuforge.store import telemetry as _telemetry
 from cuforge.store.base import ENTRY_KINDS, Entry, Store, StoreStats
 from cuforge.store.remote.base import DEFAULT_MAX_BYTES, RemoteUnavailable
 from cuforge.store.remote.breaker import CircuitBreaker
+from cuforge.store.schema import is_native as _is_native
 
 TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs ~10 ms
 if TYPE_CHECKING:  # pragma: no cover
@@ -107,6 +115,8 @@ class RemoteStore(Store):
             backend.head_check = _check_head
         self.hits = self.misses = self.puts = 0
         self.errors = self.rejected = 0
+        #: native host code entries refused because this tier checks no signature
+        self.refused_native = 0
         #: calls not made because the breaker was open
         self.skipped = 0
         self.last_error: str | None = None
@@ -244,11 +254,44 @@ class RemoteStore(Store):
         finally:
             del data  # the remote's buffer: the payload is a copy
         self.breaker.success(seconds)
-        if self.secret is None and self.keyring is None and not self._trust_warned:
-            self._check_trust(kind, key)
+        if self.secret is None and self.keyring is None:
+            if _is_native(kind, meta) and not _settings().remote_native:
+                self._refused_native(kind, key, meta)
+                self._miss()
+                return None
+            if not self._trust_warned:
+                self._check_trust(kind, key)
         self.hits += 1
         self._record("hit", kind, meta.get("name"), len(payload), meta.get("compile_seconds", 0.0))
         return Entry(key, kind, payload, meta)
+
+    def _refused_native(self, kind: str, key: str, meta: dict) -> None:
+        """An entry of native host code from this unsigned tier: not served (the caller
+        builds it), counted as ``rejected`` and ``refused_native``, warned about once per
+        tier, and named on stderr each time under ``CUFORGE_VERBOSE`` / ``CUFORGE_EXPLAIN``."""
+        self.rejected += 1
+        self.refused_native += 1
+        self._record("rejected")
+        name = meta.get("name") if isinstance(meta.get("name"), str) else "?"
+        line = (
+            f"cuforge: remote cache {self.url}: refused {kind} {name!r} (key {key[:16]}...): "
+            "native host code from a remote that checks no signature; it counts as a miss "
+            "and is built here"
+        )
+        current = _settings()
+        if current.verbose or current.explain:
+            import sys
+
+            print(line, file=sys.stderr)
+        self._warn_once(
+            self.url,
+            "native",
+            "%s. Anyone who can write to that remote could make this process load their "
+            "code. Sign the remote's entries (CUFORGE_SIGNING_KEY on writers and "
+            "CUFORGE_TRUSTED_KEYS on readers, or one CUFORGE_REMOTE_KEY everywhere), or "
+            "accept the risk with CUFORGE_REMOTE_NATIVE=allow. Shown once per process.",
+            line,
+        )
 
     def _check_trust(self, kind: str, key: str) -> None:
         """Warn once when an unsigned value came from where anyone may write."""
@@ -265,7 +308,9 @@ class RemoteStore(Store):
             "cuforge: remote cache %s: %s, and CUFORGE_REMOTE_KEY is not set, so anyone who "
             "can write there can make this process run their code. Set the same "
             "CUFORGE_REMOTE_KEY (or CUFORGE_REMOTE_KEY_FILE) on writers and readers, or "
-            "restrict the directory's mode (chmod -R o-w). Shown once per process.",
+            "restrict the directory's mode (chmod -R o-w; g-w for a group). Native host code "
+            "from it is refused (CUFORGE_REMOTE_NATIVE=allow serves it). Shown once per "
+            "process.",
             self.url,
             problem,
         )
@@ -409,6 +454,7 @@ class RemoteStore(Store):
                 "readonly": self.readonly,
                 "breaker": self.breaker.state(),
                 "skipped": self.skipped,
+                "refused_native": self.refused_native,
                 "last_error": self.last_error,
                 "unavailable": self.unavailable,
             },
