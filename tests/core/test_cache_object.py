@@ -13,7 +13,8 @@ import pytest
 import cuforge
 from cuforge.base.errors import OfflineMissError
 from cuforge.core.caching import Cache
-from tests.conftest import ROOT, child_env
+from tests.conftest import ROOT, child_env, run_python
+from tests.mixed_toolkit import skip_unless_header_wheels_win, toolkit_of_another_release
 
 SRC = 'extern "C" __global__ void fill(float* x) { x[threadIdx.x] = 2.0f; }'
 
@@ -169,6 +170,43 @@ def test_import_cuforge_loads_only_the_warm_path():
         n for n in names if not n.startswith(("cuforge", "_")) and n not in allowed_stdlib
     )
     assert not foreign, f"import cuforge imported {foreign}"
+
+
+DISK_HIT_CHILD = f"""
+import json, sys
+import cuforge
+p = cuforge.compile({SRC!r}, arch="sm_90")
+cuda = sorted(m for m in sys.modules if m.startswith(("cuda.pathfinder", "cuda.bindings")))
+from cuforge.toolchain import toolkit_include_dirs
+print(json.dumps({{"source": p.source_of_result, "cuda": cuda, "include": toolkit_include_dirs()}}))
+"""
+
+
+@pytest.mark.parametrize("install", ["matching", "mixed"])
+def test_a_fresh_process_disk_hit_imports_no_cuda_python_package(tmp_path, isolated_cache, install):
+    """A fresh process's disk hit keys the compile from the toolchain memo: it imports
+    neither cuda-pathfinder nor cuda-bindings, also when the toolkit's headers are of
+    another release than the pip NVRTC wheel (``mixed``: NVRTC takes its own release's
+    header wheels, which cuda-pathfinder finds, once per machine, not once per process)."""
+    from cuforge.toolchain import toolkit_root
+
+    real = toolkit_root()
+    if install == "matching":
+        if real is None:
+            pytest.skip("no CUDA toolkit here")
+        toolkit = real
+    else:
+        toolkit = toolkit_of_another_release(str(tmp_path))
+    env = child_env(CUDA_HOME=toolkit)
+    env.pop("CUDA_PATH", None)
+    first = run_python(DISK_HIT_CHILD, env)
+    assert first["source"] == "compiled"
+    if install == "mixed":
+        skip_unless_header_wheels_win(first["include"], toolkit)
+    hit = run_python(DISK_HIT_CHILD, env)
+    assert hit["source"] == "disk"
+    assert hit["include"] == first["include"]  # keyed with the same headers
+    assert hit["cuda"] == [], f"a disk hit imported {hit['cuda']}"
 
 
 def test_every_directory_cuforge_creates_is_private(tmp_path):
