@@ -1,4 +1,5 @@
-"""_fastjson.loads decodes exactly as json.loads, and refuses what json refuses."""
+"""_fastjson.loads decodes exactly as json.loads, _fastjson.dumps encodes as compact
+json.dumps, and both refuse what json refuses."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import random
 
 import pytest
 
-from cuforge.base._fastjson import loads
+from cuforge.base._fastjson import dumps, loads
 
 _ALPHABET = (
     "abcXYZ019 _-/\\\"'\t\n\r\b\f\x00\x1f\x7f"  # escapes and control characters
@@ -162,3 +163,23 @@ def test_invalid_utf8_bytes_raise_value_error():
         json.loads(b'"\xff"')
     with pytest.raises(ValueError):
         loads(b'"\xff"')
+
+
+def test_generated_values_encode_as_json_dumps_does():
+    """``dumps`` (the telemetry line at a process's exit) writes what
+    ``json.dumps(obj, separators=(",", ":"))`` writes, NaN and infinities included."""
+    rng = random.Random(20261202)
+    values = [_value(rng, 0) for _ in range(3000)]
+    values += [float("nan"), [float("inf"), -float("inf")], {1: 2, 2.5: None, False: "x", None: []}]
+    for value in values:
+        assert dumps(value) == json.dumps(value, separators=(",", ":"))
+
+
+def test_dumps_refuses_what_json_dumps_refuses():
+    cycle: list = []
+    cycle.append(cycle)
+    with pytest.raises(ValueError, match="Circular reference"):
+        dumps(cycle)
+    with pytest.raises(TypeError, match="Object of type set is not JSON serializable"):
+        dumps({"a": {1, 2}})
+    assert dumps([1, "after an error"]) == '[1,"after an error"]'  # no state is left behind

@@ -14,6 +14,7 @@ import cuforge
 from cuforge.base.errors import OfflineMissError
 from cuforge.core.caching import Cache
 from tests.conftest import ROOT, child_env
+from tests.mixed_toolkit import skip_unless_header_wheels_win, toolkit_of_another_release
 
 SRC = 'extern "C" __global__ void fill(float* x) { x[threadIdx.x] = 2.0f; }'
 
@@ -169,6 +170,64 @@ def test_import_cuforge_loads_only_the_warm_path():
         n for n in names if not n.startswith(("cuforge", "_")) and n not in allowed_stdlib
     )
     assert not foreign, f"import cuforge imported {foreign}"
+
+
+DISK_HIT_CHILD = f"""
+import os, sys
+import cuforge
+from cuforge.toolchain import toolkit_include_dirs
+p = cuforge.compile({SRC!r}, arch="sm_90")
+print(p.source_of_result, os.pathsep.join(toolkit_include_dirs()))
+"""
+
+
+def _imported_by(code: str, env: dict[str, str]) -> tuple[str, set[str]]:
+    """(stdout, every module imported, exit handlers included) of ``code`` in a fresh
+    process."""
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    names = {
+        p[2].strip() for p in (ln.split("|") for ln in done.stderr.splitlines()) if len(p) == 3
+    }
+    return done.stdout, names
+
+
+@pytest.mark.parametrize("install", ["matching", "mixed"])
+def test_a_fresh_process_disk_hit_imports_only_the_warm_path(tmp_path, isolated_cache, install):
+    """A fresh process's disk hit, its exit included, imports nothing ``import cuforge`` did
+    not but cuforge's own modules and ``fcntl`` (the entry's lock): the compile is keyed from
+    the toolchain memo (no cuda-pathfinder, no cuda-bindings), its telemetry line written
+    without :mod:`json`. Also when the toolkit's headers are of another release than the pip
+    NVRTC wheel (``mixed``: NVRTC takes its own release's header wheels, which
+    cuda-pathfinder finds once per machine, not once per process)."""
+    from cuforge.toolchain import toolkit_root
+
+    real = toolkit_root()
+    if install == "matching":
+        if real is None:
+            pytest.skip("no CUDA toolkit here")
+        toolkit = real
+    else:
+        toolkit = toolkit_of_another_release(str(tmp_path))
+    env = child_env(CUDA_HOME=toolkit)
+    env.pop("CUDA_PATH", None)
+    out, _ = _imported_by(DISK_HIT_CHILD, env)
+    source, include = out.split()
+    assert source == "compiled"
+    if install == "mixed":
+        skip_unless_header_wheels_win(include.split(os.pathsep), toolkit)
+    out, names = _imported_by(DISK_HIT_CHILD, env)
+    assert out.split() == ["disk", include]  # keyed with the same headers
+    assert not {n for n in names if n.startswith(("cuda.pathfinder", "cuda.bindings"))}
+    _, baseline = _imported_by("import cuforge", env)
+    foreign = sorted(n for n in names - baseline if not n.startswith(("cuforge", "_")))
+    assert foreign in ([], ["fcntl"]), f"a disk hit imported {foreign}"
 
 
 def test_every_directory_cuforge_creates_is_private(tmp_path):

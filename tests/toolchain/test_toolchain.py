@@ -603,3 +603,131 @@ def test_nvrtc_wheel_version_is_none_outside_a_wheel(tmp_path):
     found = locate.nvrtc_wheel_version(real)
     if found is not None:
         assert found == toolchain.nvrtc_version_tuple()
+
+
+HEADERS_CHILD = """
+import json, sys
+from cuforge.toolchain import locate
+print(json.dumps({"dirs": list(locate._pathfinder_include_dirs()),
+                  "pathfinder": "cuda.pathfinder" in sys.modules}))
+"""
+
+
+def _include_entry(cache_dir) -> tuple[dict, dict]:
+    memo = json.loads((cache_dir / "toolchain.json").read_text())
+    (key,) = [k for k in memo.get("locate", {}) if k.startswith("include|")]
+    return memo, memo["locate"][key]
+
+
+def test_remembered_header_dirs_are_revalidated(isolated_cache):
+    """cuda-pathfinder's header dirs are searched once per cache dir, not once per process,
+    and searched again when a wheel comes or goes or a header they were found by changes."""
+    env = child_env()
+    first = run_python(HEADERS_CHILD, env)
+    if not first["dirs"] or not all(f"{os.sep}site-packages{os.sep}" in d for d in first["dirs"]):
+        pytest.skip("cuda-pathfinder finds no header wheels here")
+    assert first["pathfinder"] is True
+    assert run_python(HEADERS_CHILD, env) == {"dirs": first["dirs"], "pathfinder": False}
+    memo_path = isolated_cache / "toolchain.json"
+    # a wheel installed or removed since (a site-packages dir changed): search again
+    memo, entry = _include_entry(isolated_cache)
+    entry["site"] = [[p, m + 1] for p, m in entry["site"]]
+    memo_path.write_text(json.dumps(memo))
+    assert run_python(HEADERS_CHILD, env) == {"dirs": first["dirs"], "pathfinder": True}
+    # a header a dir was found by changed (or is gone): search again
+    memo, entry = _include_entry(isolated_cache)
+    entry["checks"][0][1] = [entry["checks"][0][1][0] + 1, entry["checks"][0][1][1]]
+    memo_path.write_text(json.dumps(memo))
+    assert run_python(HEADERS_CHILD, env) == {"dirs": first["dirs"], "pathfinder": True}
+    assert run_python(HEADERS_CHILD, env)["pathfinder"] is False  # remembered again
+    # another CUDA_HOME is another search (pathfinder reads it)
+    other = run_python(HEADERS_CHILD, child_env(CUDA_HOME=str(isolated_cache / "none")))
+    assert other["pathfinder"] is True
+
+
+def test_header_dirs_are_remembered_only_under_roots_the_memo_checks(tmp_path, monkeypatch):
+    """A dir pathfinder found under a site-packages dir, CONDA_PREFIX, CUDA_HOME or
+    CUDA_PATH is remembered with the stat of the header it was found by; one found
+    elsewhere (a system install dir), or none, is searched again in each process."""
+    from cuforge.toolchain import locate
+
+    _clean_toolkit_env(monkeypatch)
+    monkeypatch.delenv("CONDA_PREFIX", raising=False)
+    inc = tmp_path / "cuda" / "include"
+    (inc / "cccl" / "cuda" / "std").mkdir(parents=True)
+    (inc / "cuda_runtime.h").write_text("")
+    (inc / "cccl" / "cuda" / "std" / "version").write_text("")
+    dirs = (str(inc), str(inc / "cccl"))
+    site = locate._site_signature()
+    assert locate._pf_entry(dirs, site) is None  # under no checked root
+    assert locate._pf_entry((), site) is None  # nothing found
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda"))
+    entry = locate._pf_entry(dirs, site)
+    assert entry is not None
+    assert [c[0] for c in entry["checks"]] == [
+        str(inc / "cuda_runtime.h"),
+        str(inc / "cccl" / "cuda" / "std" / "version"),
+    ]
+    assert locate._remembered_pf_dirs(entry, site) == dirs
+    (inc / "cuda_runtime.h").write_text("// changed\n")
+    assert locate._remembered_pf_dirs(entry, site) is None
+    # a check that is not the header of its dir is not taken
+    entry = locate._pf_entry(dirs, site)
+    entry["checks"][0][0] = str(tmp_path / "elsewhere.h")
+    assert locate._remembered_pf_dirs(entry, site) is None
+
+
+CHECK_HEADERS_CHILD = """
+import json, sys
+import cuforge
+from cuforge.base.errors import ToolchainError
+from cuforge.toolchain import locate
+SRC = 'extern "C" __global__ void k(float* x) { x[threadIdx.x] = 3.0f; }'
+keyed = locate.toolkit_include_dirs()
+try:
+    cuforge.compile(SRC, arch="sm_90")
+    error = None
+except ToolchainError as exc:
+    error = str(exc)
+again = cuforge.compile(SRC, arch="sm_90").source_of_result
+print(json.dumps({"keyed": keyed, "error": error, "again": again,
+                  "now": locate.toolkit_include_dirs()}))
+"""
+
+
+def test_a_compile_checks_remembered_header_dirs_against_cuda_pathfinder(tmp_path, isolated_cache):
+    """The header dirs a key took from the memo are the ones cuda-pathfinder finds before
+    NVRTC compiles with them: when they are not, nothing is compiled, the error says so,
+    and the memo then holds pathfinder's answer (the next try keys with it and compiles)."""
+    from tests.mixed_toolkit import skip_unless_header_wheels_win, toolkit_of_another_release
+
+    toolkit = toolkit_of_another_release(str(tmp_path))
+    env = child_env(CUDA_HOME=toolkit)
+    env.pop("CUDA_PATH", None)
+    first = run_python(CHECK_HEADERS_CHILD, env)
+    skip_unless_header_wheels_win(first["keyed"], toolkit)
+    assert first["error"] is None and first["again"] == "memory"
+    wheel = first["keyed"]
+    # the memo now names a copy of the header wheel (same headers, another dir): a stale
+    # or foreign answer that pathfinder would not give
+    copy = tmp_path / "venv" / "lib" / "python3" / "site-packages" / "copy"
+    copy.mkdir(parents=True)
+    for name in os.listdir(wheel[0]):
+        if name == "cuda.h":  # read as a regular file only (its CUDA_VERSION is the release)
+            (copy / name).write_bytes(open(os.path.join(wheel[0], name), "rb").read())
+        else:
+            os.symlink(os.path.join(wheel[0], name), copy / name)
+    memo, entry = _include_entry(isolated_cache)
+    entry["dirs"] = [str(copy), str(copy / "cccl")][: len(entry["dirs"])]
+    entry["checks"] = [
+        [c[0].replace(d, n, 1), c[1]]
+        for c, d, n in zip(entry["checks"], wheel, entry["dirs"], strict=True)
+    ]
+    (isolated_cache / "toolchain.json").write_text(json.dumps(memo))
+    out = run_python(CHECK_HEADERS_CHILD.replace("3.0f", "4.0f"), env)  # a miss
+    assert out["keyed"] == entry["dirs"]  # the key took the memo's answer...
+    assert out["error"] is not None and "cuda-pathfinder now finds" in out["error"]
+    assert str(copy) in out["error"] and "try again" in out["error"]
+    # ...and the compile, its headers checked, keyed and compiled with pathfinder's
+    assert out["again"] == "compiled" and out["now"] == wheel
+    assert _include_entry(isolated_cache)[1]["dirs"] == wheel

@@ -23,6 +23,7 @@ from cuforge.compiler.base import Backend, CompileJob
 from cuforge.compiler.outputs import CompileOutput
 from cuforge.toolchain import (
     check_loaded_nvrtc,
+    check_nvrtc_headers,
     compiler_identity,
     nvrtc_library_path,
     nvrtc_supported_archs,
@@ -172,6 +173,8 @@ def compile_nvrtc(
         raise ValueError(f"{name}: the source is empty; there is nothing to compile")
     opts = nvrtc_options(options, arch, output)
     nvrtc = _nvrtc()
+    # header dirs the key took from the toolchain memo are the ones pathfinder finds
+    check_nvrtc_headers()
     ok = nvrtc.nvrtcResult.NVRTC_SUCCESS
     header_names = [k.encode() for k in (headers or {})]
     header_texts = [v.encode("utf-8", "surrogateescape") for v in (headers or {}).values()]

@@ -27,6 +27,7 @@ from __future__ import annotations
 from cuforge.toolchain.gpu import driver_version, libcuda, visible_gpu_archs
 from cuforge.toolchain.identity import (
     check_loaded_nvrtc,
+    check_nvrtc_headers,
     compiler_identity,
     cuda_bindings_version,
     nvcc_supported_archs,
@@ -62,6 +63,7 @@ __all__ = [
     "which",
     "compiler_identity",
     "check_loaded_nvrtc",
+    "check_nvrtc_headers",
     "nvcc_version",
     "nvrtc_version",
     "nvrtc_version_tuple",

@@ -23,6 +23,7 @@ from cuforge.toolchain.memo import file_stat_key
 __all__ = [
     "compiler_identity",
     "check_loaded_nvrtc",
+    "check_nvrtc_headers",
     "nvcc_version",
     "nvrtc_version",
     "nvrtc_version_tuple",
@@ -230,6 +231,26 @@ def check_loaded_nvrtc() -> None:
         f"cuforge keyed this process's compiles with the NVRTC at {keyed}, but cuda-bindings "
         f"loaded the one at {found}. Nothing was compiled; try again (cuforge now keys with "
         "the loaded one). Please report it with `cuforge doctor`'s output."
+    )
+
+
+def check_nvrtc_headers() -> None:
+    """Raise :class:`~cuforge.base.errors.ToolchainError` when the header dirs this process's
+    keys named came from the toolchain memo and cuda-pathfinder now finds others
+    (:func:`cuforge.toolchain.locate.recheck_include_dirs`); the next try keys with
+    pathfinder's. Called before each NVRTC compile: a set lookup once checked."""
+    if not locate._pf_unchecked:
+        return
+    changed = locate.recheck_include_dirs()
+    if changed is None:
+        return
+    _identity_memo.clear()
+    remembered, found = changed
+    raise ToolchainError(
+        "cuforge keyed this process's compiles with the CUDA headers in "
+        f"{', '.join(remembered)} (remembered in {_memo.memo_path()}), but cuda-pathfinder "
+        f"now finds {', '.join(found) or 'none'}. Nothing was compiled; try again (cuforge "
+        "now keys with the headers pathfinder finds)."
     )
 
 

@@ -1,9 +1,13 @@
 """Finding the CUDA toolchain: the toolkit root, nvcc, the NVRTC library, the header roots.
 
 Every path this module returns that cuforge loads or runs is derived in the calling
-process, from the environment and the filesystem. The one memo-backed answer,
-:func:`nvrtc_library_path`, *identifies* NVRTC for the cache key and for messages; what is
-loaded comes from :func:`find_nvrtc_library`.
+process, from the environment and the filesystem. Two answers are memo-backed (kept in the
+toolchain memo, re-validated by stat): :func:`nvrtc_library_path` *identifies* NVRTC for the
+cache key and for messages (what is loaded comes from :func:`find_nvrtc_library`), and the
+header dirs cuda-pathfinder finds for :func:`toolkit_include_dirs` (the header wheels NVRTC
+compiles with when the toolkit's are of another release, or when there is no toolkit),
+which key a compile without importing cuda-pathfinder and are checked against
+pathfinder's own answer before NVRTC compiles with them (:func:`recheck_include_dirs`).
 
 Imports nothing costly at import time (no ``shutil``, no ``cuda.*``).
 """
@@ -32,6 +36,7 @@ __all__ = [
     "header_cuda_version",
     "nvrtc_library_major",
     "nvrtc_wheel_version",
+    "recheck_include_dirs",
 ]
 
 _DEFAULT_ROOT = "/usr/local/cuda"
@@ -362,7 +367,9 @@ def toolkit_include_dirs() -> list[str]:
     ``cudart``/``cccl`` header wheels, beside a CUDA 13.0 toolkit: the wheels'); else
     ``<root>/include`` and ``<root>/include/cccl`` when present; else what cuda-pathfinder
     finds for the ``cudart`` and ``cccl`` header wheels. These are *system* roots: the
-    toolkit identity covers their headers, which are not hashed one by one."""
+    toolkit identity covers their headers, which are not hashed one by one. Nothing is
+    imported once the toolchain memo knows the machine: pathfinder's answer is remembered
+    there (:func:`_pathfinder_include_dirs`)."""
     root = toolkit_root()
     known = _include_memo.get(root)
     if known is not None:
@@ -536,23 +543,145 @@ def _toolkit_major_differs(include_dir: str) -> bool:
     return major is not None and major != headers[0]
 
 
+#: The header each of cuda-pathfinder's header libraries is found by (its descriptor's
+#: ``header_basename``): the file whose stat a remembered answer is checked against
+_PF_HEADER_LIBS = (("cudart", "cuda_runtime.h"), ("cccl", os.path.join("cuda", "std", "version")))
+
+
+def _pf_key() -> str:
+    """What cuda-pathfinder's header search reads besides the filesystem: the interpreter's
+    prefix (its site-packages), ``CONDA_PREFIX``, ``CUDA_HOME``, ``CUDA_PATH`` and
+    ``LD_LIBRARY_PATH`` (its toolkit-root canary)."""
+    return _nvrtc_locate_key() + "|" + _env("CONDA_PREFIX")
+
+
 def _pathfinder_include_dirs() -> tuple[str, ...]:
-    key = sys.prefix + "|" + _env("CONDA_PREFIX")
+    """The ``cudart`` and ``cccl`` header dirs cuda-pathfinder finds (each once, in this
+    order). Memoized per process and in the toolchain memo, so that a fresh process's key
+    does not import cuda-pathfinder (~50-190 ms of CPU, more than a disk hit's own work):
+    a remembered answer stands while the site-packages dirs are unchanged (a wheel
+    installed or removed makes pathfinder search again) and the header each dir was found
+    by has the same stat, and only when every dir lies under a root those checks cover (a
+    site-packages dir, ``CONDA_PREFIX``, ``CUDA_HOME``, ``CUDA_PATH``): a dir found by
+    pathfinder's later steps (a system install dir, its toolkit-root canary), or no dir,
+    is searched again in each process. A remembered answer is checked against
+    pathfinder's own before this process compiles with NVRTC
+    (:func:`recheck_include_dirs`)."""
+    key = _pf_key()
     found = _pf_dirs_memo.get(key)
     if found is not None:
         return found
+    with _memo.lock:
+        memo = _memo.load()
+        site = _site_signature()
+        dirs = _remembered_pf_dirs(memo.get("locate", {}).get("include|" + key), site)
+        if dirs is not None:
+            _pf_unchecked.add(key)
+        else:
+            dirs = _search_pf_dirs()
+            entry = _pf_entry(dirs, site)
+            locate = memo.setdefault("locate", {})
+            if entry is not None:
+                locate["include|" + key] = entry
+                _memo.save(memo)
+            elif locate.pop("include|" + key, None) is not None:
+                _memo.save(memo)
+    _pf_dirs_memo[key] = dirs
+    return dirs
+
+
+# pathfinder keys whose header dirs this process took from the toolchain memo and has not
+# yet checked against cuda-pathfinder's own answer (recheck_include_dirs)
+_pf_unchecked: set[str] = set()
+
+
+def _search_pf_dirs() -> tuple[str, ...]:
+    """cuda-pathfinder's answer, searched in this process (imports it)."""
     dirs: list[str] = []
     try:
         import cuda.pathfinder as pathfinder
     except ImportError:
-        pathfinder = None
-    if pathfinder is not None:
-        for lib in ("cudart", "cccl"):
-            try:
-                d = pathfinder.find_nvidia_header_directory(lib)
-            except Exception:  # noqa: BLE001 - pathfinder raises several kinds; none = absent
-                d = None
-            if d and d not in dirs:
-                dirs.append(d)
-    _pf_dirs_memo[key] = tuple(dirs)
+        return ()
+    for lib, _ in _PF_HEADER_LIBS:
+        try:
+            d = pathfinder.find_nvidia_header_directory(lib)
+        except Exception:  # noqa: BLE001 - pathfinder raises several kinds; none = absent
+            d = None
+        if d and d not in dirs:
+            dirs.append(d)
     return tuple(dirs)
+
+
+def _pf_entry(dirs: tuple[str, ...], site: list[list]) -> dict | None:
+    """The memo entry for pathfinder's answer ``dirs``, or None when it must not be
+    remembered (see :func:`_pathfinder_include_dirs`)."""
+    if not dirs:
+        return None
+    roots = [p for p, _ in site]
+    roots += [v for v in (_env("CONDA_PREFIX"), _env("CUDA_HOME"), _env("CUDA_PATH")) if v]
+    roots = [os.path.realpath(r).rstrip(os.sep) + os.sep for r in roots]
+    checks: list[list] = []
+    for d in dirs:
+        if not os.path.realpath(d).startswith(tuple(roots)):
+            return None
+        for _, header in _PF_HEADER_LIBS:
+            path = os.path.join(d, header)
+            sig = _memo.file_stat_key(path)
+            if sig is not None:
+                checks.append([path, sig])
+                break
+        else:
+            return None
+    return {"dirs": list(dirs), "site": site, "checks": checks}
+
+
+def _remembered_pf_dirs(entry: object, site: list[list]) -> tuple[str, ...] | None:
+    """The dirs of a memo entry that still stands (see :func:`_pathfinder_include_dirs`),
+    else None."""
+    if not isinstance(entry, dict) or entry.get("site") != site:
+        return None
+    dirs, checks = entry.get("dirs"), entry.get("checks")
+    if not (isinstance(dirs, list) and dirs and isinstance(checks, list)):
+        return None
+    if len(checks) != len(dirs) or not all(isinstance(d, str) for d in dirs):
+        return None
+    for d, check in zip(dirs, checks, strict=True):
+        if not (isinstance(check, list) and len(check) == 2 and isinstance(check[0], str)):
+            return None
+        if os.path.dirname(check[0]) not in (d, os.path.join(d, "cuda", "std")):
+            return None
+        if _memo.file_stat_key(check[0]) != check[1]:
+            return None
+    return tuple(dirs)
+
+
+def recheck_include_dirs() -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+    """Check the header dirs this process took from the toolchain memo
+    (:func:`_pathfinder_include_dirs`) against the ones cuda-pathfinder finds now. None when
+    they agree (or none were taken); else (remembered, found), after the memo and this
+    process's answers are set to pathfinder's, so that the next key names them. A set lookup
+    once each remembered answer is checked; the check imports cuda-pathfinder, which is
+    imported anyway by then (it loads NVRTC). The raising form, for the compile path:
+    :func:`cuforge.toolchain.identity.check_nvrtc_headers`."""
+    if not _pf_unchecked:
+        return None
+    with _memo.lock:
+        for key in list(_pf_unchecked):
+            _pf_unchecked.discard(key)
+            remembered = _pf_dirs_memo.get(key)
+            if key != _pf_key() or remembered is None:
+                continue  # another environment's answer: taken again, checked again
+            found = _search_pf_dirs()
+            if found == remembered:
+                continue
+            memo = _memo.load()
+            entry = _pf_entry(found, _site_signature())
+            if entry is not None:
+                memo.setdefault("locate", {})["include|" + key] = entry
+            else:
+                memo.setdefault("locate", {}).pop("include|" + key, None)
+            _memo.save(memo)
+            _pf_dirs_memo[key] = found
+            _include_memo.clear()
+            return remembered, found
+    return None

@@ -7,7 +7,10 @@ not learn it again. Guarantees:
 * **A memo caches probe results; it never decides which file is loaded or run.** Every
   entry is keyed by the stat of the file it describes (:func:`file_stat_key`); the paths
   cuforge loads (``ctypes.CDLL``) or executes are derived again in the process that does
-  so (see :mod:`cuforge.toolchain.locate`).
+  so (see :mod:`cuforge.toolchain.locate`). The one answer a compile reads files by, the
+  header dirs cuda-pathfinder found, is checked against pathfinder's own before NVRTC
+  compiles with it (:func:`cuforge.toolchain.locate.recheck_include_dirs`); a disk hit
+  keys with it, importing nothing.
 * **It is read only from a trusted cache dir** (:func:`cuforge.base._fs.trust_problem`: owned
   by the current user, not writable by group or others), and written only there.
 * It is read as a regular file only (no FIFO, no symlink; at most 16 MiB) and replaced
