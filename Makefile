@@ -8,12 +8,14 @@
 #   make test-cu12   NVRTC 12 from pip wheels, in a second venv (.venv-cu12, cuforge[cu12])
 #   make test-jax    jax[cpu] in its own folder (.jax-site, pip --target), tests/adapters/jax only
 #   make test-s3     s3:// against a real S3 server (moto), boto3 + moto[server] in .venv-s3
+#   make test-compat every adapter against the newest and the oldest release of its peer
+#                    (each in .compat/<release>; tests/compat/run.py --list shows the rows)
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: demo test test-integrations test-fast test-cu12 test-jax test-s3 lint format bench clean
+.PHONY: demo test test-integrations test-fast test-cu12 test-jax test-s3 test-compat lint format bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -95,6 +97,18 @@ test-s3: $(VENV)/.installed-test $(S3SITE)/.installed
 	PYTHONPATH=$(abspath $(S3SITE)) $(PY) -m pytest -q -p no:cacheprovider -k s3 \
 		tests/store/test_remote_s3.py tests/store/test_remote_contract.py $(PYTEST_ARGS)
 
+# Every adapter against the newest and the oldest release of its peer that cuforge claims
+# (docs/compat.md), each release in its own folder .compat/<label> (pip --target, first on
+# PYTHONPATH for its run only). Downloads once, then reuses the folders (~9 GB on disk):
+# Triton 3.9.0 and 3.4.0 (~0.2 GB each); torch 2.15.0 with Triton 3.9.0, NVSHMEM and cuDNN
+# (~1.5 GB; the test venv's other CUDA 13 libraries serve it); torch 2.6.0 with its CUDA 12
+# stack (~5 GB); JAX 0.12.0.1 (Python 3.12, found on PATH or under pyenv) and 0.4.36 (~0.3 GB
+# each); CuPy 14.2.0 and 14.0.0, cuda-core 1.2.2 and 1.2.0, cuda-cccl 1.2.1 and 1.2.0,
+# nvidia-cutlass-dsl 4.8.1 (~0.1 GB each). pip ignores the machine's pip configuration here
+# (PIP_CONFIG_FILE=/dev/null): a cap at the torch on local disk would refuse 2.15.
+test-compat: $(VENV)/.installed-test
+	$(PY) tests/compat/run.py $(COMPAT_ARGS)
+
 lint: $(VENV)/.installed-test
 	$(PY) -m ruff check --fix setup.py src tests bench
 	$(PY) -m ruff format setup.py src tests bench
@@ -103,5 +117,5 @@ bench: $(VENV)/.installed-test
 	$(PY) bench/compile_cache.py --runs 7
 
 clean:
-	rm -rf $(VENV) $(VENV12) $(S3SITE) $(JAXSITE) build dist src/*.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VENV12) $(S3SITE) $(JAXSITE) .compat build dist src/*.egg-info .pytest_cache .ruff_cache
 	rm -f src/cuforge/runtime/*.so

@@ -187,3 +187,17 @@ def test_a_version_outside_the_window_is_probed_not_switched_off(system, monkeyp
     problem = adapter.hook_problem()
     assert problem is not None and "contract probe failed: the hook lost its put()" in problem
     assert common.VERDICTS[system][0] == "refused"
+
+
+@pytest.mark.skipif(not importlib.util.find_spec("jax"), reason="jax is not installed")
+def test_the_jax_cache_object_counts_its_entries(tmp_path):
+    """JAX's own tests count the entries of the cache object (``len(cc._cache)``)."""
+    import cuforge.jax as cj
+
+    adapter = cj._adapter_class()(cuforge.Cache(tmp_path / "c"))
+    assert len(adapter) == 0
+    adapter.put("jit_f-1", b"one")
+    adapter.put("jit_g-2", b"two")
+    assert len(adapter) == 2
+    adapter.clear()
+    assert len(adapter) == 0

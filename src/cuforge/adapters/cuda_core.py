@@ -62,26 +62,45 @@ _FROM = {"cubin": "from_cubin", "ptx": "from_ptx", "ltoir": "from_ltoir"}
 _PCH_OPTIONS = ("pch", "use_pch", "pch_dir", "create_pch")
 
 
-def _as_key_bytes(key: object) -> bytes:
+def _own_coercions() -> tuple[Any, Any]:
+    """cuda.core's own key and value coercions (``_as_key_bytes``, ``_extract_bytes``), so
+    that code written for ``FileStreamProgramCache`` / ``InMemoryProgramCache`` gets the same
+    errors and messages from :class:`ProgramCache` (a path-backed ``ObjectCode`` whose file
+    is gone: ``FileNotFoundError``; a value of another type: ``TypeError``). Private in
+    cuda.core 1.2: where they are missing, the same checks with the same messages."""
+    try:
+        from cuda.core.utils._program_cache._abc import _as_key_bytes, _extract_bytes
+    except ImportError:
+        return _as_key_bytes_here, _extract_bytes_here
+    return _as_key_bytes, _extract_bytes
+
+
+def _as_key_bytes_here(key: object) -> bytes:
     if isinstance(key, (bytes, bytearray)):
         return bytes(key)
     if isinstance(key, str):
         return key.encode("utf-8")
-    raise TypeError(f"a ProgramCache key must be bytes or str, got {type(key).__name__}")
+    raise TypeError(f"cache keys must be bytes or str, got {type(key).__name__}")
 
 
-def _value_bytes(value: object) -> bytes:
+def _extract_bytes_here(value: object) -> bytes:
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value)
     if isinstance(value, ObjectCode):
         code = value.code
         if isinstance(code, str):  # a path-backed ObjectCode: store the bytes, not the path
-            with open(code, "rb") as f:
-                return f.read()
+            try:
+                with open(code, "rb") as f:
+                    return f.read()
+            except FileNotFoundError:
+                raise FileNotFoundError(
+                    f"cannot store path-backed ObjectCode in cache: {code} no longer exists"
+                ) from None
         return bytes(code)
-    raise TypeError(
-        f"a ProgramCache value must be bytes-like or a cuda.core.ObjectCode, got {type(value).__name__}"
-    )
+    raise TypeError(f"cache values must be bytes-like or ObjectCode, got {type(value).__name__}")
+
+
+_as_key_bytes, _value_bytes = _own_coercions()
 
 
 class ProgramCache(ProgramCacheResource):
@@ -94,10 +113,22 @@ class ProgramCache(ProgramCacheResource):
     A stored entry that does not unpack is deleted and reported as missing, so
     ``Program.compile`` compiles again."""
 
-    def __init__(self, cache: Cache | None = None) -> None:
+    def __init__(self, cache: Cache | None = None, *, max_size_bytes: int | None = None) -> None:
         if cache is not None:
             resolve(cache)  # a wrong argument is named now
+        if max_size_bytes is not None and (
+            isinstance(max_size_bytes, bool) or not isinstance(max_size_bytes, int)
+        ):
+            raise TypeError(
+                f"max_size_bytes must be an int or None, not {type(max_size_bytes).__name__}"
+            )
+        if max_size_bytes is not None and max_size_bytes <= 0:  # cuda.core's own rule and text
+            raise ValueError("max_size_bytes must be positive or None (0 would evict every write)")
         self._cache = cache
+        #: a cap on this cache's ``cuda-core`` entries (the oldest used go first), as
+        #: cuda.core's ``FileStreamProgramCache(max_size_bytes=N)``; the cuforge cache's
+        #: own cap (``max_bytes``) still holds for everything
+        self.max_size_bytes = max_size_bytes
 
     @property
     def cache(self) -> Cache:
@@ -123,11 +154,30 @@ class ProgramCache(ProgramCacheResource):
     def __setitem__(self, key: bytes | str, value: Any) -> None:
         data = _value_bytes(value)
         ckey = self.entry_key(key)
-        meta: dict[str, Any] = {"name": "program", "backend": KIND}
+        # "bytes": the value's own size, which max_size_bytes counts (as cuda.core does)
+        meta: dict[str, Any] = {"name": "program", "backend": KIND, "bytes": len(data)}
         if isinstance(value, ObjectCode):
             meta["name"] = value.name or "program"
             meta["output"] = str(value.code_type)
-        write_files(self.cache, ckey, KIND, {_CODE: data}, meta)
+        cache = self.cache
+        write_files(cache, ckey, KIND, {_CODE: data}, meta)
+        if self.max_size_bytes is not None:
+            self._evict_to_cap(cache)
+
+    def _evict_to_cap(self, cache: Cache) -> None:
+        """Delete the least recently used ``cuda-core`` entries of the local tiers until
+        they fit :attr:`max_size_bytes` (a write larger than the cap does not survive its
+        own pass, as in cuda.core's caches)."""
+        infos = sorted(
+            (i for i in cache.iterate() if i.kind == KIND), key=lambda i: (i.last_used, i.created)
+        )
+        sizes = [int(i.meta.get("bytes", i.size)) for i in infos]
+        total = sum(sizes)
+        for info, size in zip(infos, sizes, strict=True):
+            if total <= self.max_size_bytes:
+                break
+            if cache.delete(info.key):
+                total -= size
 
     def __delitem__(self, key: bytes | str) -> None:
         if not self.cache.delete(self.entry_key(key)):

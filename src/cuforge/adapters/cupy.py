@@ -49,6 +49,7 @@ from cuforge.adapters.common import (
     window_verdict,
     write_files,
 )
+from cuforge.adapters.windows import window
 from cuforge.core import blobcache
 from cuforge.core.caching import Cache, resolve
 from cuforge.keys.deps import file_digest, scan_includes
@@ -71,7 +72,7 @@ __all__ = [
 
 KIND = "cupy"
 #: CuPy versions whose private hook this module was written against: [low, high)
-SUPPORTED = ((14, 0), (16, 0))
+SUPPORTED = window("cupy")  # the tested releases: cuforge/adapters/windows.py
 
 _PAYLOAD = "payload"
 _HEADERS = "headers.json"

@@ -40,6 +40,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from cuforge.adapters.common import read_files, refused, warn_once, window_verdict, write_files
+from cuforge.adapters.windows import window
 from cuforge.core import blobcache
 from cuforge.core.caching import Cache, resolve
 
@@ -58,7 +59,7 @@ __all__ = [
 
 KIND = "jax"
 #: JAX versions whose private hook this module was written against: [low, high)
-SUPPORTED = ((0, 4, 36), (0, 13))
+SUPPORTED = window("jax")  # the tested releases: cuforge/adapters/windows.py
 
 _FILE = "executable"
 _lock = threading.Lock()
@@ -134,6 +135,10 @@ def _adapter_class() -> type:
             name = _module_name(key)
             meta = {"name": name, "backend": KIND, "output": "executable", "jax_key": key}
             write_files(cache, self.entry_key(key), KIND, {_FILE: bytes(value)}, meta)
+
+        def __len__(self) -> int:
+            """The JAX executables in the local tiers (JAX's own tests count entries)."""
+            return sum(1 for i in resolve(self._cache).iterate() if i.kind == KIND)
 
         def clear(self) -> None:
             cache = resolve(self._cache)

@@ -60,6 +60,7 @@ from triton.runtime.cache import CacheManager as _TritonCacheManager
 from triton.runtime.cache import FileCacheManager as _FileCacheManager
 
 from cuforge.adapters.common import refused, window_verdict
+from cuforge.adapters.windows import window
 from cuforge.base import _fs
 from cuforge.core.blobcache import make_key, offline_error, pack, unpack
 from cuforge.core.caching import Cache, Hit, default_cache
@@ -90,7 +91,7 @@ __all__ = [
 
 #: the Triton versions whose cache-manager protocol this module was written against
 #: (``(low, high)``: low <= version < high)
-SUPPORTED = ((3, 4), (3, 10))
+SUPPORTED = window("triton")  # the tested releases: cuforge/adapters/windows.py
 #: the shell line that makes every process use this cache (``cuforge env`` prints it)
 ENV_LINE = "TRITON_CACHE_MANAGER=cuforge.triton:CacheManager"
 #: the files a launch needs (``binary_only=True`` stores just these)

@@ -57,6 +57,7 @@ import re
 import sys
 from typing import TYPE_CHECKING
 
+from cuforge.adapters.windows import window
 from cuforge.core.blobcache import make_key
 from cuforge.core.caching import Cache, default_cache
 from cuforge.store.base import Entry
@@ -74,7 +75,7 @@ __all__ = [
 ]
 
 #: ``(low, high)``: the torch versions this module patches (low <= version < high)
-SUPPORTED = ((2, 6), (2, 16))
+SUPPORTED = window("torch_compile")  # the tested releases: cuforge/adapters/windows.py
 #: Inductor's remote-cache classes whose byte store cuforge becomes
 _CLASSES = (
     "RemoteFxGraphCache",

@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+import cuforge
 from tests.child import child_env, run_python
 
 ARCH = "sm_90"
@@ -318,3 +319,58 @@ def test_process_b_gets_every_program_from_the_remote(tmp_path):
             "add<double>": "_Z3addIdEvPT_",
         }
     )
+
+
+def _parity_caches(tmp_path):
+    """(cuda.core's cache, cuforge's) of the same class of cache, each capped at 300 bytes."""
+    from cuda.core.utils import FileStreamProgramCache, InMemoryProgramCache
+
+    from cuforge.cuda_core import ProgramCache
+
+    return [
+        (FileStreamProgramCache(tmp_path / "theirs", max_size_bytes=300), "file stream"),
+        (InMemoryProgramCache(max_size_bytes=300), "in memory"),
+        (ProgramCache(cuforge.Cache(tmp_path / "ours", memory=False), max_size_bytes=300), "ours"),
+    ]
+
+
+def test_code_written_for_cuda_cores_caches_ports_by_changing_the_class(tmp_path):
+    """max_size_bytes caps the entries (the least recently used go first), and the same
+    wrong values raise cuda.core's own errors, with its messages."""
+    import re
+
+    from cuda.core import ObjectCode
+
+    gone = tmp_path / "gone.cubin"
+    gone.write_bytes(b"\x7fELF")
+    path_backed = ObjectCode.from_cubin(str(gone))
+    gone.unlink()
+    outcomes = []
+    for cache, label in _parity_caches(tmp_path):
+        for i in range(4):  # 4 x 100 bytes against a 300-byte cap: the first goes
+            cache[f"k{i}".encode()] = bytes([i]) * 100
+        kept = [cache.get(f"k{i}".encode()) is not None for i in range(4)]
+        errors = []
+        for bad in (path_backed, 12345, "text"):
+            with pytest.raises((FileNotFoundError, TypeError)) as info:
+                cache[b"bad"] = bad
+            # the path differs per run: compare the message with it taken out
+            errors.append((type(info.value).__name__, re.sub(r"/\S+", "PATH", str(info.value))))
+        with pytest.raises(TypeError) as info:
+            cache[3.5] = b"x"
+        errors.append((type(info.value).__name__, str(info.value)))
+        outcomes.append((label, kept, errors))
+    (_, kept0, errors0), *rest = outcomes
+    assert kept0 == [False, True, True, True]
+    for label, kept, errors in rest:
+        assert kept == kept0, label
+        assert errors == errors0, label
+
+
+def test_max_size_bytes_is_checked_as_cuda_core_checks_it(tmp_path):
+    from cuforge.cuda_core import ProgramCache
+
+    with pytest.raises(ValueError, match="max_size_bytes must be positive or None"):
+        ProgramCache(cuforge.Cache(tmp_path / "c"), max_size_bytes=0)
+    with pytest.raises(TypeError, match="max_size_bytes must be an int or None, not str"):
+        ProgramCache(cuforge.Cache(tmp_path / "c"), max_size_bytes="1M")

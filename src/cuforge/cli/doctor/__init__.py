@@ -51,7 +51,9 @@ import argparse
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from cuforge.adapters.windows import WINDOWS
 from cuforge.cli import output
+from cuforge.cli.doctor.adapters import check_adapters
 from cuforge.cli.doctor.base import STATUSES, Check, Probe
 from cuforge.cli.doctor.cache import check_bundle_wheels, check_cache
 from cuforge.cli.doctor.gpu import (
@@ -110,6 +112,7 @@ CHECKS: tuple[tuple[str, Callable[[Probe], list[Check]]], ...] = (
     ("bundle_wheels", check_bundle_wheels),
     ("remote", check_remote),
     ("fast_launch", check_fast_launch),
+    ("adapters", check_adapters),
 )
 
 #: The row ids each check of :data:`CHECKS` can give, where they are not just its name.
@@ -118,6 +121,7 @@ ROW_IDS: dict[str, tuple[str, ...]] = {
     "arch_list": ("arch_list", "arch_list.TORCH_CUDA_ARCH_LIST", "arch_list.CUFORGE_ARCH"),
     "ccache": ("ccache", "sccache"),
     "cache": ("cache.dir", "cache.size", "cache.hits", "cache.integrity"),
+    "adapters": tuple(f"adapters.{name}" for name in WINDOWS),
 }
 
 
