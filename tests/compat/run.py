@@ -25,7 +25,10 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 COMPAT = os.path.join(ROOT, ".compat")
 
-TRITON_TESTS = ["tests/adapters/triton/test_triton_cache.py", "tests/adapters/triton/test_build_key.py"]
+TRITON_TESTS = [
+    "tests/adapters/triton/test_triton_cache.py",
+    "tests/adapters/triton/test_build_key.py",
+]
 TORCH_TESTS = ["tests/torch/test_compile_cache.py"]
 JAX_TESTS = ["tests/adapters/jax", "tests/adapters/test_contract.py"]
 CUPY_TESTS = ["tests/adapters/cupy", "tests/adapters/test_contract.py"]
@@ -116,7 +119,9 @@ def main() -> int:
     labels = [r[0] for r in ROWS]
     if args.list:
         for label, python, pip_args, tests in ROWS:
-            print(f"{label:18} python {python:5} pip: {' '.join(pip_args)}  tests: {' '.join(tests)}")
+            print(
+                f"{label:18} python {python:5} pip: {' '.join(pip_args)}  tests: {' '.join(tests)}"
+            )
         return 0
     unknown = sorted(set(args.only or ()) - set(labels))
     if unknown:
