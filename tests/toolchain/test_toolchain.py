@@ -475,71 +475,75 @@ def _fake_site(tmp_path, content: bytes, *, recorded: bytes | None = None):
     return str(lib / "libnvrtc.so.13")
 
 
-def test_record_sha256_is_the_content_digest_without_reading_the_file(tmp_path):
+def test_record_sha256_is_the_content_digest_and_vouches_only_for_matching_contents(tmp_path):
     import hashlib
 
-    from cuforge.toolchain import wheel_record
+    from cuforge.toolchain import installed
 
-    wheel_record.reset()
+    installed.reset()
     content = b"\x7fELF" + os.urandom(4096)
     path = _fake_site(tmp_path / "a", content)
     expected = hashlib.sha256(content).hexdigest()
-    assert wheel_record.recorded_sha256(path) == expected == wheel_record.hash_file(path)
+    assert installed.recorded_sha256(path) == expected == installed.hash_file(path)
     # a symlink to it (as a library's soname link) resolves to the recorded file
     link = tmp_path / "libnvrtc.so"
     link.symlink_to(path)
-    assert wheel_record.recorded_sha256(str(link)) == expected
+    assert installed.recorded_sha256(str(link)) == expected
     # the same wheel in another venv: the same, path-free value
     other = _fake_site(tmp_path / "b", content)
-    assert wheel_record.recorded_sha256(other) == expected
-    # RECORD is what is trusted for a file of the recorded size (not re-read): a value
-    # that differs from the content proves the file was not hashed
-    wheel_record.reset()
+    assert installed.recorded_sha256(other) == expected
+    # a file of the recorded size whose contents differ (edited in place): RECORD does not
+    # vouch for it, and it is keyed by what it holds
+    installed.reset()
     same_size = bytes(len(content))
     planted = _fake_site(tmp_path / "c", content, recorded=same_size)
-    assert wheel_record.recorded_sha256(planted) == hashlib.sha256(same_size).hexdigest()
+    assert installed.recorded_sha256(planted) is None
+    assert installed.installed_sha256(planted) == expected
 
 
 def test_record_is_not_trusted_for_a_changed_size_or_an_unlisted_file(tmp_path):
     import hashlib
 
-    from cuforge.toolchain import wheel_record
+    from cuforge.toolchain import installed
 
-    wheel_record.reset()
+    installed.reset()
     content = b"\x7fELF" + os.urandom(1000)
     path = _fake_site(tmp_path, content, recorded=content + b"x")  # size differs
-    assert wheel_record.recorded_sha256(path) is None
-    assert wheel_record.installed_sha256(path) == hashlib.sha256(content).hexdigest()
+    assert installed.recorded_sha256(path) is None
+    assert installed.installed_sha256(path) == hashlib.sha256(content).hexdigest()
     loose = tmp_path / "loose.so"
     loose.write_bytes(b"not from a wheel")
-    assert wheel_record.recorded_sha256(str(loose)) is None
-    assert (
-        wheel_record.installed_sha256(str(loose)) == hashlib.sha256(b"not from a wheel").hexdigest()
-    )
+    assert installed.recorded_sha256(str(loose)) is None
+    assert installed.installed_sha256(str(loose)) == hashlib.sha256(b"not from a wheel").hexdigest()
 
 
-def test_nvrtc_identity_uses_the_wheel_record(isolated_cache):
-    """The identity's library_sha256 is the installed NVRTC wheel's RECORD digest (equal
-    to the file's SHA-256), found without hashing the library."""
-    out = run_python(
-        """
+def test_nvrtc_identity_is_the_checked_wheel_digest_and_a_warm_process_hashes_nothing(
+    isolated_cache,
+):
+    """The identity's library_sha256 is the installed NVRTC wheel's RECORD digest, checked
+    against the file's contents once (a cold cache dir hashes the library once); a fresh
+    process on the warm cache dir hashes nothing."""
+    child = """
         import json
-        from cuforge.toolchain import compiler_identity, wheel_record
+        from cuforge.toolchain import compiler_identity, installed
         from cuforge.toolchain import locate
         calls = []
-        real = wheel_record.hash_file
-        wheel_record.hash_file = lambda p: calls.append(p) or real(p)
+        real = installed.hash_file
+        installed.hash_file = lambda p: calls.append(p) or real(p)
         ident = compiler_identity("nvrtc")
         lib = locate.find_nvrtc_library()
-        print(json.dumps({"sha": ident["library_sha256"], "recorded": wheel_record.recorded_sha256(lib),
-                          "hashed": [p for p in calls if "nvrtc" in p], "file": real(lib)}))
-        """,
-        env=child_env(),
-    )
-    if out["recorded"] is None:
+        hashed = [p for p in calls if "nvrtc" in p]
+        print(json.dumps({"sha": ident["library_sha256"], "recorded": installed.recorded_sha256(lib),
+                          "hashed": hashed, "file": real(lib)}))
+        """
+    cold = run_python(child, env=child_env())
+    if cold["recorded"] is None:
         pytest.skip("NVRTC here is not from a pip wheel")
-    assert out["sha"] == out["recorded"] == out["file"]
-    assert out["hashed"] == []
+    assert cold["sha"] == cold["recorded"] == cold["file"]
+    assert len(cold["hashed"]) == 1
+    warm = run_python(child, env=child_env())
+    assert warm["sha"] == cold["sha"]
+    assert warm["hashed"] == []
 
 
 # -- the headers NVRTC compiles with ----------------------------------------------------
