@@ -607,3 +607,47 @@ def test_nvrtc_wheel_version_is_none_outside_a_wheel(tmp_path):
     found = locate.nvrtc_wheel_version(real)
     if found is not None:
         assert found == toolchain.nvrtc_version_tuple()
+
+
+_DIGEST_CHILD = """
+import json, sys
+from cuforge.toolchain import installed
+installed._SETTLED_NS = 0  # the file was just written: remember its digest all the same
+real, hashed = installed.hash_file, []
+installed.hash_file = lambda p: hashed.append(p) or real(p)
+path = sys.argv[1]
+print(json.dumps({"sha": installed.file_sha256(path), "hashed": len(hashed),
+                  "recorded": installed.recorded_sha256(path)}))
+"""
+
+
+def test_a_files_digest_is_remembered_under_its_ctime_so_a_same_size_edit_is_seen(tmp_path):
+    """A warm cache dir hashes nothing; a same-size edit with its mtime put back (``touch
+    -r``) keeps size, mtime and inode but not ctime: a fresh process hashes it again, and
+    RECORD no longer vouches for it."""
+    import hashlib
+
+    content = b"\x7fELF" + bytes(range(256)) * 8
+    path = _fake_site(tmp_path, content)
+    argv = f"import sys; sys.argv[1:] = [{path!r}]\n"
+
+    def child():
+        return run_python(argv + _DIGEST_CHILD, env=child_env())
+
+    cold, warm = child(), child()
+    expected = hashlib.sha256(content).hexdigest()
+    assert cold == {"sha": expected, "hashed": 1, "recorded": expected}
+    assert warm == {"sha": expected, "hashed": 0, "recorded": expected}
+    before = os.stat(path)
+    edited = b"\x7fELG" + content[4:]
+    with open(path, "r+b") as f:  # in place: the same inode
+        f.write(edited)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = os.stat(path)
+    assert (after.st_size, after.st_mtime_ns, after.st_ino) == (
+        before.st_size,
+        before.st_mtime_ns,
+        before.st_ino,
+    )
+    again = child()
+    assert again == {"sha": hashlib.sha256(edited).hexdigest(), "hashed": 1, "recorded": None}
