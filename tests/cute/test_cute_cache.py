@@ -547,11 +547,11 @@ def test_installed_modules_are_remembered_under_their_record(monkeypatch):
     monkeypatch.setattr(fingerprint, "distributions_of", must_not_look)
     forget()
     assert fingerprint.module_fingerprint(core) == first
-    real_stat = fingerprint._stat3
+    real_stat = fingerprint._file_sig
     monkeypatch.setattr(
         fingerprint,
-        "_stat3",
-        lambda path: [0, 0, 0] if path.endswith("RECORD") else real_stat(path),
+        "_file_sig",
+        lambda path: [0, 0, 0, 0] if path.endswith("RECORD") else real_stat(path),
     )
     forget()
     try:

@@ -360,7 +360,7 @@ def test_distribution_scan_agrees_with_the_standard_library():
     same distributions for every top-level package as importlib.metadata does."""
     from importlib import metadata
 
-    from cuforge.keys import fingerprint as fp
+    from cuforge.toolchain import installed
 
     expected = {k: sorted(set(v)) for k, v in metadata.packages_distributions().items()}
-    assert fp._scan_distributions() == expected
+    assert installed._scan_distributions() == expected

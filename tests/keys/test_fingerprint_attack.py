@@ -13,6 +13,7 @@ import hashlib
 import importlib
 import inspect
 import logging
+import os
 import sys
 import textwrap
 import types
@@ -378,3 +379,38 @@ def test_a_module_attribute_changed_at_run_time_changes_the_key(tmp_path, monkey
     finally:
         sys.modules.pop("tilecfg_mod", None)
         sys.modules.pop("tileop_mod", None)
+
+
+def test_a_same_size_edit_of_an_installed_module_with_its_mtime_put_back_changes_its_key(
+    tmp_path,
+):
+    """Issue 35 item 1: ``SCALE = 1`` edited to ``SCALE = 3`` in site-packages keeps the
+    file's size, and ``touch -r`` puts its mtime back: the module is no longer the one its
+    wheel's RECORD lists (its contents do not hash to RECORD's sha256), so it is keyed by
+    its contents -- in a fresh process whose toolchain memo remembered the installed answer."""
+    site = tmp_path / "site-packages"
+    data = _SOURCE.format(1).encode()
+    module = site / "mypkg" / "__init__.py"
+    module.parent.mkdir(parents=True)
+    module.write_bytes(data)
+    _fake_dist(site, {"mypkg/__init__.py": data})
+    first = _child(_KEY_MYPKG, str(site))
+    assert first["module"] == "mypkg mypkg==0.1.0"
+    assert _child(_KEY_MYPKG, str(site)) == first  # from the memo: the same answer
+    before = module.stat()
+    edited = _SOURCE.format(3).encode()
+    assert len(edited) == len(data)
+    module.write_bytes(edited)  # in place: the same inode
+    os.utime(module, ns=(before.st_atime_ns, before.st_mtime_ns))  # touch -r
+    after = module.stat()
+    assert (after.st_size, after.st_mtime_ns, after.st_ino) == (
+        before.st_size,
+        before.st_mtime_ns,
+        before.st_ino,
+    )
+    second = _child(_KEY_MYPKG, str(site))
+    assert "mypkg==" not in second["module"] and "sha256:" in second["module"]
+    assert second["op"] != first["op"]
+    # put back as installed: the wheel's version again
+    module.write_bytes(data)
+    assert _child(_KEY_MYPKG, str(site))["op"] == first["op"]

@@ -475,71 +475,75 @@ def _fake_site(tmp_path, content: bytes, *, recorded: bytes | None = None):
     return str(lib / "libnvrtc.so.13")
 
 
-def test_record_sha256_is_the_content_digest_without_reading_the_file(tmp_path):
+def test_record_sha256_is_the_content_digest_and_vouches_only_for_matching_contents(tmp_path):
     import hashlib
 
-    from cuforge.toolchain import wheel_record
+    from cuforge.toolchain import installed
 
-    wheel_record.reset()
+    installed.reset()
     content = b"\x7fELF" + os.urandom(4096)
     path = _fake_site(tmp_path / "a", content)
     expected = hashlib.sha256(content).hexdigest()
-    assert wheel_record.recorded_sha256(path) == expected == wheel_record.hash_file(path)
+    assert installed.recorded_sha256(path) == expected == installed.hash_file(path)
     # a symlink to it (as a library's soname link) resolves to the recorded file
     link = tmp_path / "libnvrtc.so"
     link.symlink_to(path)
-    assert wheel_record.recorded_sha256(str(link)) == expected
+    assert installed.recorded_sha256(str(link)) == expected
     # the same wheel in another venv: the same, path-free value
     other = _fake_site(tmp_path / "b", content)
-    assert wheel_record.recorded_sha256(other) == expected
-    # RECORD is what is trusted for a file of the recorded size (not re-read): a value
-    # that differs from the content proves the file was not hashed
-    wheel_record.reset()
+    assert installed.recorded_sha256(other) == expected
+    # a file of the recorded size whose contents differ (edited in place): RECORD does not
+    # vouch for it, and it is keyed by what it holds
+    installed.reset()
     same_size = bytes(len(content))
     planted = _fake_site(tmp_path / "c", content, recorded=same_size)
-    assert wheel_record.recorded_sha256(planted) == hashlib.sha256(same_size).hexdigest()
+    assert installed.recorded_sha256(planted) is None
+    assert installed.installed_sha256(planted) == expected
 
 
 def test_record_is_not_trusted_for_a_changed_size_or_an_unlisted_file(tmp_path):
     import hashlib
 
-    from cuforge.toolchain import wheel_record
+    from cuforge.toolchain import installed
 
-    wheel_record.reset()
+    installed.reset()
     content = b"\x7fELF" + os.urandom(1000)
     path = _fake_site(tmp_path, content, recorded=content + b"x")  # size differs
-    assert wheel_record.recorded_sha256(path) is None
-    assert wheel_record.installed_sha256(path) == hashlib.sha256(content).hexdigest()
+    assert installed.recorded_sha256(path) is None
+    assert installed.installed_sha256(path) == hashlib.sha256(content).hexdigest()
     loose = tmp_path / "loose.so"
     loose.write_bytes(b"not from a wheel")
-    assert wheel_record.recorded_sha256(str(loose)) is None
-    assert (
-        wheel_record.installed_sha256(str(loose)) == hashlib.sha256(b"not from a wheel").hexdigest()
-    )
+    assert installed.recorded_sha256(str(loose)) is None
+    assert installed.installed_sha256(str(loose)) == hashlib.sha256(b"not from a wheel").hexdigest()
 
 
-def test_nvrtc_identity_uses_the_wheel_record(isolated_cache):
-    """The identity's library_sha256 is the installed NVRTC wheel's RECORD digest (equal
-    to the file's SHA-256), found without hashing the library."""
-    out = run_python(
-        """
+def test_nvrtc_identity_is_the_checked_wheel_digest_and_a_warm_process_hashes_nothing(
+    isolated_cache,
+):
+    """The identity's library_sha256 is the installed NVRTC wheel's RECORD digest, checked
+    against the file's contents once (a cold cache dir hashes the library once); a fresh
+    process on the warm cache dir hashes nothing."""
+    child = """
         import json
-        from cuforge.toolchain import compiler_identity, wheel_record
+        from cuforge.toolchain import compiler_identity, installed
         from cuforge.toolchain import locate
         calls = []
-        real = wheel_record.hash_file
-        wheel_record.hash_file = lambda p: calls.append(p) or real(p)
+        real = installed.hash_file
+        installed.hash_file = lambda p: calls.append(p) or real(p)
         ident = compiler_identity("nvrtc")
         lib = locate.find_nvrtc_library()
-        print(json.dumps({"sha": ident["library_sha256"], "recorded": wheel_record.recorded_sha256(lib),
-                          "hashed": [p for p in calls if "nvrtc" in p], "file": real(lib)}))
-        """,
-        env=child_env(),
-    )
-    if out["recorded"] is None:
+        hashed = [p for p in calls if "nvrtc" in p]
+        print(json.dumps({"sha": ident["library_sha256"], "recorded": installed.recorded_sha256(lib),
+                          "hashed": hashed, "file": real(lib)}))
+        """
+    cold = run_python(child, env=child_env())
+    if cold["recorded"] is None:
         pytest.skip("NVRTC here is not from a pip wheel")
-    assert out["sha"] == out["recorded"] == out["file"]
-    assert out["hashed"] == []
+    assert cold["sha"] == cold["recorded"] == cold["file"]
+    assert len(cold["hashed"]) == 1
+    warm = run_python(child, env=child_env())
+    assert warm["sha"] == cold["sha"]
+    assert warm["hashed"] == []
 
 
 # -- the headers NVRTC compiles with ----------------------------------------------------
@@ -731,3 +735,47 @@ def test_a_compile_checks_remembered_header_dirs_against_cuda_pathfinder(tmp_pat
     # ...and the compile, its headers checked, keyed and compiled with pathfinder's
     assert out["again"] == "compiled" and out["now"] == wheel
     assert _include_entry(isolated_cache)[1]["dirs"] == wheel
+
+
+_DIGEST_CHILD = """
+import json, sys
+from cuforge.toolchain import installed
+installed._SETTLED_NS = 0  # the file was just written: remember its digest all the same
+real, hashed = installed.hash_file, []
+installed.hash_file = lambda p: hashed.append(p) or real(p)
+path = sys.argv[1]
+print(json.dumps({"sha": installed.file_sha256(path), "hashed": len(hashed),
+                  "recorded": installed.recorded_sha256(path)}))
+"""
+
+
+def test_a_files_digest_is_remembered_under_its_ctime_so_a_same_size_edit_is_seen(tmp_path):
+    """A warm cache dir hashes nothing; a same-size edit with its mtime put back (``touch
+    -r``) keeps size, mtime and inode but not ctime: a fresh process hashes it again, and
+    RECORD no longer vouches for it."""
+    import hashlib
+
+    content = b"\x7fELF" + bytes(range(256)) * 8
+    path = _fake_site(tmp_path, content)
+    argv = f"import sys; sys.argv[1:] = [{path!r}]\n"
+
+    def child():
+        return run_python(argv + _DIGEST_CHILD, env=child_env())
+
+    cold, warm = child(), child()
+    expected = hashlib.sha256(content).hexdigest()
+    assert cold == {"sha": expected, "hashed": 1, "recorded": expected}
+    assert warm == {"sha": expected, "hashed": 0, "recorded": expected}
+    before = os.stat(path)
+    edited = b"\x7fELG" + content[4:]
+    with open(path, "r+b") as f:  # in place: the same inode
+        f.write(edited)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = os.stat(path)
+    assert (after.st_size, after.st_mtime_ns, after.st_ino) == (
+        before.st_size,
+        before.st_mtime_ns,
+        before.st_ino,
+    )
+    again = child()
+    assert again == {"sha": hashlib.sha256(edited).hexdigest(), "hashed": 1, "recorded": None}

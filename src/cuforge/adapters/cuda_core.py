@@ -43,6 +43,7 @@ from cuforge.adapters.common import damaged, read_files, write_files
 from cuforge.core import blobcache
 from cuforge.core.caching import Cache, resolve
 from cuforge.keys.deps import file_digest, scan_includes
+from cuforge.toolchain.installed import SITE_DIR_NAMES
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -209,7 +210,7 @@ _VERSION_FILES = (
     "cuda_runtime_api.h",
 )
 #: path parts of an installed Python package (a header wheel: cuda-cccl, nvidia-*)
-_PACKAGE_PARTS = ("site-packages", "dist-packages")
+_PACKAGE_PARTS = SITE_DIR_NAMES
 #: header_digest's per-process memo: (code, where NVRTC looks) -> a scan still to re-check
 _SCAN_MEMO_MAX = 256
 _scan_memo: dict[tuple, _Scanned] = {}

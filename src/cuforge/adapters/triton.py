@@ -66,7 +66,7 @@ from cuforge.core.blobcache import make_key, offline_error, pack, unpack
 from cuforge.core.caching import Cache, Hit, default_cache
 from cuforge.store.base import Entry
 from cuforge.store.schema import is_native
-from cuforge.toolchain import wheel_record
+from cuforge.toolchain import installed
 
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any
@@ -353,9 +353,13 @@ def build_key() -> str:
     of each of those files into the distribution's ``RECORD`` at install: when ``RECORD``
     lists every one of them with a hash and each size matches the file's, the key is
     ``<version>-record-<sha256 of the version and those RECORD lines>`` (relative paths:
-    no path of the install enters it). Otherwise (no dist-info or ``RECORD``, an editable
-    or dev install, a file ``RECORD`` does not list, a size that differs) it is Triton's
-    own ``triton_key()``; :func:`build_key_source` says which and why."""
+    no path of the install enters it), where a file whose contents no longer hash to its
+    RECORD digest (a same-size edit) is keyed by its contents instead. Each file is
+    hashed once per version of it (:func:`cuforge.toolchain.installed.file_sha256s`,
+    remembered under its size, mtime, ctime and inode): a fresh process stats the 42
+    files and hashes nothing (0.3 ms; the first process on a cache dir hashes them, ~1 s). Otherwise (no dist-info or ``RECORD``, an
+    editable or dev install, a file ``RECORD`` does not list, a size that differs) it is
+    Triton's own ``triton_key()``; :func:`build_key_source` says which and why."""
     key = _build_key_memo.get("key")
     if key is None:
         key, source = _record_build_key()
@@ -386,16 +390,10 @@ def _triton_dist_info(site: str) -> str | None:
     path = os.path.join(site, f"triton-{triton.__version__}.dist-info")
     if os.path.isdir(path):
         return path
-    try:
-        names = os.listdir(site)
-    except OSError:
-        return None
     found = [
         n
-        for n in names
-        if n.lower().startswith("triton-")
-        and n.endswith(".dist-info")
-        and n[len("triton-") : -len(".dist-info")] == triton.__version__
+        for n in installed.dist_infos(site)
+        if installed.split_info_name(n.lower()) == ("triton", triton.__version__.lower())
     ]
     return os.path.join(site, found[0]) if len(found) == 1 else None
 
@@ -434,7 +432,7 @@ def _record_build_key(dist_info: str | None = None) -> tuple[str | None, str]:
     wanted = _covered_files(root)
     if isinstance(wanted, str):
         return None, wanted
-    table = wheel_record.record(dist)
+    table = installed.record(dist)
     lines: dict[str, str] = {}
     for path in wanted:
         entry = table.get(path)
@@ -450,6 +448,15 @@ def _record_build_key(dist_info: str | None = None) -> tuple[str | None, str]:
         if actual != int(size):
             return None, f"{path} is {actual} bytes, RECORD says {size}"
         lines[path] = f"{path},sha256={digest},{size}"  # the RECORD line, as pip wrote it
+    # a size can stay the same through an edit: each file's contents against RECORD
+    hashes = installed.file_sha256s([os.path.join(site, path) for path in lines])
+    for path in lines:
+        content = hashes.get(os.path.join(site, path))
+        if content is None:
+            return None, f"{path} cannot be read"
+        recorded = installed.recorded_digest(dist, path)
+        if recorded is None or recorded[0] != content:  # edited since install: its contents
+            lines[path] = f"{path},content-sha256={content},{table[path][1]}"
     body = "\n".join([triton.__version__, *sorted(lines.values())])
     digest = hashlib.sha256(body.encode("utf-8")).hexdigest()
     return f"{triton.__version__}-record-{digest}", "record"

@@ -46,12 +46,12 @@ from cuforge.keys.fingerprint import (
     UNHANDLED,
     UnstableKeyError,
     _global_names,
-    _normalize,
     _resolvable,
     attribute_names,
     fingerprint,
 )
-from cuforge.keys.fingerprint import installed_versions as _installed_versions
+from cuforge.toolchain.installed import installed_versions as _installed_versions
+from cuforge.toolchain.installed import normalize as _normalize
 
 if TYPE_CHECKING:
     from typing import Any
@@ -91,7 +91,7 @@ CODEGEN_DISTRIBUTIONS = (
 
 
 def installed_versions() -> dict[str, str]:
-    """Normalized distribution name -> version (:func:`cuforge.keys.fingerprint.installed_versions`)."""
+    """Normalized distribution name -> version (:func:`cuforge.toolchain.installed.installed_versions`)."""
     return _installed_versions()
 
 

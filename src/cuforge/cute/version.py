@@ -6,17 +6,15 @@
   the ``*.dist-info`` directory names beside the package: no metadata scan);
 * what the DSL's own version digest (``CuTeDSL.get_version()``) covers -- every ``.py``
   file of the DSL's packages, keyed by module name, and the loaded compiler library
-  ``_cutlass_ir`` -- each by its SHA-256 as the wheel's ``RECORD`` gives it when the file
-  still has the recorded size (:mod:`cuforge.toolchain.wheel_record`), else by reading
-  it; so a fresh cache dir reads RECORDs (milliseconds), not every source and a 190 MB
-  library. Remembered in cuforge's toolchain memo under a stat signature (name, size,
-  mtime, inode) of the ``.py`` and library files of every package the digest covers
-  (``cutlass`` and ``iket``; one ``scandir`` per directory): an edited file changes the
-  signature and the digest is computed again (an edit that keeps the size changes the
-  digest only if it changes the size; one that changes it is hashed);
+  ``_cutlass_ir`` -- each by the SHA-256 of its contents (a fresh cache dir reads every
+  source and the 190 MB library once: ~0.2 s). Remembered in cuforge's toolchain memo
+  under a stat signature (name, size, mtime, ctime, inode) of the ``.py`` and library
+  files of every package the digest covers (``cutlass`` and ``iket``; one ``scandir`` per
+  directory): an edited file changes the signature (ctime: even a same-size edit with its
+  mtime put back) and the digest is computed again;
 * the SHA-256 of the runtime library the exported objects link against
-  (``libcute_dsl_runtime.so`` of the loaded CUDA flavor), from its RECORD in the same way
-  (else read), remembered in cuforge's toolchain memo by the file's stat.
+  (``libcute_dsl_runtime.so`` of the loaded CUDA flavor), remembered in cuforge's
+  toolchain memo by the file's stat.
 
 Two virtual environments with the same wheels give the same digest; a different build of
 a library gives a different one. The digest is computed once per process (:func:`reset`
@@ -30,8 +28,7 @@ mode trusts a stat: a few ``stat`` calls and the memo file, read once per proces
 pip rewrites a wheel's ``RECORD`` on every install, upgrade or reinstall, so any change
 made through an installer computes the digest again. An edit made *in place* to an
 installed DSL ``.py`` file (not through an installer) is not seen by this signature (the
-wheel's ``RECORD`` already vouches for it by SHA-256, and the per-file digest above trusts
-a ``RECORD`` hash whenever the size is unchanged): ``verify="trace"`` catches a stale
+wheel's ``RECORD`` already vouches for it by SHA-256): ``verify="trace"`` catches a stale
 entry from such an edit (the traced module differs), and ``cuforge cache clear`` or a
 reinstall starts over. A wheel with no ``RECORD`` (a development install) falls back to
 the tree signature, which sees every edit.
@@ -46,8 +43,8 @@ import os
 import sys
 
 from cuforge.keys.key import file_digest_of
+from cuforge.toolchain import installed as _installed
 from cuforge.toolchain import memo as _memo
-from cuforge.toolchain.wheel_record import recorded_sha256
 
 __all__ = ["dsl_version", "dsl_distributions", "reset"]
 
@@ -86,17 +83,9 @@ def _list_dist_infos() -> list[tuple[str, str]]:
         return []
     site = os.path.dirname(os.path.abspath(roots[0]))
     found = []
-    try:
-        names = os.listdir(site)
-    except OSError:
-        return []
-    for entry in names:
-        low = entry.lower()
-        if not (low.startswith("nvidia_cutlass_dsl") and low.endswith(".dist-info")):
-            continue
-        stem = entry[: -len(".dist-info")]
-        name, _, version = stem.rpartition("-")
-        if name and version:
+    for entry in _installed.dist_infos(site, cached=False):
+        name, version = _installed.split_info_name(entry) or ("", "")
+        if name.lower().startswith("nvidia_cutlass_dsl") and version:
             found.append(
                 (f"{name.replace('_', '-').lower()}=={version}", os.path.join(site, entry))
             )
@@ -118,7 +107,7 @@ def _runtime_library_digests(dsl) -> list[str]:
                 continue
             data = _memo.probed(memo, "cute-runtime-lib", path, sig)
             if data is None or not isinstance(data.get("sha256"), str):
-                data = {"sha256": recorded_sha256(path) or file_digest_of(path)}
+                data = {"sha256": file_digest_of(path)}
                 _memo.remember(memo, "cute-runtime-lib", path, sig, data)
                 changed = True
             out.append(f"{os.path.basename(path)}:{data['sha256']}")
@@ -142,7 +131,7 @@ def _packages(dsl_path: str) -> list[tuple[str, str]]:
 
 
 def _tree_signature(dsl_path: str) -> list[int]:
-    """A stat signature (names, sizes, mtimes, inodes) of the ``.py`` and shared-library
+    """A stat signature (names, sizes, mtimes, ctimes, inodes) of the ``.py`` and shared-library
     files of every regular package under ``dsl_path`` (:func:`_packages`, the ones the
     digest covers): it changes whenever one of them is edited, added or removed. One
     ``scandir`` per directory, one ``stat`` per file (a fresh process's hit pays it)."""
@@ -174,7 +163,9 @@ def _tree_signature(dsl_path: str) -> list[int]:
                     st = entry.stat()
                 except OSError:
                     continue
-                lines.append(f"{rel}{fname}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}\n")
+                lines.append(
+                    f"{rel}{fname}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}\0{st.st_ino}\n"
+                )
             stack.extend(reversed(subs))  # depth first, in name order
     h = hashlib.sha256("".join(lines).encode("utf-8", "surrogateescape"))
     return [int.from_bytes(h.digest()[:8], "big")]
@@ -204,16 +195,14 @@ def _dsl_files(dsl_path: str, loaded_ir: str) -> list[tuple[str, str]]:
 
 
 def _dsl_files_digest(dsl_path: str, loaded_ir: str) -> str:
-    """SHA-256 over :func:`_dsl_files`, each file by its RECORD SHA-256 (size-checked) or,
-    when no RECORD vouches for it, by its contents."""
+    """SHA-256 over :func:`_dsl_files`, each file by the SHA-256 of its contents (the
+    value its wheel's RECORD gives when the file is the one installed)."""
 
     h = hashlib.sha256(b"cuforge-cute-dsl-files 1\n")
-    for name, path in _dsl_files(dsl_path, loaded_ir):
-        try:
-            digest = recorded_sha256(path) or file_digest_of(path)
-        except OSError:
-            digest = "missing"
-        h.update(f"{name}\0{digest}\n".encode())
+    files = _dsl_files(dsl_path, loaded_ir)
+    digests = _installed.file_sha256s([path for _name, path in files], persist=False)
+    for name, path in files:
+        h.update(f"{name}\0{digests.get(path) or 'missing'}\n".encode())
     return h.hexdigest()
 
 
@@ -273,11 +262,7 @@ def _install_signature(
     return [int.from_bytes(h.digest()[:8], "big"), len(lines)]
 
 
-def _file_memo_on() -> bool:
-    from cuforge.base.config import settings
-
-    cfg = settings()
-    return not (cfg.disable_cache or cfg.disable_file_cache)
+_file_memo_on = _installed.file_memo_on
 
 
 def dsl_version() -> str:

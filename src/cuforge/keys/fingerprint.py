@@ -13,8 +13,9 @@ changes when anything that could change the object's behaviour changes:
   numbers are *not* part of it: moving a function does not change its fingerprint.
   Nesting deeper than :data:`MAX_DEPTH` raises :class:`UnstableKeyError`.
 * **modules** by name and the version of the distribution that installed them, when the
-  module's file is one that distribution installed (its wheel's ``RECORD`` lists it with
-  its current size; a distribution without a ``RECORD``: the file lies under the
+  module's file is one that distribution installed (its wheel's ``RECORD`` lists it and
+  its contents hash to the recorded SHA-256 -- a same-size edit is not the wheel's file;
+  a distribution without a ``RECORD``: the file lies under the
   ``site-packages`` directory that holds its metadata); stdlib and built-in modules by the
   Python version. Any other module (the user's own, an editable install, a checkout run
   beside an older ``pip install .`` of itself or holding a leftover ``*.egg-info``) by the
@@ -61,12 +62,16 @@ import os
 import struct
 import sys
 import types
-from importlib import metadata
 from typing import TYPE_CHECKING
 
-from cuforge.base.config import settings
 from cuforge.base.errors import CuforgeError
+from cuforge.toolchain import installed as _installed
 from cuforge.toolchain import memo as _memo
+from cuforge.toolchain.installed import (
+    distributions_of,
+    installed_version,
+    installed_versions,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -122,7 +127,6 @@ _U64 = struct.Struct(">Q").pack
 _registry: dict[type, Callable[[Any], Any]] = {}
 # module name -> (stat signature or None, fingerprint)
 _module_cache: dict[str, tuple[Any, str]] = {}
-_dists: dict[str, list[str]] | None = None
 # code object -> (global names it loads, nested code objects); code objects are immutable
 _code_globals: dict[types.CodeType, tuple[str, ...]] = {}
 
@@ -184,7 +188,7 @@ def module_fingerprint(module: types.ModuleType) -> str:
 
 def _installed_key(module: types.ModuleType) -> str | None:
     """``"name dist==version ..."`` when ``module``'s file is one its distributions installed
-    (listed in the wheel's ``RECORD`` with its current size; for a distribution with no
+    (listed in the wheel's ``RECORD`` with its current contents; for a distribution with no
     ``RECORD``, under the ``site-packages`` directory that holds its metadata), else None:
     the module then is the user's (a checkout beside an older ``pip install .``, a leftover
     ``*.egg-info``) and is keyed by its source."""
@@ -204,12 +208,12 @@ def _installed_key(module: types.ModuleType) -> str | None:
     versions = []
     infos = []
     for dist in sorted(set(distributions_of(module))):
-        if _editable(dist) or not _installed_from(dist, module):
+        if _installed.editable(dist) or not _installed_from(dist, module):
             continue
         version = installed_version(dist)
         if version is not None:
             versions.append(f"{dist}=={version}")
-            infos.append(_info_paths.get(_normalize(dist)))
+            infos.append(_installed.info_path(dist))
     if not versions:
         _not_installed.add(name)
         _remember_installed(module, _NOT_INSTALLED, [])
@@ -222,9 +226,10 @@ def _installed_key(module: types.ModuleType) -> str | None:
 
 # A fresh process keys an installed module without finding its distribution again: the
 # answer of _installed_key is kept in cuforge's toolchain memo under the stat (size, mtime,
-# inode) of the module's file, with the stat of each RECORD that vouched for it (pip
+# ctime, inode) of the module's file, with the stat of each RECORD that vouched for it (pip
 # rewrites a RECORD on every install, upgrade, reinstall or uninstall of its wheel, and a
-# RECORD fixes each file it installed by size and SHA-256). Only answers backed by RECORDs
+# RECORD fixes each file it installed by size and SHA-256; an edit of the file changes its
+# ctime, so the answer, from its hashed contents, is found again). Only answers backed by RECORDs
 # are kept; none is kept when file caching is off. "No distribution installed it" (your own
 # module) is kept under the stat of the module's file and of every sys.path directory that
 # holds distributions (installing or removing one changes its directory), for this sys.path.
@@ -233,24 +238,17 @@ _NOT_INSTALLED = "-"
 _memo_pending: dict[str, tuple[list[int], dict]] = {}
 
 
-def _stat3(path: str) -> list[int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return [st.st_size, st.st_mtime_ns, st.st_ino]
-
-
-def _file_memo_on() -> bool:
-    cfg = settings()
-    return not (cfg.disable_cache or cfg.disable_file_cache)
+#: a file's [size, mtime_ns, ctime_ns, inode]: ctime, which ``touch -r`` / ``cp -p`` cannot
+#: put back, makes a same-size edit with its mtime restored a new key
+_file_sig = _installed.stat_key
+_file_memo_on = _installed.file_memo_on
 
 
 def _remembered_installed(module: types.ModuleType) -> str | None:
     file = getattr(module, "__file__", None)
     if not isinstance(file, str) or not _file_memo_on():
         return None
-    sig = _stat3(file)
+    sig = _file_sig(file)
     if sig is None:
         return None
     with _memo.lock:
@@ -276,7 +274,7 @@ def _remembered_installed(module: types.ModuleType) -> str | None:
     for item in records:
         if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)):
             return None
-        if _stat3(item[0]) != item[1]:
+        if _file_sig(item[0]) != item[1]:
             return None
     return key
 
@@ -285,10 +283,10 @@ def _remember_installed(module: types.ModuleType, result: str, infos: list) -> N
     file = getattr(module, "__file__", None)
     if not isinstance(file, str) or not _file_memo_on():
         return
-    sig = _stat3(file)
+    sig = _file_sig(file)
     records = []
     if result == _NOT_INSTALLED:
-        dirs = [[d, _memo.file_stat_key(d)] for d in _info_dirs]
+        dirs = [[d, _memo.file_stat_key(d)] for d in _installed.info_dirs()]
         if sig is not None and dirs and all(st is not None for _d, st in dirs):
             where = _memo_where(module, file, sys.path)
             _memo_pending[where] = (sig, {"key": result, "dirs": dirs})
@@ -297,7 +295,7 @@ def _remember_installed(module: types.ModuleType, result: str, infos: list) -> N
         if not (isinstance(info, str) and info.endswith(".dist-info")):
             return  # an egg-info has no RECORD to vouch for the file
         record = os.path.join(info, "RECORD")
-        stat = _stat3(record)
+        stat = _file_sig(record)
         if stat is None:
             return
         records.append([record, stat])
@@ -328,290 +326,36 @@ def _flush_memo() -> None:
 
 
 _not_installed: set[str] = set()  # module names whose files no distribution installed
-_record_texts: dict[str, bytes] = {}  # *.dist-info dir -> its RECORD (b"" when none)
 
 
 def _installed_from(dist: str, module: types.ModuleType) -> bool:
-    """Whether ``dist`` installed ``module``'s file (a namespace package: its directories)."""
-    installed_versions()
-    info = _info_paths.get(_normalize(dist))
+    """Whether ``dist`` installed ``module``'s file as it is now: its wheel's ``RECORD``
+    lists it and its contents hash to the recorded SHA-256 (a same-size edit is not the
+    wheel's file); a distribution with no ``RECORD`` (an egg-info): the file lies under the
+    site-packages dir that holds its metadata. A namespace package: its directories."""
+    info = _installed.info_path(dist)
     if info is None:
         return False
     root = os.path.dirname(info)
     file = getattr(module, "__file__", None)
-    if isinstance(file, str):
-        paths = [file]
-    else:  # a namespace package: directories only, which no RECORD lists
+    if not isinstance(file, str):  # a namespace package: directories only, which no RECORD lists
         paths = [p for p in getattr(module, "__path__", None) or () if isinstance(p, str)]
         if not paths:
             return False
-        return all(_under(p, root) for p in paths) and _site_dir(root)
+        return all(_under(p, root) for p in paths) and _installed.site_dir(root)
     real = os.path.realpath(file)
+    table = _installed.record(info) if info.endswith(".dist-info") else {}
+    if not table:  # no RECORD (an egg-info): under the site-packages dir that holds it
+        return _installed.site_dir(root) and _under(real, os.path.realpath(root))
     rel = os.path.relpath(real, os.path.realpath(root)).replace(os.sep, "/")
-    record = b""
-    if info.endswith(".dist-info"):
-        record = _record_texts.get(info)
-        if record is None:
-            try:
-                with open(os.path.join(info, "RECORD"), "rb") as f:
-                    record = b"\n" + f.read()
-            except OSError:
-                record = b""
-            _record_texts[info] = record
-    if not record:  # no RECORD (an egg-info): under the site-packages dir that holds it
-        return _site_dir(root) and _under(real, os.path.realpath(root))
-    at = record.find(b"\n" + _enc_path(rel) + b",")
-    if at < 0:
-        return False
-    end = record.find(b"\n", at + 1)
-    size = record[at + 1 : end if end > 0 else len(record)].rstrip(b"\r").rpartition(b",")[2]
-    try:
-        return int(size) == os.stat(real).st_size
-    except (OSError, ValueError):
-        return False
-
-
-def _enc_path(rel: str) -> bytes:
-    return rel.encode("utf-8", "surrogateescape")
+    # hashed once per module file version in this process (a .py: microseconds); a fresh
+    # process reads the answer from the memo above, under the file's stat with its ctime
+    return _installed.matches_record(real, info, rel, persist=False)
 
 
 def _under(path: str, root: str) -> bool:
     rel = os.path.relpath(os.path.abspath(path), os.path.abspath(root))
     return rel != ".." and not rel.startswith(".." + os.sep)
-
-
-def _site_dir(directory: str) -> bool:
-    """Whether ``directory`` is where installers put distributions (not a source checkout)."""
-    if os.path.basename(directory) in ("site-packages", "dist-packages"):
-        return True
-    site = sys.modules.get("site")
-    dirs: list[str] = []
-    if site is not None:
-        try:
-            dirs = [*site.getsitepackages(), site.getusersitepackages()]
-        except AttributeError:  # a virtualenv's old site.py
-            dirs = []
-    real = os.path.realpath(directory)
-    return any(os.path.realpath(d) == real for d in dirs)
-
-
-def _distributions() -> dict[str, list[str]]:
-    """Top-level import name -> the distributions that install it.
-
-    :func:`importlib.metadata.packages_distributions` reads every installed distribution's
-    file list (~200 ms in a large environment: most of a fresh process's cache hit), so its
-    answer is kept in cuforge's toolchain memo, keyed by the stat of every ``sys.path``
-    directory (installing, upgrading or removing a distribution changes its directory). The
-    memo only names distributions, whose versions are then read from their metadata; it is
-    not used when file caching is off."""
-    global _dists
-    if _dists is not None:
-        return _dists
-
-    cfg = settings()
-    if cfg.disable_cache or cfg.disable_file_cache:
-        _dists = _scan_distributions()
-        return _dists
-
-    # only the path entries that hold distributions: a script's own directory (sys.path[0])
-    # or a source checkout on PYTHONPATH changes whenever a file is added there
-    installed_versions()
-    dirs = list(_info_dirs)
-    sig: list[int] = []
-    for d in dirs:
-        sig.extend(_memo.file_stat_key(d) or [-1, -1])
-    where = os.pathsep.join(dirs)
-    with _memo.lock:
-        memo = _memo.load()
-        data = _memo.probed(memo, "python-distributions", where, sig)
-        found = data.get("map") if data else None
-        if isinstance(found, dict) and all(
-            isinstance(k, str) and isinstance(v, list) and all(isinstance(x, str) for x in v)
-            for k, v in found.items()
-        ):
-            _dists = {k: list(v) for k, v in found.items()}
-            return _dists
-        _dists = _scan_distributions()
-        _memo.remember(memo, "python-distributions", where, sig, {"map": _dists})
-        _memo.save(memo)
-    return _dists
-
-
-_versions: dict[str, str] | None = None
-_info_dirs: list[str] = []  # the sys.path entries that hold *.dist-info / *.egg-info
-# normalized distribution name -> its *.dist-info / *.egg-info directory (the first found)
-_info_paths: dict[str, str] = {}
-
-
-def _normalize(dist: str) -> str:
-    return dist.lower().replace("-", "_").replace(".", "_")
-
-
-def installed_versions() -> dict[str, str]:
-    """Normalized distribution name (``cuda_cccl``) -> version, read once per process from
-    the ``*.dist-info`` / ``*.egg-info`` directory names on ``sys.path`` (the first found
-    wins, as for :mod:`importlib.metadata`): one directory listing per path entry, far
-    cheaper than a metadata query per distribution."""
-    global _versions
-    if _versions is not None:
-        return _versions
-    found: dict[str, str] = {}
-    stdlib = os.path.dirname(os.__file__)  # holds no distributions: skip its ~200 names
-    for entry in sys.path:
-        if entry == stdlib:
-            continue
-        try:
-            names = os.listdir(entry or ".")
-        except OSError:
-            continue  # a zip, a missing dir: nothing installed there
-        holds = False
-        for name in names:
-            if name.endswith("-info"):
-                stem, _, suffix = name.rpartition(".")
-                if suffix in ("dist-info", "egg-info"):
-                    dist, sep, version = stem.partition("-")
-                    if dist:
-                        _info_paths.setdefault(_normalize(dist), os.path.join(entry or ".", name))
-                    if sep and dist:
-                        holds = True
-                        found.setdefault(_normalize(dist), version)
-        if holds and entry not in _info_dirs:
-            _info_dirs.append(entry)
-    _versions = found
-    return found
-
-
-def installed_version(dist: str) -> str | None:
-    """The installed version of distribution ``dist`` (any spelling), or None."""
-    version = installed_versions().get(_normalize(dist))
-    if version is None:
-        try:
-            version = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            return None
-    return version
-
-
-def _scan_distributions() -> dict[str, list[str]]:
-    """:func:`importlib.metadata.packages_distributions`, sorted and deduplicated. Its
-    answer, read faster: a ``*.dist-info`` directory's name and top-level packages come from
-    its ``METADATA`` header, ``top_level.txt`` or ``RECORD`` text as the standard library
-    reads them (no ``email`` parser, no ``pathlib`` object per installed file: ~10x faster
-    on a new cache dir); any other distribution goes through the standard library."""
-    found: dict[str, list[str]] = {}
-    for dist in metadata.distributions():
-        info = getattr(dist, "_path", None)
-        fast = _fast_top_level(str(info)) if info is not None else None
-        if fast is None:
-            name = dist.metadata["Name"]
-            tops = metadata._top_level_declared(dist) or metadata._top_level_inferred(dist)  # type: ignore[attr-defined]
-        else:
-            name, tops = fast
-        for top in tops:
-            found.setdefault(top, []).append(name)
-    return {k: sorted(set(v)) for k, v in found.items()}
-
-
-def _read_text(path: str) -> str | None:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    except FileNotFoundError:
-        return None
-
-
-def _fast_top_level(info: str) -> tuple[str, list[str] | set[str]] | None:
-    """``(name, top-level names)`` of the ``*.dist-info`` directory ``info`` as
-    :func:`importlib.metadata.packages_distributions` finds them, or None when it is not a
-    plain one (then the standard library reads it)."""
-    if not info.endswith(".dist-info"):
-        return None
-    try:
-        head = _read_text(os.path.join(info, "METADATA"))
-        declared = _read_text(os.path.join(info, "top_level.txt"))
-        record = None if declared else _read_text(os.path.join(info, "RECORD"))
-    except (OSError, UnicodeDecodeError):
-        return None
-    if head is None:
-        return None
-    name = None
-    for line in head.split("\n"):
-        if not line.strip():
-            break
-        key, sep, value = line.partition(":")
-        if sep and key.lower() == "name":
-            name = value.strip()
-            break
-    if not name:
-        return None
-    if declared:
-        return name, declared.split()
-    if record is None:
-        return name, []
-    tops: set[str] = set()
-    every = sys.version_info >= (3, 12)  # 3.11 infers from ``.py`` files only
-    for row in record.splitlines():
-        if not every and ".py," not in row:
-            continue
-        path = row.rsplit(",", 2)[0] if row.count(",") >= 2 else None
-        if path is None or '"' in path:
-            return None  # csv quoting: the standard library's reader
-        parts = [p for p in path.split("/") if p and p != "."]
-        if not parts:
-            continue
-        last = parts[-1]
-        if every:
-            import inspect
-
-            top = parts[0] if len(parts) > 1 else (inspect.getmodulename(last) or last)
-            if "." not in top:
-                tops.add(top)
-        elif last.endswith(".py") and last != ".py":
-            tops.add(parts[0] if len(parts) > 1 else last[: -len(".py")])
-    return name, tops
-
-
-def distributions_of(module: types.ModuleType) -> list[str]:
-    """The distributions that install ``module``'s top-level package, else those that
-    install the directory its file lies in (a wheel that puts its packages in a
-    subdirectory added to ``sys.path`` by a ``.pth`` file, as nvidia-cutlass-dsl does with
-    ``cutlass``); ``[]`` for a module no distribution installs."""
-    top = module.__name__.partition(".")[0]
-    dists = _distributions()
-    found = dists.get(top)
-    if found:
-        return list(found)
-    file = getattr(module, "__file__", None)
-    if not isinstance(file, str):
-        return []
-    roots = {os.path.abspath(d) for d in sys.path if d}
-    here = os.path.dirname(os.path.abspath(file))
-    while True:
-        parent = os.path.dirname(here)
-        if parent == here:
-            return []
-        if parent in roots:
-            found = dists.get(os.path.basename(here))
-            if found:
-                dists[top] = list(found)
-                return list(found)
-        here = parent
-
-
-_editable_cache: dict[str, bool] = {}
-
-
-def _editable(dist: str) -> bool:
-    """Whether ``dist`` is an editable install (its sources can change under one version)."""
-    found = _editable_cache.get(dist)
-    if found is None:
-        try:
-            text = metadata.distribution(dist).read_text("direct_url.json") or ""
-        except (metadata.PackageNotFoundError, OSError):
-            text = ""
-        found = '"editable": true' in text.replace("'", '"').lower()
-        _editable_cache[dist] = found
-    return found
 
 
 def _local_module_fingerprint(module: types.ModuleType) -> str:

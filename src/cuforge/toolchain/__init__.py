@@ -20,6 +20,8 @@ The bottom layer beside :mod:`cuforge.base.config`: it imports only config, arch
 * :mod:`~cuforge.toolchain.memo` -- the on-disk memo ``<cache_dir>/toolchain.json``, which
   caches probe results keyed by a file's stat and never decides which file is loaded;
   :func:`file_stat_key` and :func:`write_json_atomic` serve other memos too.
+* :mod:`~cuforge.toolchain.installed` -- installed Python distributions: finding them,
+  reading their ``RECORD`` and checking an installed file's contents against it.
 """
 
 from __future__ import annotations

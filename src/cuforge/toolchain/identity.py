@@ -1,8 +1,8 @@
 """What the toolchain is: the compiler identity the cache key records, versions, archs.
 
 :func:`compiler_identity` is cheap on a warm process: the library or executable is
-identified by (path, size, mtime_ns), and what was probed about it (version, SHA-256 --
-for a library pip installed, the one its wheel's ``RECORD`` gives, not read from the file --
+identified by (path, size, mtime_ns), and what was probed about it (version, SHA-256 of
+its contents -- read once per version of the file, :mod:`cuforge.toolchain.installed` --
 ``nvcc --version`` text) is kept in :mod:`cuforge.toolchain.memo` keyed by that stat, so a
 warm call neither imports the CUDA Python bindings nor loads NVRTC nor runs nvcc. When a
 probe must run, it loads or runs a path derived in this process, never one from the memo.
@@ -58,9 +58,9 @@ def _probe_nvrtc(path: str) -> dict:
         major, minor = wheel
     else:
         major, minor = _loaded_nvrtc_version(path)
-    # by content: the SHA-256 the wheel's RECORD gives for it (size-checked), else read
-    # (~70 ms for a 100 MB library); the same value either way, and path-free
-    from cuforge.toolchain.wheel_record import installed_sha256  # only on a probe: memoized
+    # by content, path-free: read once per version of the file (~70 ms for a 100 MB
+    # library), then known from the memo by its stat (cuforge.toolchain.installed)
+    from cuforge.toolchain.installed import installed_sha256  # only on a probe: memoized
 
     try:
         sha256 = installed_sha256(path)
@@ -105,7 +105,7 @@ def _probe_headers(cuda_h: str, include: list[str] | tuple[str, ...] = ()) -> di
     """Versions of the headers: CUDA_VERSION from cuda.h, CCCL_VERSION from CCCL, which
     sits beside cuda.h (toolkit, CUDA 13 wheels) or in its own include dir (the
     ``nvidia-cuda-cccl-cu12`` wheel: another entry of ``include``)."""
-    from cuforge.toolchain.wheel_record import hash_file
+    from cuforge.toolchain.installed import hash_file
 
     version = _define(cuda_h, b"CUDA_VERSION")
     cccl = ""
@@ -277,7 +277,7 @@ def _content_sha256(memo: dict, library: str) -> str | None:
         return lib.get("sha256")
     if not os.path.isfile(library):  # read a regular file only (never a FIFO, a device)
         return None
-    from cuforge.toolchain.wheel_record import installed_sha256
+    from cuforge.toolchain.installed import installed_sha256
 
     try:
         return installed_sha256(library)
@@ -409,12 +409,10 @@ def nvrtc_header_version() -> tuple[int, int] | None:
 def cuda_bindings_version() -> tuple[int, int] | None:
     """The installed cuda-bindings (major, minor), read from its metadata without importing
     it; None when it is not installed."""
-    from importlib import metadata  # importlib.metadata: slow, only on a probe
+    from cuforge.toolchain.installed import installed_version
 
-    try:
-        return _version_tuple(metadata.version("cuda-bindings"))
-    except metadata.PackageNotFoundError:
-        return None
+    version = installed_version("cuda-bindings")
+    return None if version is None else _version_tuple(version)
 
 
 def nvrtc_header_mismatch() -> str | None:

@@ -21,6 +21,7 @@ import sys
 from cuforge.base import _fs
 from cuforge.base.config import raw_env_get, raw_env_key, settings
 from cuforge.base.errors import ToolchainError
+from cuforge.toolchain import installed as _installed
 from cuforge.toolchain import memo as _memo
 
 __all__ = [
@@ -196,7 +197,7 @@ def _site_signature() -> list[list]:
     hold NVRTC (which cuda-pathfinder prefers) comes or goes."""
     sig: list[list] = []
     for entry in sys.path:
-        if entry and os.path.basename(entry) in ("site-packages", "dist-packages"):
+        if entry and os.path.basename(entry) in _installed.SITE_DIR_NAMES:
             try:
                 sig.append([entry, os.stat(entry).st_mtime_ns])
             except OSError:
@@ -466,7 +467,7 @@ def nvrtc_wheel_version(library: str) -> tuple[int, int] | None:
     in the same site-packages dir (one ``listdir``; nothing is loaded), or None when
     ``library`` is not in such a wheel."""
     d = os.path.dirname(os.path.abspath(library))
-    while os.path.basename(d) not in ("site-packages", "dist-packages"):
+    while os.path.basename(d) not in _installed.SITE_DIR_NAMES:
         parent = os.path.dirname(d)
         if parent == d:
             return None
@@ -495,15 +496,9 @@ def nvrtc_wheel_version(library: str) -> tuple[int, int] | None:
 
 
 def _scan_nvrtc_wheel_version(library: str, d: str) -> tuple[int, int] | None:
-    try:
-        names = os.listdir(d)
-    except OSError:
-        return None
     major = nvrtc_library_major(library)
-    for name in sorted(names):
-        if not name.endswith(".dist-info"):
-            continue
-        dist, _, version = name[: -len(".dist-info")].partition("-")
+    for name in _installed.dist_infos(d, cached=False):
+        dist, version = _installed.split_info_name(name) or ("", "")
         if dist not in ("nvidia_cuda_nvrtc", "nvidia_cuda_nvrtc_cu12", "nvidia_cuda_nvrtc_cu11"):
             continue
         parts = version.split(".")

@@ -170,3 +170,78 @@ def test_a_process_that_imports_cuforge_late_keys_kernels_as_enable_does(tmp_pat
     env.update(TRITON_CACHE_DIR=str(home_c / "triton"), TRITON_HOME=str(home_c))
     c = run_python(ENV_ROUTE, env, timeout=240, cwd=str(home_c))
     assert (c["compiles"], c["hits"]) == (0, 2)
+
+
+def _mirror_triton(tmp_path) -> str:
+    """A ``triton`` package dir under ``tmp_path`` whose files are symlinks to the installed
+    Triton's (the same contents, nothing copied), real directories where its key walks."""
+    real = ct._triton_root()
+    root = tmp_path / "site" / "triton"
+    for sub in ("compiler", "backends", "language"):
+        for directory, dirs, names in os.walk(os.path.join(real, sub)):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            here = root / os.path.relpath(directory, real)
+            here.mkdir(parents=True, exist_ok=True)
+            for name in names:
+                (here / name).symlink_to(os.path.join(directory, name))
+    for rel in ("runtime/cache.py", *(f"_C/{n}" for n in os.listdir(os.path.join(real, "_C")))):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        if not (root / rel).exists():
+            (root / rel).symlink_to(os.path.join(real, rel))
+    return str(root)
+
+
+def test_a_same_size_edit_of_a_covered_file_changes_cuforges_build_key(tmp_path, monkeypatch):
+    """Issue 35 item 1: a one-digit edit of ``backends/nvidia/compiler.py`` keeps its size
+    (and ``touch -r`` its mtime): RECORD's size check passes, but the file is no longer the
+    one RECORD lists, so cuforge's build key changes (Triton's own triton_key did)."""
+    site = os.path.dirname(ct._triton_root())
+    dist = ct._triton_dist_info(site)
+    real_key, why = ct._record_build_key(dist)
+    if real_key is None:
+        pytest.skip(f"this Triton install has no usable RECORD: {why}")
+    root = _mirror_triton(tmp_path)
+    monkeypatch.setattr(ct, "_triton_root", lambda: root)
+    assert ct._record_build_key(dist) == (real_key, "record")  # the same files: the same key
+
+    rel = "backends/nvidia/compiler.py"
+    target = os.path.join(root, rel)
+    data = open(os.path.realpath(target), "rb").read()
+    stat = os.stat(target)
+    at = next(i for i, byte in enumerate(data) if chr(byte).isdigit())
+    edited = data[:at] + (b"7" if data[at : at + 1] != b"7" else b"8") + data[at + 1 :]
+    os.unlink(target)
+    with open(target, "wb") as f:
+        f.write(edited)
+    os.utime(target, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # touch -r
+    assert os.path.getsize(target) == len(data)
+    changed, why = ct._record_build_key(dist)
+    assert why == "record" and changed not in (None, real_key)
+    assert changed.startswith(ct.triton.__version__ + "-record-")
+
+
+WARM = f"""
+import json, sys, time
+sys.path.insert(0, {ROOT!r})
+from cuforge.toolchain import installed
+real, hashed = installed.hash_file, []
+installed.hash_file = lambda p: hashed.append(p) or real(p)
+import cuforge.triton as ct
+start = time.perf_counter()
+key = ct.build_key()
+print(json.dumps({{"key": key, "source": ct.build_key_source(), "hashed": len(hashed),
+                  "ms": (time.perf_counter() - start) * 1e3}}))
+"""
+
+
+def test_a_fresh_process_on_a_warm_cache_dir_hashes_none_of_tritons_files(tmp_path):
+    """Checking the files against RECORD reads them once per cache dir (and version of the
+    files); a second process stats them and reads the digests from the toolchain memo."""
+    if ct.build_key_source() != "record":
+        pytest.skip(f"this Triton install has no usable RECORD: {ct.build_key_source()}")
+    env = child_env(CUFORGE_CACHE_DIR=str(tmp_path / "cuforge"))
+    cold = run_python(WARM, env, timeout=240, cwd=str(tmp_path))
+    warm = run_python(WARM, env, timeout=240, cwd=str(tmp_path))
+    assert cold["source"] == warm["source"] == "record" and cold["key"] == warm["key"]
+    assert cold["key"] == ct.build_key()
+    assert cold["hashed"] > 10 and warm["hashed"] == 0, (cold, warm)
