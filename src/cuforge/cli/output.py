@@ -25,6 +25,7 @@ from typing import Any, TextIO
 __all__ = [
     "JSON_SCHEMA",
     "UsageError",
+    "plural",
     "usage_value",
     "cli_wording",
     "fancy",
@@ -333,3 +334,8 @@ def parse_age(text: str) -> float:
     if value < 0:
         raise ValueError(f"age {text!r} is negative")
     return value * _AGE_UNITS.get(unit, 1)
+
+
+def plural(n: int, word: str) -> str:
+    """``"1 warning"``, ``"2 warnings"``, ``"0 warnings"``."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
