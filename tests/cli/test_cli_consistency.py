@@ -169,7 +169,7 @@ def test_compile_without_an_arch_names_the_flag(cache, tmp_path):
     assert "--arch" in done.stderr, done.stderr
     assert "arch=" not in done.stderr and "compile()" not in done.stderr, done.stderr
     doc = json.loads(run(cache["dir"], "compile", str(src), "--json").stdout)
-    message = doc["results"][0]["error"]
+    message = doc["results"][0]["error"]["message"]
     assert "--arch" in message and "arch=" not in message
 
 

@@ -160,22 +160,27 @@ def check_cache(p: Probe) -> list[Check]:
 
     row = row_maker("cache.hits", "cache hit rate")
     summ = telemetry.summary(root)
-    disk = summ.get("tiers", {}).get("disk", {})
-    hits, misses = disk.get("hits", 0), disk.get("misses", 0)
+    # the one definition of a hit, as `cuforge cache stats` counts it: each lookup of the
+    # whole chain once (a hit: some tier answered it; a miss: every tier missed)
+    chain = summ.get("lookups", {})
+    hits, misses = chain.get("hits", 0), chain.get("misses", 0)
+    lookups = chain.get("lookups", hits + misses)
+    data = {"lookups": lookups, "hits": hits, "misses": misses, "builds": chain.get("builds", 0)}
     if not summ.get("enabled", True):
         rows.append(row("PASS", "telemetry is off (CUFORGE_TELEMETRY=0)", enabled=False))
-    elif hits + misses == 0:
-        rows.append(row("PASS", "no lookups recorded yet", **disk))
+    elif lookups == 0:
+        rows.append(row("PASS", "no lookups recorded yet", **data))
     else:
-        rate = hits / (hits + misses)
+        rate = hits / lookups
         saved = output.human_seconds(summ.get("seconds_saved", 0.0))
         rows.append(
             row(
                 "PASS",
-                f"disk tier: {hits} hits, {misses} misses ({100 * rate:.0f}%), "
-                f"{saved} of compiling saved",
+                f"{lookups} lookups: {output.plural(hits, 'hit')} ({100 * rate:.0f}%), "
+                f"{misses} miss{'es' * (misses != 1)}; {saved} of compiling saved "
+                "(as `cuforge cache stats` counts them)",
                 hit_rate=rate,
-                **disk,
+                **data,
             )
         )
 
