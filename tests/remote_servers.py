@@ -1,4 +1,5 @@
-"""Real servers for the remote-cache tests: redis-server, nginx (WebDAV PUT) and sockets that
+"""Real servers for the remote-cache tests: redis-server, nginx (WebDAV PUT), a small Python
+HTTP cache and a forwarding HTTP proxy (for HTTPS_PROXY / HTTP_PROXY), and sockets that
 never answer. Each runs on 127.0.0.1 on a free port, in the test's temp dir, and is killed at
 teardown. tests/conftest.py loads them for every test (``pytest_plugins``).
 
@@ -599,8 +600,237 @@ def read_request(conn: socket.socket) -> bytes:
     return head + b"\r\n\r\n" + body
 
 
+# -- an HTTP cache and a forwarding proxy, in Python ------------------------------------------
+
+
+class HttpCacheServer:
+    """A real HTTP cache server on 127.0.0.1 (``http.server``, one thread per connection,
+    keep-alive): ``PUT`` stores a body under its path, ``GET`` / ``HEAD`` answer it or 404.
+    ``.url`` is ``http://127.0.0.1:PORT/cache`` (``https://`` with ``tls``: a self-signed
+    certificate, ``.cert``); ``.requests`` lists ``(method, path)``; ``.store`` the bodies."""
+
+    def __init__(self, workdir: str | None = None, tls: bool = False) -> None:
+        import http.server
+
+        server = self
+        self.store: dict[str, bytes] = {}
+        self.requests: list[tuple[str, str]] = []
+        self.cert: str | None = None
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:  # quiet
+                pass
+
+            def _answer(self, status: int, body: bytes = b"", head: bool = False) -> None:
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if not head:
+                    self.wfile.write(body)
+
+            def do_GET(self) -> None:
+                server.requests.append(("GET", self.path))
+                body = server.store.get(self.path)
+                self._answer(404) if body is None else self._answer(200, body)
+
+            def do_HEAD(self) -> None:
+                server.requests.append(("HEAD", self.path))
+                body = server.store.get(self.path)
+                self._answer(404 if body is None else 200, body or b"", head=True)
+
+            def do_PUT(self) -> None:
+                server.requests.append(("PUT", self.path))
+                length = int(self.headers.get("Content-Length", "0"))
+                created = self.path not in server.store
+                server.store[self.path] = self.rfile.read(length)
+                self._answer(201 if created else 204)
+
+        self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd.daemon_threads = True
+        if tls:
+            import ssl
+
+            assert workdir is not None, "tls needs a workdir for the certificate"
+            self.cert, key = self_signed_cert(os.path.join(workdir, "tls"))
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(self.cert, key)
+            self._httpd.socket = context.wrap_socket(self._httpd.socket, server_side=True)
+        self.port = self._httpd.server_address[1]
+        self.scheme = "https" if tls else "http"
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"{self.scheme}://127.0.0.1:{self.port}/cache"
+
+    def close(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)
+
+
+class ForwardingProxy:
+    """A real forwarding HTTP proxy on 127.0.0.1 (one thread per connection, keep-alive):
+    a request with an absolute URL (``GET http://host:port/path``) is forwarded to that host
+    and its answer relayed; ``CONNECT host:port`` opens a tunnel and relays bytes both
+    ways. ``.requests`` lists ``(method, target, Proxy-Authorization or None)`` of every
+    request it was sent; ``.url`` is ``http://127.0.0.1:PORT``. With ``credentials``
+    (``"user:pw"``), a request without them gets ``407``."""
+
+    def __init__(self, credentials: str | None = None) -> None:
+        import base64
+        import http.client
+        import http.server
+        import urllib.parse
+
+        proxy = self
+        self.requests: list[tuple[str, str, str | None]] = []
+        wanted = None
+        if credentials is not None:
+            wanted = "Basic " + base64.b64encode(credentials.encode()).decode("ascii")
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:  # quiet
+                pass
+
+            def _allowed(self) -> bool:
+                auth = self.headers.get("Proxy-Authorization")
+                proxy.requests.append((self.command, self.path, auth))
+                if wanted is None or auth == wanted:
+                    return True
+                self.send_response(407)
+                self.send_header("Proxy-Authenticate", 'Basic realm="test"')
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return False
+
+            def _forward(self) -> None:
+                if not self._allowed():
+                    return
+                target = urllib.parse.urlsplit(self.path)
+                length = int(self.headers.get("Content-Length", "0"))
+                body = self.rfile.read(length) if length else None
+                headers = {
+                    k: v
+                    for k, v in self.headers.items()
+                    if k.lower() not in ("proxy-authorization", "connection", "host")
+                }
+                upstream = http.client.HTTPConnection(
+                    target.hostname, target.port or 80, timeout=10
+                )
+                try:
+                    upstream.request(self.command, target.path, body=body, headers=headers)
+                    answer = upstream.getresponse()
+                    data = answer.read()
+                finally:
+                    upstream.close()
+                self.send_response(answer.status, answer.reason)
+                for k, v in answer.getheaders():
+                    if k.lower() not in ("connection", "transfer-encoding", "content-length"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+
+            do_GET = do_PUT = do_HEAD = _forward
+
+            def do_CONNECT(self) -> None:
+                if not self._allowed():
+                    return
+                host, _, port = self.path.rpartition(":")
+                upstream = socket.create_connection((host.strip("[]"), int(port)), timeout=10)
+                self.send_response(200, "Connection established")
+                self.end_headers()
+                self.wfile.flush()
+                _relay(self.connection, upstream)
+                self.close_connection = True
+
+        self._httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd.daemon_threads = True
+        self.port = self._httpd.server_address[1]
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def close(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)
+
+
+def _relay(a: socket.socket, b: socket.socket) -> None:
+    """Copy bytes both ways between ``a`` and ``b`` until either side closes."""
+    import selectors
+
+    sel = selectors.DefaultSelector()
+    sel.register(a, selectors.EVENT_READ, b)
+    sel.register(b, selectors.EVENT_READ, a)
+    try:
+        while True:
+            for key, _ in sel.select(timeout=10):
+                data = key.fileobj.recv(65536)
+                if not data:
+                    return
+                key.data.sendall(data)
+    except OSError:
+        return
+    finally:
+        sel.close()
+        b.close()
+
+
+@pytest.fixture
+def http_cache_server() -> Iterator[HttpCacheServer]:
+    """A :class:`HttpCacheServer` (plain HTTP), closed at teardown."""
+    server = HttpCacheServer()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def https_cache_server(tmp_path) -> Iterator[HttpCacheServer]:
+    """A :class:`HttpCacheServer` over TLS (self-signed ``.cert``), closed at teardown."""
+    server = HttpCacheServer(str(tmp_path), tls=True)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def forwarding_proxy() -> Iterator:
+    """``forwarding_proxy(credentials=None)`` starts a :class:`ForwardingProxy`."""
+    proxies: list[ForwardingProxy] = []
+
+    def start(credentials: str | None = None) -> ForwardingProxy:
+        started = ForwardingProxy(credentials)
+        proxies.append(started)
+        return started
+
+    yield start
+    for started in proxies:
+        started.close()
+
+
 __all__ = [
     "BlackHole",
+    "ForwardingProxy",
+    "HttpCacheServer",
     "NginxServer",
     "RedisServer",
     "ScriptedServer",

@@ -127,3 +127,38 @@ def test_blocks_with_an_absent_optional_package_are_skipped():
     expected = [p for p in ("torch", "cuda.compute", "cutlass") if not _installed(p)]
     assert missing_packages(code) == expected
     assert not _installed("cuda.no_such_module") and not _installed("no_such_pkg.sub")
+
+
+def _config_table_names() -> set[str]:
+    """The variables of the table in ``cuforge.base.config``'s docstring (one row each)."""
+    import cuforge.base.config as config
+
+    doc = config.__doc__ or ""
+    rulers = [m.start() for m in re.finditer(r"^=+ =+$", doc, re.M)]
+    assert len(rulers) == 3, "config's docstring table: header ruler, header, rows, ruler"
+    table = doc[rulers[1] : rulers[2]]
+    return set(re.findall(r"^(CUFORGE_[A-Z0-9_]+)\s", table, re.M))
+
+
+def _readme_configuration_names() -> set[str]:
+    """Every CUFORGE_* variable named in the first cell of a row of README's
+    *Configuration* section's tables."""
+    with open(README, encoding="utf-8") as f:
+        text = f.read()
+    start = text.index("\n## Configuration\n")
+    end = text.index("\n## ", start + 1)
+    names: set[str] = set()
+    for line in text[start:end].splitlines():
+        if line.startswith("| `"):
+            names |= set(re.findall(r"`(CUFORGE_[A-Z0-9_]+)`", line.split("|")[1]))
+    return names
+
+
+def test_readme_configuration_table_lists_every_variable_config_reads():
+    """Issue 36: README's configuration table is derived from config.py's docstring table
+    (which tests/base/test_config.py ties to every variable the package reads): every name
+    there has a README row, and README lists no variable config does not read."""
+    documented, readme = _config_table_names(), _readme_configuration_names()
+    assert len(documented) >= 30
+    assert sorted(documented - readme) == [], "variables config reads but README's table lacks"
+    assert sorted(readme - documented) == [], "README rows for variables config does not read"

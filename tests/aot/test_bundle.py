@@ -53,7 +53,7 @@ def test_round_trip_into_a_fresh_cache_dir(project, bundle, tmp_path):
     cache = fresh_cache(tmp_path, "other-cache")
     done = cli(project, "bundle", "install", str(bundle), CUFORGE_CACHE_DIR=cache)
     assert done.returncode == 0, done.stderr
-    assert "installed 16 of 16 entries" in done.stdout
+    assert "installed 16 new, 0 already present, of 16 entries" in done.stdout
     out = jit_calls(project, ALL, CUFORGE_CACHE_DIR=cache)
     assert out["errors"] == [] and out["counters"]["compiles"] == 0
     assert out["sources"] == ["disk"] * 8

@@ -13,7 +13,6 @@ Every command runs as ``python -m cuforge ...`` in a child process against a rea
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
@@ -170,7 +169,7 @@ def test_compile_without_an_arch_names_the_flag(cache, tmp_path):
     assert "--arch" in done.stderr, done.stderr
     assert "arch=" not in done.stderr and "compile()" not in done.stderr, done.stderr
     doc = json.loads(run(cache["dir"], "compile", str(src), "--json").stdout)
-    message = doc["results"][0]["error"]
+    message = doc["results"][0]["error"]["message"]
     assert "--arch" in message and "arch=" not in message
 
 
@@ -339,8 +338,8 @@ def test_doctor_compares_nvrtc_with_its_headers_and_compiles_them(cache):
     assert compiled["status"] == "PASS", compiled
     assert compiled["data"]["failed"] == {}
     assert "cuda_fp16.h" in compiled["detail"] and "CUB" in compiled["detail"]
-    # the probe compiles left nothing in the cache
-    assert not any("doctor_" in name for _, _, names in os.walk(cache["dir"]) for name in names)
+    # the probe compiles went through the cache the doctor reports on
+    assert set(compiled["data"]["sources"]) == {"cuda_fp16.h", "cuda_bf16.h", "CUB"}
 
 
 def test_headers_cuda_version_reads_the_identity_field():

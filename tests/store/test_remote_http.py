@@ -219,3 +219,170 @@ def test_path_components_cannot_escape(nginx_server):
             b.get(kind, key)
     with pytest.raises(RemoteError, match="path component"):
         HttpBackend(nginx_server.url, namespace="..", connect_timeout=1, timeout=1)
+
+
+# -- HTTPS_PROXY / HTTP_PROXY / NO_PROXY (issue 36, item 6) -----------------------------------
+
+PROXY_VARS = ("http_proxy", "https_proxy", "no_proxy", "all_proxy", "REQUEST_METHOD")
+
+
+@pytest.fixture
+def no_proxy_env(monkeypatch):
+    """No proxy variable of the caller's environment leaks into these tests."""
+    for name in PROXY_VARS:
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)
+    return monkeypatch
+
+
+def _round_trip(url: str, n: int) -> None:
+    b = backend(url)
+    b.put("cubin", key_of(n), b"through the proxy %d" % n)
+    assert b.get("cubin", key_of(n)) == b"through the proxy %d" % n
+    assert b.contains("cubin", key_of(n)) is True
+    b.close()
+
+
+@pytest.mark.parametrize("variable", ["HTTP_PROXY", "http_proxy"])
+def test_http_remote_goes_through_http_proxy(
+    http_cache_server, forwarding_proxy, no_proxy_env, variable
+):
+    proxy = forwarding_proxy()
+    no_proxy_env.setenv(variable, proxy.url)
+    _round_trip(http_cache_server.url, 30)
+    target = f"http://127.0.0.1:{http_cache_server.port}/cache/{NS}/cubin/{key_of(30)}"
+    # every request went to the proxy, with the absolute URL; the proxy forwarded each
+    assert [(m, t) for m, t, _ in proxy.requests] == [
+        ("PUT", target),
+        ("GET", target),
+        ("HEAD", target),
+    ]
+    assert [m for m, _ in http_cache_server.requests] == ["PUT", "GET", "HEAD"]
+
+
+def test_lowercase_proxy_variable_wins(http_cache_server, forwarding_proxy, no_proxy_env):
+    used, ignored = forwarding_proxy(), forwarding_proxy()
+    no_proxy_env.setenv("http_proxy", used.url)
+    no_proxy_env.setenv("HTTP_PROXY", ignored.url)
+    _round_trip(http_cache_server.url, 31)
+    assert len(used.requests) == 3 and ignored.requests == []
+
+
+def test_https_proxy_does_not_serve_http_urls(http_cache_server, forwarding_proxy, no_proxy_env):
+    proxy = forwarding_proxy()
+    no_proxy_env.setenv("HTTPS_PROXY", proxy.url)  # for https:// caches only
+    _round_trip(http_cache_server.url, 32)
+    assert proxy.requests == [] and len(http_cache_server.requests) == 3
+
+
+def test_uppercase_http_proxy_is_ignored_in_a_cgi_process(
+    http_cache_server, forwarding_proxy, no_proxy_env
+):
+    proxy = forwarding_proxy()
+    no_proxy_env.setenv("HTTP_PROXY", proxy.url)
+    no_proxy_env.setenv("REQUEST_METHOD", "GET")  # httpoxy: a request's Proxy: header
+    _round_trip(http_cache_server.url, 33)
+    assert proxy.requests == []
+
+
+@pytest.mark.parametrize(
+    "no_proxy", ["127.0.0.1", "*", "example.com, 127.0.0.1", "127.0.0.1:{port}", " 127.0.0.0/8 "]
+)
+def test_no_proxy_bypasses_the_proxy(http_cache_server, forwarding_proxy, no_proxy_env, no_proxy):
+    proxy = forwarding_proxy()
+    no_proxy_env.setenv("HTTP_PROXY", proxy.url)
+    no_proxy_env.setenv("NO_PROXY", no_proxy.format(port=http_cache_server.port))
+    _round_trip(http_cache_server.url, 34)
+    assert proxy.requests == []  # straight to the server
+    assert [m for m, _ in http_cache_server.requests] == ["PUT", "GET", "HEAD"]
+
+
+@pytest.mark.parametrize("no_proxy", ["127.0.0.1:1", "example.com", "10.0.0.0/8"])
+def test_no_proxy_that_does_not_match_keeps_the_proxy(
+    http_cache_server, forwarding_proxy, no_proxy_env, no_proxy
+):
+    proxy = forwarding_proxy()
+    no_proxy_env.setenv("http_proxy", proxy.url)
+    no_proxy_env.setenv("no_proxy", no_proxy)
+    _round_trip(http_cache_server.url, 35)
+    assert len(proxy.requests) == 3
+
+
+def test_https_remote_tunnels_through_the_proxy(https_cache_server, forwarding_proxy, no_proxy_env):
+    proxy = forwarding_proxy()
+    no_proxy_env.setenv("SSL_CERT_FILE", https_cache_server.cert)  # trust the test server
+    no_proxy_env.setenv("https_proxy", proxy.url)
+    _round_trip(https_cache_server.url, 36)
+    # one CONNECT (one kept-alive tunnel), TLS to the cache end to end
+    assert proxy.requests == [("CONNECT", f"127.0.0.1:{https_cache_server.port}", None)]
+    assert [m for m, _ in https_cache_server.requests] == ["PUT", "GET", "HEAD"]
+
+
+def test_proxy_credentials_are_sent(
+    http_cache_server, https_cache_server, forwarding_proxy, no_proxy_env
+):
+    proxy = forwarding_proxy("user:p%40ss")  # the proxy wants these, as the URL spells them
+    authed = proxy.url.replace("http://", "http://user:p%2540ss@")
+    no_proxy_env.setenv("HTTP_PROXY", authed)
+    no_proxy_env.setenv("HTTPS_PROXY", authed)
+    no_proxy_env.setenv("SSL_CERT_FILE", https_cache_server.cert)
+    _round_trip(http_cache_server.url, 37)
+    _round_trip(https_cache_server.url, 38)
+    assert {auth for _, _, auth in proxy.requests} == {"Basic dXNlcjpwJTQwc3M="}
+
+
+def test_proxy_refusing_us_is_an_error_naming_the_proxy(
+    http_cache_server, https_cache_server, forwarding_proxy, no_proxy_env
+):
+    proxy = forwarding_proxy("user:right")
+    wrong = proxy.url.replace("http://", "http://user:wrong@")
+    no_proxy_env.setenv("HTTP_PROXY", wrong)
+    with pytest.raises(RemoteError, match="answered 407") as info:
+        backend(http_cache_server.url).get("cubin", key_of(39))
+    assert f"through the proxy http://user:***@127.0.0.1:{proxy.port}" in str(info.value)
+    no_proxy_env.setenv("HTTPS_PROXY", wrong)
+    with pytest.raises(RemoteError, match="407") as info:
+        backend(https_cache_server.url).get("cubin", key_of(39))
+    assert "(from HTTPS_PROXY)" in str(info.value)
+    assert http_cache_server.requests == [] and https_cache_server.requests == []
+
+
+@pytest.mark.parametrize("value", ["https://127.0.0.1:3128", "socks5://127.0.0.1:1080"])
+def test_a_proxy_cuforge_cannot_speak_to_is_refused(http_cache_server, no_proxy_env, value):
+    no_proxy_env.setenv("HTTP_PROXY", value)
+    with pytest.raises(RemoteError, match="HTTP_PROXY=.*http:// proxies only"):
+        backend(http_cache_server.url).get("cubin", key_of(40))
+    assert http_cache_server.requests == []
+
+
+def test_a_proxy_without_scheme_is_http(http_cache_server, forwarding_proxy, no_proxy_env):
+    proxy = forwarding_proxy()
+    no_proxy_env.setenv("HTTP_PROXY", f"127.0.0.1:{proxy.port}")
+    _round_trip(http_cache_server.url, 41)
+    assert len(proxy.requests) == 3
+
+
+@pytest.mark.parametrize(
+    ("host", "port", "no_proxy", "bypass"),
+    [
+        ("cache.example.com", 80, "example.com", True),
+        ("cache.example.com", 80, ".example.com", True),
+        ("example.com", 80, ".example.com", True),
+        ("badexample.com", 80, "example.com", False),
+        ("CACHE.Example.COM", 80, "example.com", True),
+        ("cache.example.com", 8080, "example.com:8080", True),
+        ("cache.example.com", 80, "example.com:8080", False),
+        ("10.1.2.3", 80, "10.0.0.0/8", True),
+        ("11.1.2.3", 80, "10.0.0.0/8", False),
+        ("::1", 80, "[::1]", True),
+        ("::1", 80, "0:0::1", True),
+        ("::1", 443, "[::1]:443", True),
+        ("anything", 1, "*", True),
+        ("anything", 1, "", False),
+        ("anything", 1, " , ,", False),
+    ],
+)
+def test_no_proxy_matching(host, port, no_proxy, bypass):
+    from cuforge.store.remote.proxy import bypasses
+
+    assert bypasses(host, port, no_proxy) is bypass

@@ -116,8 +116,10 @@ def write_bundle(
 
 def install_bundle(path: str | os.PathLike[str], *, cache: Cache | None = None) -> dict[str, int]:
     """Verify the bundle at ``path`` (every checksum) and put each entry into ``cache``'s
-    writable tiers (default: the default cache). Returns ``{"entries", "bytes",
-    "stored"}``. Raises :class:`BundleError` for a damaged bundle (then nothing is
+    writable tiers (default: the default cache). An entry the cache's disk tier already
+    holds (well formed) is left as it is. Returns ``{"entries", "bytes", "stored",
+    "already_present"}``: ``stored`` counts the entries new to the cache, so a second
+    install of the same bundle stores 0 and finds them all present. Raises :class:`BundleError` for a damaged bundle (then nothing is
     installed), ``ValueError`` when the cache is disabled."""
     store = resolve(cache).store
     if store is None:
@@ -130,11 +132,19 @@ def install_bundle(path: str | os.PathLike[str], *, cache: Cache | None = None) 
         entries = list(bundle.entries())
     finally:
         bundle.close()
-    stored = sum(1 for e in entries if store.put(e))
+    # the tiers that can say "I hold this" without counting a lookup (the disk tier)
+    holders = [t.has for t in getattr(store, "tiers", [store]) if hasattr(t, "has")]
+    stored = present = 0
+    for e in entries:
+        if holders and all(has(e.key) for has in holders):
+            present += 1
+        elif store.put(e):
+            stored += 1
     return {
         "entries": len(entries),
         "bytes": sum(len(e.payload) for e in entries),
         "stored": stored,
+        "already_present": present,
     }
 
 

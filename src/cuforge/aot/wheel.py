@@ -32,6 +32,22 @@ def _digest(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
+def check_name(name: str) -> str:
+    """``name`` when a wheel can carry it as its distribution name; else ValueError."""
+    if not _NAME.match(name):
+        raise ValueError(
+            f"name must be a distribution name (letters, digits, '-', '_', '.'), not {name!r}"
+        )
+    return name
+
+
+def check_version(version: str) -> str:
+    """``version`` when a wheel can carry it; else ValueError."""
+    if not _VERSION.match(version):
+        raise ValueError(f"version must be a version such as 1.0, not {version!r}")
+    return version
+
+
 def build_wheel(
     bundle: str | os.PathLike[str], *, name: str, version: str, out_dir: str | os.PathLike[str]
 ) -> str:
@@ -40,12 +56,8 @@ def build_wheel(
     carry, and :class:`~cuforge.store.bundle.BundleError` for a bundle that is not one."""
     from cuforge.store.bundle import BundleStore
 
-    if not _NAME.match(name):
-        raise ValueError(
-            f"name must be a distribution name (letters, digits, '-', '_', '.'), not {name!r}"
-        )
-    if not _VERSION.match(version):
-        raise ValueError(f"version must be a version such as 1.0, not {version!r}")
+    check_name(name)
+    check_version(version)
     store = BundleStore(bundle)
     try:
         index = dict(store.info)

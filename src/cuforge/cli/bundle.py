@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 from cuforge.aot.bundle import bundle_summary, install_bundle
+from cuforge.aot.wheel import check_name, check_version
 from cuforge.cli import output
 from cuforge.cli.common import cache_root
 
@@ -48,8 +49,18 @@ def add_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:
         help="write a pip-installable wheel serving a bundle (loaded on the first miss)",
     )
     p.add_argument("file", help="the bundle (.cfb)")
-    p.add_argument("--name", required=True, help="the distribution name (mymodel-kernels)")
-    p.add_argument("--version", required=True, help="the distribution version (1.0)")
+    p.add_argument(
+        "--name",
+        required=True,
+        type=output.arg_type(check_name),
+        help="the distribution name (mymodel-kernels)",
+    )
+    p.add_argument(
+        "--version",
+        required=True,
+        type=output.arg_type(check_version),
+        help="the distribution version (1.0)",
+    )
     p.add_argument("--out", default=".", help="the directory to write the wheel into (.)")
     p.set_defaults(func=run_wheel)
 
@@ -78,8 +89,10 @@ def run_install(args: argparse.Namespace) -> int:
             }
         )
         return 0
+    entries = f"{done['entries']} {'entry' if done['entries'] == 1 else 'entries'}"
     print(
-        f"installed {done['stored']} of {done['entries']} entries "
+        f"installed {done['stored']} new, {done['already_present']} already present, of "
+        f"{entries} "
         f"({output.human_bytes(done['bytes'])}) from {args.file} into {cache_root(args)}"
     )
     return 0

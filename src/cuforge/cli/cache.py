@@ -39,6 +39,7 @@ from cuforge.base.layout import CacheLayout
 from cuforge.cli import output
 from cuforge.cli.common import cache_root
 from cuforge.keys.explain import recent_misses
+from cuforge.keys.explain import shown as explain_shown
 from cuforge.store import telemetry
 from cuforge.store.base import ENTRY_KINDS
 from cuforge.store.bundle import FORMAT_VERSION
@@ -330,7 +331,10 @@ def run_show(args: argparse.Namespace) -> int:
         )
         return 1
     meta = dict(entry.meta)
-    size = meta.pop("size", len(entry.payload))
+    payload_bytes = meta.pop("size", len(entry.payload))
+    # one definition of an entry's size everywhere (ls, stats, the cap, du): its file's
+    file_size = _file_size(path)
+    size = payload_bytes if file_size is None else file_size
     created = meta.pop("created", None)
     last_used = meta.pop("last_used", None)
     if args.payload:
@@ -344,7 +348,8 @@ def run_show(args: argparse.Namespace) -> int:
                 "kind": entry.kind,
                 "path": path,
                 "size": size,
-                "file_size": _file_size(path),
+                "file_size": file_size,
+                "payload_bytes": payload_bytes,
                 "created": created,
                 "last_used": last_used,
                 "meta": meta,
@@ -358,7 +363,11 @@ def run_show(args: argparse.Namespace) -> int:
         ("arch", _arch_text(meta.get("arch"))),
         ("backend", meta.get("backend", "-")),
         ("output", meta.get("output", "-")),
-        ("size", f"{output.human_bytes(size)} ({size} bytes)"),
+        (
+            "size",
+            f"{output.human_bytes(size)} ({size} bytes on disk; the binary "
+            f"{output.human_bytes(payload_bytes)})",
+        ),
         ("compile time", output.human_seconds(meta.get("compile_seconds"))),
         ("created", output.human_time(created)),
         ("last used", f"{output.human_time(last_used)} ({output.human_age(last_used)})"),
@@ -432,6 +441,8 @@ def run_explain(args: argparse.Namespace) -> int:
         misses = [m for m in misses if all(n in str(m.get("name", "")) for n in names)]
         if args.limit and args.limit > 0:
             misses = misses[-args.limit :]
+    for m in misses:  # each reason once, paths as paths (also in what older versions logged)
+        m["reasons"] = explain_shown(m.get("reasons") or [])
     sources = _explain_sources(args)
     if sources is not None:
         _add_nearest(root, misses, sources)
@@ -445,7 +456,7 @@ def run_explain(args: argparse.Namespace) -> int:
         )
         return 0
     for m in misses:
-        reasons = m.get("reasons") or ["first compile of this name (nothing to compare with)"]
+        reasons = m["reasons"] or ["first compile of this name (nothing to compare with)"]
         print(
             f"{output.human_time(m.get('time'))}  {m.get('name', '?')}  "
             f"{str(m.get('key', ''))[:16]}"
@@ -891,13 +902,25 @@ def add_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:
     cache.set_defaults(func=_no_subcommand)
 
     p = sub.add_parser("stats", parents=[common], help="sizes, hits and misses, time saved")
-    p.add_argument("--top", type=int, default=10, help="how many top entries to list (10)")
+    p.add_argument(
+        "--top",
+        type=output.arg_type(output.count),
+        default=10,
+        metavar="N",
+        help="how many top entries to list (10; 0: none)",
+    )
     p.set_defaults(func=run_stats)
 
     p = sub.add_parser("ls", parents=[common], help="list entries")
     _add_filters(p, hide_manifests=True)
     p.add_argument("--sort", choices=sorted(_SORTS), default="last-used")
-    p.add_argument("--limit", type=int, default=100, help="show at most N (0: all; default 100)")
+    p.add_argument(
+        "--limit",
+        type=output.arg_type(output.count),
+        default=100,
+        metavar="N",
+        help="show at most N (0: all; default 100)",
+    )
     p.add_argument("--full-keys", action="store_true", help="print whole keys")
     p.set_defaults(func=run_ls)
 
@@ -922,7 +945,7 @@ def add_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--limit",
-        type=int,
+        type=output.arg_type(output.count),
         default=20,
         metavar="N",
         help="show at most the N most recent misses (0: all; default 20)",

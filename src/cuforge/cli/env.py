@@ -113,6 +113,13 @@ def compute(environ: dict[str, str] | None = None) -> dict[str, Any]:
             "value": best,
             "why": f"{no_gpu}: the newest arch of TORCH_CUDA_ARCH_LIST",
         }
+    elif not gpu_archs:
+        # the line README promises without a GPU: unset, and what to set it to
+        out["CUFORGE_ARCH"] = {
+            "value": None,
+            "why": f"{no_gpu} and no usable arch setting: export CUFORGE_ARCH=<your target "
+            "GPU's arch, e.g. sm_90>",
+        }
 
     # MAX_JOBS: ninja's parallelism for torch extension builds.
     jobs, why = recommended_jobs(res)
@@ -232,7 +239,8 @@ def render(settings_: dict[str, Any], shell: str, explain: bool) -> str:
         if explain:
             lines.append(f"# {name}: {why}")
         if value is None:
-            lines.append(f"# {name} left unset")
+            hint = "  (no GPU visible: export CUFORGE_ARCH=sm_90, your target GPU's arch)"
+            lines.append(f"# {name} left unset" + (hint if name == "CUFORGE_ARCH" else ""))
             continue
         if shell == "fish":
             lines.append(f"set -gx {name} {_fish_quote(value)};")

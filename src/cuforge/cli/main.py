@@ -35,6 +35,7 @@ from typing import Any
 
 import cuforge
 from cuforge._version import __version__
+from cuforge.base.arch import normalize_arch
 from cuforge.base.config import settings
 from cuforge.base.errors import CuforgeError
 from cuforge.cli import output
@@ -121,13 +122,38 @@ def _add_compile_parser(subparsers: Any, common: argparse.ArgumentParser) -> Non
     p.add_argument(
         "--arch",
         action="append",
+        type=output.arg_type(normalize_arch),
         help="target arch (sm_90, 9.0 or 90); repeat for a fatbin with --backend nvcc "
         "(default: the visible GPU, else CUFORGE_ARCH, else TORCH_CUDA_ARCH_LIST)",
     )
-    p.add_argument("--backend", choices=("nvrtc", "nvcc"), default="nvrtc")
-    p.add_argument("--output", choices=("cubin", "ptx", "fatbin"), default="cubin")
-    p.add_argument("-I", dest="include_dirs", action="append", default=[], metavar="DIR")
-    p.add_argument("-D", dest="defines", action="append", default=[], metavar="NAME[=VALUE]")
+    p.add_argument(
+        "--backend",
+        choices=("nvrtc", "nvcc"),
+        default="nvrtc",
+        help="the compiler: NVRTC (in process, the default) or the toolkit's nvcc",
+    )
+    p.add_argument(
+        "--output",
+        choices=("cubin", "ptx", "fatbin"),
+        default="cubin",
+        help="what to build: cubin (the default), ptx, or fatbin (nvcc, several --arch)",
+    )
+    p.add_argument(
+        "-I",
+        dest="include_dirs",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="an include directory; every header found there is in the key (repeatable)",
+    )
+    p.add_argument(
+        "-D",
+        dest="defines",
+        action="append",
+        default=[],
+        metavar="NAME[=VALUE]",
+        help="a define, NAME or NAME=VALUE (NAME alone means NAME=1; repeatable)",
+    )
     p.add_argument(
         "--option",
         "-X",
@@ -193,7 +219,8 @@ def _run_compile(args: argparse.Namespace) -> int:
             except (CuforgeError, OSError, ValueError) as exc:
                 failed += 1
                 output.error(f"{path}: {exc}")
-                results.append({"file": path, "ok": False, "error": output.cli_wording(str(exc))})
+                error = {"message": output.cli_wording(str(exc)), "kind": type(exc).__name__}
+                results.append({"file": path, "ok": False, "error": error})
                 bar.advance()
                 continue
             seconds = time.perf_counter() - start
@@ -207,8 +234,13 @@ def _run_compile(args: argparse.Namespace) -> int:
                     if out_dir
                     else args.out
                 )
-                with open(written, "wb") as f:
-                    f.write(prog.binary)
+                try:
+                    with open(written, "wb") as f:
+                        f.write(prog.binary)
+                except OSError as exc:
+                    raise OSError(
+                        exc.errno, exc.strerror or str(exc), f"cannot write {written}"
+                    ) from exc
             results.append(
                 {
                     "file": path,
@@ -227,9 +259,20 @@ def _run_compile(args: argparse.Namespace) -> int:
             )
             bar.advance()
     if args.json:
-        output.emit_json(
-            {"command": "compile", "ok": failed == 0, "failed": failed, "results": results}
-        )
+        doc: dict[str, Any] = {
+            "command": "compile",
+            "ok": failed == 0,
+            "failed": failed,
+            "results": results,
+        }
+        if failed:  # the documented failure shape, as every command's: error.message / kind
+            first = next(r for r in results if not r["ok"])
+            doc["error"] = {
+                "message": f"{failed} of {len(results)} failed; {first['file']}: "
+                + first["error"]["message"],
+                "kind": first["error"]["kind"],
+            }
+        output.emit_json(doc)
     else:
         rows = [
             (
@@ -332,7 +375,7 @@ def _dispatch(argv: list[str], as_json: bool) -> tuple[int, str | None]:
         raise _UsageExit(_subparser(parser, argv), str(exc)) from None
     except Exception as exc:  # noqa: BLE001 - the command line reports every failure readably
         if isinstance(exc, (CuforgeError, OSError, ValueError)):
-            output.error(str(exc))
+            output.error(output.os_error_text(exc))
             return 1, type(exc).__name__
 
         if settings().debug:

@@ -25,7 +25,11 @@ from typing import Any, TextIO
 __all__ = [
     "JSON_SCHEMA",
     "UsageError",
+    "plural",
+    "count",
+    "os_error_text",
     "usage_value",
+    "arg_type",
     "cli_wording",
     "fancy",
     "progress",
@@ -80,6 +84,22 @@ def usage_value(flag: str, parse: Any, text: str) -> Any:
         return parse(text)
     except ValueError as exc:
         raise UsageError(f"{flag} {text!r}: {exc}") from None
+
+
+def arg_type(parse: Any) -> Any:
+    """An argparse ``type=`` that runs ``parse(text)`` and turns its ValueError into
+    argparse's usage error, message kept (``argument --arch: cannot read arch 'hopper'
+    ...``): a bad flag value exits 2, as every usage error does."""
+    import argparse
+
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    convert.__name__ = getattr(parse, "__name__", "value")
+    return convert
 
 
 #: Python keyword arguments of the library (as its errors name them) -> the CLI flags of
@@ -333,3 +353,29 @@ def parse_age(text: str) -> float:
     if value < 0:
         raise ValueError(f"age {text!r} is negative")
     return value * _AGE_UNITS.get(unit, 1)
+
+
+def count(text: str) -> int:
+    """A count a flag takes (``--top 5``, ``--limit 0``): a whole number >= 0; else
+    ValueError saying so (through :func:`arg_type`, a usage error)."""
+    value = text.strip()
+    if not (value.isascii() and value.isdigit()):
+        raise ValueError(f"expected a whole number >= 0, not {text!r}")
+    return int(value)
+
+
+def os_error_text(exc: BaseException) -> str:
+    """An OSError as a sentence (``/x/y.cubin: No such file or directory``), not Python's
+    ``[Errno 2] No such file or directory: '/x/y.cubin'``; any other error as it is."""
+    if not isinstance(exc, OSError) or not exc.strerror:
+        return str(exc)
+    if exc.filename is not None and exc.filename2 is not None:
+        return f"{exc.filename} -> {exc.filename2}: {exc.strerror}"
+    if exc.filename is not None:
+        return f"{exc.filename}: {exc.strerror}"
+    return exc.strerror
+
+
+def plural(n: int, word: str) -> str:
+    """``"1 warning"``, ``"2 warnings"``, ``"0 warnings"``."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"

@@ -14,6 +14,7 @@ import argparse
 import sys
 from typing import Any
 
+from cuforge.base.config import settings
 from cuforge.cli import output
 
 __all__ = ["add_parser", "run"]
@@ -31,7 +32,9 @@ def add_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("lock", help="the lockfile (cuforge.lock)")
     p.add_argument(
         "service",
-        nargs=argparse.REMAINDER,
+        # not REMAINDER: that would swallow `--cache-dir D` after LOCK as a service script;
+        # "*" leaves options before `--` to the parser and takes what follows `--` verbatim
+        nargs="*",
         metavar="-- SCRIPT [ARGS] | -- -m MODULE [ARGS]",
         help="run this Python service in this process while the pull runs in the background "
         "(as `python SCRIPT ARGS` / `python -m MODULE ARGS` would run it)",
@@ -47,6 +50,12 @@ def run(args: argparse.Namespace) -> int:
         service = service[1:]
     if args.service:
         return _serve(args.lock, service)
+    remote = settings().remote
+    if not remote:
+        output.warn(
+            "no remote cache is configured (CUFORGE_REMOTE is unset): nothing can be "
+            "fetched; only entries already local or in an installed bundle count as present"
+        )
 
     with output.progress("prefetching", enabled=output.fancy(sys.stderr)) as bar:
 
@@ -59,7 +68,9 @@ def run(args: argparse.Namespace) -> int:
     for line in report.missing:
         output.error(f"missing: {line}")
     if args.json:
-        output.emit_json({"command": "prefetch", **report.as_dict()})
+        output.emit_json(
+            {"command": "prefetch", "remote_configured": bool(remote), **report.as_dict()}
+        )
         return 0 if report.ok else 1
     rows = [
         ("lock", args.lock),

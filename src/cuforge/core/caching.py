@@ -194,6 +194,8 @@ class Cache:
         self._store: Any = None
         self._built = False
         self._trust: str | None = None
+        #: why the disk tier is left out although the dir is trusted (it cannot be created)
+        self._absent: str | None = None
         self._bundles: list[Store] = []
         self._settings: Settings | None = None  # the remote options (default caches)
         #: bundles looked for on the first miss, once: ``source(cache) -> how many it added``
@@ -314,8 +316,14 @@ class Cache:
                 from cuforge.store.disk import DiskStore
 
                 disk = DiskStore(self.layout, self.max_bytes, telemetry=self.telemetry)
-                tiers.append(disk)
-                disk_root = disk.root
+                if disk.disabled and not os.path.isdir(disk.root):
+                    # the dir cannot be created: the disk tier gave its one warning (with
+                    # the fix); without a dir there are no locks, miss logs or entries
+                    # either, so nothing else warns about it again
+                    self._absent = disk.disabled_reason or "the cache dir cannot be created"
+                else:
+                    tiers.append(disk)
+                    disk_root = disk.root
             else:
                 self.warn_once(
                     f"cuforge: not using the disk cache: {problem}. Whoever can write a cache "
@@ -367,7 +375,7 @@ class Cache:
     def trusted(self) -> bool:
         """Whether the disk tier is in use (the dir passed the trust check)."""
         self.store  # noqa: B018 - builds the tiers, which runs the check
-        return self.disk and self.enabled and self._trust is None
+        return self.disk and self.enabled and self._trust is None and self._absent is None
 
     @property
     def lock_dir(self) -> str | None:
@@ -602,7 +610,7 @@ class Cache:
             if settings().explain:
                 print(f"cuforge: {name} not cached: {uncached}", file=sys.stderr)
             return
-        reasons = _explain.explain(root, name, fields)
+        reasons = _explain.explain(root, name, fields, self.keyed_base_dir())
         if reasons:
             _explain.log_miss(root, name, key, reasons)
             if settings().explain:

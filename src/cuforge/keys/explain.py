@@ -102,8 +102,12 @@ def _read_lines(path: str) -> list[str]:
     return data.decode("utf-8", "surrogateescape").splitlines(keepends=True)
 
 
-def explain(cache_dir: str | None, name: str, fields: dict[str, Any]) -> list[str]:
-    """Reasons the key built from ``fields`` differs from the nearest earlier key of ``name``.
+def explain(
+    cache_dir: str | None, name: str, fields: dict[str, Any], base: str | None = None
+) -> list[str]:
+    """Reasons the key built from ``fields`` differs from the nearest earlier key of ``name``,
+    each once, paths as people read them (:func:`shown`; ``base``: the base dir the key was
+    made against, default ``CUFORGE_BASE_DIR`` or the working directory).
 
     An empty list means nothing was built under this name before (a first compile)."""
     history = _read_history(cache_dir, name)
@@ -118,7 +122,27 @@ def explain(cache_dir: str | None, name: str, fields: dict[str, Any]) -> list[st
         return [
             "an identical key was built before but its entry is gone (evicted, pruned or corrupt)"
         ]
-    return [_readable(_relative(r, fields)) for r in _worded(best or [])]
+    return shown([_readable(_relative(r, fields)) for r in _worded(best or [])], base)
+
+
+def shown(reasons: Iterable[str], base: str | None = None) -> list[str]:
+    """``reasons`` each once, in order, with the key's path markers spelled as paths: an
+    include dir ``<include>DIR`` as ``-IDIR``, ``${BASE}/rel`` as ``rel`` (paths under the
+    base dir are shown relative to it, as the other reasons show them) and ``${BASE}``
+    alone as the base dir itself (``base``, default ``CUFORGE_BASE_DIR`` or the working
+    directory). Also applied by ``cuforge cache explain`` to what older versions logged."""
+    if base is None:
+        from cuforge.base.config import settings
+        from cuforge.base.paths import base_dir
+
+        base = base_dir(settings().base_dir)
+    out: list[str] = []
+    for reason in reasons:
+        text = reason.replace("<include>", "-I")
+        text = text.replace(BASE + "/", "").replace(BASE, base)
+        if text not in out:
+            out.append(text)
+    return out
 
 
 def fields_of(cache_dir: str | None, name: str, key: str) -> dict[str, Any] | None:
@@ -156,7 +180,7 @@ def nearest_entry(
     if best is None:
         return None
     key, entry_kind, reasons = best
-    differs = [_readable(_relative(r, fields)) for r in _worded(reasons)]
+    differs = shown([_readable(_relative(r, fields)) for r in _worded(reasons)])
     return {"key": key, "kind": entry_kind, "differs": differs}
 
 
@@ -212,10 +236,8 @@ def _include_dir_change(reason: str) -> str:
         if verb in ("added", "removed"):
             for prefix in ("<include>", "-I", "--include-path="):
                 if option.startswith(prefix) and len(option) > len(prefix):
-                    path = option[len(prefix) :]
-                    if path.startswith(BASE + "/"):  # a dir under the base dir, as keyed
-                        path = path[len(BASE) + 1 :]
-                    return f"include dir {path} {verb}"
+                    # (a dir under the base dir, as keyed: shown() spells ${BASE})
+                    return f"include dir {option[len(prefix) :]} {verb}"
     return reason
 
 

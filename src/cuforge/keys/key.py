@@ -215,12 +215,22 @@ _MAP_NOUNS = {"headers": "header", "env": "env", "defines": "define", "objects":
 
 def _diff_lists(label: str, before: list, after: list) -> list[str]:
     noun = _LIST_NOUNS.get(label, label)
-    added = [v for v in after if v not in before]
-    removed = [v for v in before if v not in after]
+    # each value once: an option given twice (-X-lineinfo -X-lineinfo) is one change
+    added = _once(v for v in after if v not in before)
+    removed = _once(v for v in before if v not in after)
     reasons = [f"{noun} {v} added" for v in added] + [f"{noun} {v} removed" for v in removed]
     if not reasons:
         reasons.append(f"{label} reordered: {' '.join(before)} -> {' '.join(after)}")
     return reasons
+
+
+def _once(values: Iterable[Any]) -> list[Any]:
+    """``values`` in order, each once (values may be unhashable)."""
+    out: list[Any] = []
+    for v in values:
+        if v not in out:
+            out.append(v)
+    return out
 
 
 def _diff_maps(label: str, before: dict, after: dict) -> list[str]:

@@ -92,7 +92,10 @@ def _warn(lock_dir: str, exc: BaseException) -> None:
         "same kernel at once (threads of one process are still serialised). Fix: make that "
         "directory writable or set CUFORGE_CACHE_DIR to a writable directory.",
         lock_dir,
-        exc,
+        # a sentence, not Python's "[Errno 20] Not a directory: '...'"
+        f"{exc.filename}: {exc.strerror}"
+        if isinstance(exc, OSError) and exc.strerror and exc.filename
+        else (exc.strerror if isinstance(exc, OSError) and exc.strerror else exc),
     )
 
 

@@ -15,12 +15,14 @@ arch_list.CUFORGE_ARCH when set; arch_list.agreement when both are set: WARN whe
 different archs, saying which wins where), build_jobs, ccache, sccache, nvrtc,
 nvrtc.headers (NVRTC's version against the CUDA_VERSION of the headers it compiles with),
 nvrtc.headers_compile (a real NVRTC compile of tiny kernels using cuda_fp16.h, cuda_bf16.h
-and CUB, cache disabled; FAIL with the pip fix when one does not compile), nvcc, cuda_home,
-cuda_headers, torch, cache.dir, cache.size, cache.hits, cache.integrity, remote (one per
+and CUB, through the cache the doctor reports on, so a second doctor compiles nothing; FAIL
+with the pip fix when one does not compile), nvcc, cuda_home (WARN when the CUDA_HOME torch
+would use, as ``torch.utils.cpp_extension._find_cuda_home`` guesses it, lacks
+include/cuda_runtime.h; the fix is the export), cuda_headers, torch, cache.dir, cache.size, cache.hits, cache.integrity, remote (one per
 URL in CUFORGE_REMOTE), fast_launch. The doctor never raises: a check that breaks becomes a
 WARN saying so.
 
-``--check ID`` (repeatable) runs only the checks that make those rows, and reports only those
+``cuforge doctor --help`` lists the check ids. ``--check ID`` (repeatable) runs only the checks that make those rows, and reports only those
 rows (an unknown id is a usage error that lists the ids); :func:`run_checks` does the same in
 process and returns the rows.
 
@@ -39,10 +41,12 @@ that the probe entry came back through the signature check). FAIL when unreachab
 write is refused; WARN when slower than the transfer timeout's tenth; SKIP when no remote
 is configured.
 
-``cache.dir`` FAILs when the cache dir, or a directory directly under it (``v1``,
-``locks``, ...), fails :func:`cuforge.base._fs.trust_problem` (not owned by you, or writable by
-group or others): cuforge then reads nothing from it, and the fix (``chmod go-w ...`` or
-``chown ...``) is printed; the cache.size/hits/integrity checks are SKIPped.
+``cache.dir`` FAILs when the cache dir does not exist and cannot be created (its nearest
+existing ancestor is a file, or not writable: a probe file is really made there), and when
+it, or a directory directly under it (``v1``, ``locks``, ...), fails
+:func:`cuforge.base._fs.trust_problem` (not owned by you, or writable by group or others):
+cuforge then reads nothing from it, and the fix (``chmod go-w ...`` or ``chown ...``) is
+printed; the cache.size/hits/integrity checks are SKIPped.
 """
 
 from __future__ import annotations
@@ -193,6 +197,7 @@ def add_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:
         "settings, build parallelism, the cuforge cache and the remote caches. Exit code 1 "
         "when any check "
         "FAILs. Works without a GPU (GPU checks are SKIPped).",
+        epilog="check ids (for --check): " + ", ".join(check_ids()),
     )
     p.add_argument(
         "--check",

@@ -24,6 +24,22 @@ def _probe_writable(root: str) -> bool:
     return True
 
 
+def _creation_problem(root: str) -> str | None:
+    """Why the missing cache dir ``root`` cannot be created, or None when it can: its
+    nearest existing ancestor must be a directory this process can really write (a
+    probe file is made and removed there, so root and read-only mounts answer truly)."""
+    if os.path.lexists(root):
+        return f"{root} exists and is not a directory"
+    parent = os.path.dirname(root)
+    while parent and not os.path.lexists(parent) and parent != os.path.dirname(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        return f"{parent} is a file, not a directory"
+    if not _probe_writable(parent):
+        return f"{parent} is not writable"
+    return None
+
+
 def _trust_problems(root: str) -> list[tuple[str, str | None]]:
     """(problem, fix) for the cache dir and every directory under it (the fan-out dirs
     of the entries and the torch module dirs included) that fails the cache dir's one
@@ -40,10 +56,8 @@ def _check_cache_dir(root: str, disabled: str | None) -> list[Check]:
     if disabled:
         rows.append(row("WARN", f"{disabled}=1: nothing is cached on disk", f"unset {disabled}"))
     if not os.path.isdir(root):
-        parent = root
-        while parent and not os.path.exists(parent):
-            parent = os.path.dirname(parent)
-        if parent and os.access(parent, os.W_OK | os.X_OK):
+        problem = _creation_problem(root)
+        if problem is None:
             rows.append(
                 row(
                     "PASS", f"{root} (created with mode 0700 on first use)", path=root, exists=False
@@ -53,10 +67,11 @@ def _check_cache_dir(root: str, disabled: str | None) -> list[Check]:
             rows.append(
                 row(
                     "FAIL",
-                    f"{root} cannot be created ({parent} is not writable): nothing will be cached",
+                    f"{root} cannot be created ({problem}): nothing will be cached",
                     "export CUFORGE_CACHE_DIR=<a writable directory>",
                     path=root,
                     exists=False,
+                    problem=problem,
                 )
             )
         return rows
@@ -145,22 +160,27 @@ def check_cache(p: Probe) -> list[Check]:
 
     row = row_maker("cache.hits", "cache hit rate")
     summ = telemetry.summary(root)
-    disk = summ.get("tiers", {}).get("disk", {})
-    hits, misses = disk.get("hits", 0), disk.get("misses", 0)
+    # the one definition of a hit, as `cuforge cache stats` counts it: each lookup of the
+    # whole chain once (a hit: some tier answered it; a miss: every tier missed)
+    chain = summ.get("lookups", {})
+    hits, misses = chain.get("hits", 0), chain.get("misses", 0)
+    lookups = chain.get("lookups", hits + misses)
+    data = {"lookups": lookups, "hits": hits, "misses": misses, "builds": chain.get("builds", 0)}
     if not summ.get("enabled", True):
         rows.append(row("PASS", "telemetry is off (CUFORGE_TELEMETRY=0)", enabled=False))
-    elif hits + misses == 0:
-        rows.append(row("PASS", "no lookups recorded yet", **disk))
+    elif lookups == 0:
+        rows.append(row("PASS", "no lookups recorded yet", **data))
     else:
-        rate = hits / (hits + misses)
+        rate = hits / lookups
         saved = output.human_seconds(summ.get("seconds_saved", 0.0))
         rows.append(
             row(
                 "PASS",
-                f"disk tier: {hits} hits, {misses} misses ({100 * rate:.0f}%), "
-                f"{saved} of compiling saved",
+                f"{lookups} lookups: {output.plural(hits, 'hit')} ({100 * rate:.0f}%), "
+                f"{misses} miss{'es' * (misses != 1)}; {saved} of compiling saved "
+                "(as `cuforge cache stats` counts them)",
                 hit_rate=rate,
-                **disk,
+                **data,
             )
         )
 

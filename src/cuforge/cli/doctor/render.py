@@ -134,7 +134,8 @@ def render(
     for status, text in layout(rows, title_width=title_width):
         say(status, text)
     line = (
-        f"{summary['pass']} passed, {summary['warn']} warnings, {summary['fail']} failed, "
+        f"{summary['pass']} passed, {output.plural(summary['warn'], 'warning')}, "
+        f"{summary['fail']} failed, "
         f"{summary['skip']} skipped"
     )
     if skipped:

@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from collections.abc import Callable
 from typing import Any
 
+import cuforge
 from cuforge import toolchain
+from cuforge.base.config import settings
 from cuforge.cli.doctor.base import Check, Probe, row_maker, run_command
 from cuforge.toolchain import locate
 from cuforge.toolchain.facts import (
@@ -186,21 +186,6 @@ _HEADER_KERNELS = {
 }
 
 
-_HEADER_COMPILE_CHILD = """
-import json, sys
-import cuforge
-arch, kernels = sys.argv[1], json.loads(sys.stdin.read())
-out = {}
-for name, src in kernels.items():
-    try:
-        cuforge.compile(src, name="doctor_" + name.replace(".", "_") + ".cu", arch=arch)
-        out[name] = None
-    except Exception as exc:  # noqa: BLE001
-        out[name] = (type(exc).__name__ + ": " + str(exc))[:600]
-print(json.dumps(out))
-"""
-
-
 def _header_compile_arch(p: Probe) -> str:
     """A supported arch to compile the header probes for: the visible GPU's, else sm_90
     when NVRTC supports it, else the newest NVRTC supports."""
@@ -214,9 +199,31 @@ def _header_compile_arch(p: Probe) -> str:
     return supported[-1]
 
 
+def _compile_headers(arch: str) -> tuple[dict[str, str | None], dict[str, str]]:
+    """Compile each of :data:`_HEADER_KERNELS` through the cache the doctor reports on
+    (:func:`cuforge.base.config.settings`' cache dir, which ``--cache-dir`` sets): the
+    first run compiles them, every later one is a hit. Returns ({name: None or why it
+    failed}, {name: where the result came from})."""
+    cache = cuforge.Cache(settings().cache_dir)
+    failed: dict[str, str | None] = {}
+    sources: dict[str, str] = {}
+    for name, src in _HEADER_KERNELS.items():
+        try:
+            prog = cuforge.compile(
+                src, name="doctor_" + name.replace(".", "_") + ".cu", arch=arch, cache=cache
+            )
+        except Exception as exc:  # noqa: BLE001 - a failed compile is this check's answer
+            failed[name] = (type(exc).__name__ + ": " + str(exc))[:600]
+            continue
+        failed[name] = None
+        sources[name] = prog.source_of_result
+    return failed, sources
+
+
 def check_header_compiles(p: Probe) -> list[Check]:
-    """Real NVRTC compiles of kernels that use cuda_fp16.h, cuda_bf16.h and CUB, in a
-    child process with the cache disabled (nothing is read from or written to the cache)."""
+    """Real NVRTC compiles of kernels that use cuda_fp16.h, cuda_bf16.h and CUB, through
+    the cache the doctor reports on: a second ``cuforge doctor`` compiles nothing
+    (``data.sources`` says where each result came from)."""
 
     row = row_maker("nvrtc.headers_compile", "fp16/bf16/CUB compile")
     try:
@@ -224,24 +231,19 @@ def check_header_compiles(p: Probe) -> list[Check]:
     except Exception as exc:  # noqa: BLE001 - the nvrtc row already says how to fix it
         return [row("SKIP", f"skipped: NVRTC cannot be used ({exc})")]
     arch = _header_compile_arch(p)
-    env = dict(os.environ, CUFORGE_DISABLE_CACHE="1", CUFORGE_PROGRESS="0")
-    try:
-        done = subprocess.run(
-            [sys.executable, "-c", _HEADER_COMPILE_CHILD, arch],
-            input=json.dumps(_HEADER_KERNELS),
-            capture_output=True,
-            text=True,
-            timeout=180,
-            env=env,
-            check=False,
-        )
-        results = json.loads(done.stdout.strip().splitlines()[-1])
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
-        return [row("WARN", f"could not run the test compile ({exc})", None, arch=arch)]
+    results, sources = _compile_headers(arch)
     failed = {name: why for name, why in results.items() if why}
-    data = {"arch": arch, "failed": failed}
+    data = {"arch": arch, "failed": failed, "sources": sources}
     if not failed:
-        return [row("PASS", f"{', '.join(results)} kernels compile with NVRTC ({arch})", **data)]
+        cached = sum(1 for s in sources.values() if s != "compiled")
+        how = f"{cached} of {len(sources)} from the cache" if cached else "compiled, now cached"
+        return [
+            row(
+                "PASS",
+                f"{', '.join(results)} kernels compile with NVRTC ({arch}; {how})",
+                **data,
+            )
+        ]
     first = next(iter(failed.values())).splitlines()[0][:200]
     return [
         row(
@@ -272,7 +274,23 @@ def check_nvcc(p: Probe) -> list[Check]:
     )
 
 
+def _has_runtime_header(root: str | None) -> bool:
+    return bool(root) and os.path.isfile(os.path.join(str(root), "include", "cuda_runtime.h"))
+
+
+def _cuda_home_fix(root: str | None) -> str:
+    """The export that gives torch a CUDA_HOME with include/cuda_runtime.h."""
+    for candidate in (root, "/usr/local/cuda"):
+        if _has_runtime_header(candidate):
+            return f"export CUDA_HOME={os.path.realpath(str(candidate))}"
+    return "install the CUDA toolkit and export CUDA_HOME=<its root>"
+
+
 def check_cuda_home(p: Probe) -> list[Check]:
+    """The toolkit root, and the CUDA_HOME torch.utils.cpp_extension would use
+    (``_find_cuda_home``: CUDA_HOME or CUDA_PATH, else the parent of ``which nvcc``'s
+    directory, else /usr/local/cuda): WARN when that root lacks include/cuda_runtime.h,
+    since torch's extension builds then fail to find the runtime headers."""
     root = toolchain.toolkit_root()
     guess, how = torch_cuda_home_guess()
     row = row_maker("cuda_home", "CUDA toolkit root")
@@ -280,17 +298,28 @@ def check_cuda_home(p: Probe) -> list[Check]:
     set_var = next((v for v in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(v)), None)
     if set_var:
         value = os.environ[set_var]
-        if toolchain.is_toolkit(value):
-            return [row("PASS", f"{set_var}={value}", **data)]
-        return [
-            row(
-                "FAIL",
-                f"{set_var}={value} is not a CUDA toolkit (neither bin/nvcc nor "
-                "include/cuda_runtime.h)",
-                f"export {set_var}={root}" if root else f"unset {set_var}",
-                **data,
-            )
-        ]
+        if not toolchain.is_toolkit(value):
+            return [
+                row(
+                    "FAIL",
+                    f"{set_var}={value} is not a CUDA toolkit (neither bin/nvcc nor "
+                    "include/cuda_runtime.h)",
+                    f"export {set_var}={root}" if root else f"unset {set_var}",
+                    **data,
+                )
+            ]
+        if not _has_runtime_header(value):
+            return [
+                row(
+                    "WARN",
+                    f"{set_var}={value} has no include/cuda_runtime.h: torch extension builds "
+                    "there cannot find the CUDA runtime headers (cuforge.torch finds the "
+                    "toolkit itself)",
+                    _cuda_home_fix(root).replace("CUDA_HOME", set_var, 1),
+                    **data,
+                )
+            ]
+        return [row("PASS", f"{set_var}={value}", **data)]
     if root is None:
         return [
             row(
@@ -300,14 +329,17 @@ def check_cuda_home(p: Probe) -> list[Check]:
                 **data,
             )
         ]
-    if guess and toolchain.is_toolkit(guess):
+    if _has_runtime_header(guess):
         return [row("PASS", f"{root} (CUDA_HOME unset; torch finds {guess}, {how})", **data)]
+    what = (
+        "does not exist" if guess and not os.path.isdir(guess) else "lacks include/cuda_runtime.h"
+    )
     return [
         row(
             "WARN",
             f"toolkit at {root}, but CUDA_HOME is unset and torch.utils.cpp_extension would "
-            f"use {guess} ({how}), which is not a toolkit (cuforge.torch finds the toolkit itself)",
-            f"export CUDA_HOME={root}",
+            f"use {guess} ({how}), which {what} (cuforge.torch finds the toolkit itself)",
+            _cuda_home_fix(root),
             **data,
         )
     ]

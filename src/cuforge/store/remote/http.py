@@ -25,7 +25,12 @@ Guarantees, on top of :class:`~cuforge.store.remote.base.RemoteBackend`'s:
   magic and header, under a tier) before the rest is read, into one buffer; a body shorter
   than its ``Content-Length`` is an error, never a value;
 * basic auth from the URL's credentials; https verifies the server against the system's
-  certificate authorities (:func:`ssl.create_default_context`).
+  certificate authorities (:func:`ssl.create_default_context`);
+* ``HTTPS_PROXY`` / ``HTTP_PROXY`` / ``NO_PROXY`` (and their lowercase forms) are honoured
+  as urllib3 and requests honour them (:mod:`cuforge.store.remote.proxy`), read at the
+  first request: an ``http://`` cache goes to the proxy with the absolute URL, an
+  ``https://`` one through a ``CONNECT`` tunnel (TLS end to end, the cache's certificate
+  verified); the connect timeout bounds reaching the proxy and the tunnel.
 
 Not bounded: resolving the host name (the operating system's resolver has its own timeout);
 use an IP address or a local resolver where that matters.
@@ -97,6 +102,8 @@ class HttpBackend(RemoteBackend):
         self._ns = ""
         self._headers: dict[str, str] = {}
         self._ssl_context = None
+        self._proxy = None  # a Proxy, found by _prepare
+        self._absolute = ""  # "http://host:port" before each path, through an http proxy
         self._local = _local()
         self._lock = allocate_lock()
         self._open: set = set()
@@ -112,6 +119,15 @@ class HttpBackend(RemoteBackend):
             user, password = (unquote(c) for c in self._credentials)
             token = base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
             headers["Authorization"] = f"Basic {token}"
+        from cuforge.store.remote.proxy import proxy_for
+
+        proxy = proxy_for("https" if self._https else "http", self._host, self._port)
+        if proxy is not None and not self._https:
+            host = f"[{self._host}]" if ":" in self._host else self._host
+            self._absolute = f"http://{host}" + ("" if self._port == 80 else f":{self._port}")
+            if proxy.authorization:
+                headers["Proxy-Authorization"] = proxy.authorization
+        self._proxy = proxy
         self._headers = headers
         self._ns = quote(self.namespace, safe=_SAFE)
         self._quote = quote
@@ -132,24 +148,40 @@ class HttpBackend(RemoteBackend):
         return self._quote(value, safe=_SAFE)  # type: ignore[misc]
 
     def _path(self, kind: str, key: str) -> str:
-        kind = self._component(kind, "kind")  # (first: prepares self._ns)
-        return f"{self._prefix}/{self._ns}/{kind}/{self._component(key, 'key')}"
+        """The request target: the path, or through an http proxy the absolute URL."""
+        kind = self._component(kind, "kind")  # (first: prepares self._ns and the proxy)
+        return f"{self._absolute}{self._prefix}/{self._ns}/{kind}/{self._component(key, 'key')}"
+
+    def describe(self) -> str:
+        """The URL without its password, and the proxy it goes through, if any."""
+        url = super().describe()
+        proxy = getattr(self, "_proxy", None)  # (None while setup() is still running)
+        return url if proxy is None else f"{url} (through {proxy.describe()})"
 
     # -- connections --------------------------------------------------------------------
 
     def _new_connection(self):
         import http.client
 
+        if self._quote is None:
+            self._prepare()  # finds the proxy
+        proxy = self._proxy
+        host, port = (self._host, self._port) if proxy is None else (proxy.host, proxy.port)
         if self._https:
             import ssl
 
             if self._ssl_context is None:
                 self._ssl_context = ssl.create_default_context()
             conn = http.client.HTTPSConnection(
-                self._host, self._port, timeout=self.connect_timeout, context=self._ssl_context
+                host, port, timeout=self.connect_timeout, context=self._ssl_context
             )
+            if proxy is not None:  # CONNECT, then TLS with the cache itself through it
+                tunnel = (
+                    {"Proxy-Authorization": proxy.authorization} if proxy.authorization else None
+                )
+                conn.set_tunnel(self._host, self._port, headers=tunnel)
         else:
-            conn = http.client.HTTPConnection(self._host, self._port, timeout=self.connect_timeout)
+            conn = http.client.HTTPConnection(host, port, timeout=self.connect_timeout)
         conn._cuforge_deadline = 0.0
         conn.response_class = _deadline_response_class(conn)
         return conn
@@ -165,6 +197,8 @@ class HttpBackend(RemoteBackend):
         if conn is not None:
             return conn, True
         conn = self._new_connection()
+        # a proxy's answer to CONNECT is read through the deadline reader too: connect_timeout
+        conn._cuforge_deadline = time.monotonic() + self.connect_timeout
         try:
             conn.connect()
         except OSError as exc:
