@@ -61,6 +61,10 @@ _FIRST = 256 * 1024
 _CHUNK = 4 * 1024 * 1024
 #: keys per round trip of get_many
 _BATCH = 64
+#: the most bytes one SCAN reply may hold (names of at most 1000 keys, with room to spare)
+_SCAN_REPLY_BYTES = 16 * 1024 * 1024
+#: the most bytes a lease's value may hold ("<token> <holder>")
+_LEASE_BYTES = 64 * 1024
 
 
 class RedisBackend(RemoteBackend):
@@ -93,7 +97,9 @@ class RedisBackend(RemoteBackend):
                     from cuforge.store.remote import resp
 
                     self._resp = resp
-                    self._pool = resp.Pool(self._opts, self.connect_timeout, self.timeout)
+                    self._pool = resp.Pool(
+                        self._opts, self.connect_timeout, self.timeout, self.max_bytes
+                    )
                 pool = self._pool
         return pool
 
@@ -180,7 +186,7 @@ class RedisBackend(RemoteBackend):
                 raise TimeoutError(f"Timeout: the deadline of {self.timeout:g} s passed")
             stop = min(size, done + _CHUNK)
             conn.send(("GETRANGE", name, done, stop - 1))
-            chunk = conn.read()
+            chunk = conn.read(stop - done)
             if not isinstance(chunk, bytes) or len(chunk) != stop - done:
                 raise RemoteError(
                     f"remote cache {self.describe()}: GET {kind}/{key[:16]}: the value "
@@ -214,7 +220,8 @@ class RedisBackend(RemoteBackend):
                         ("GETRANGE", name, 0, first_end),
                     ]
                 conn.send(*commands)
-                replies = [conn.read() for _ in commands]
+                small, first = self._resp.SMALL, first_end + 1
+                replies = [conn.read(first if i % 3 == 2 else small) for i in range(len(commands))]
                 return [
                     self._rest(conn, kind, key, *replies[3 * i : 3 * i + 3], first_end)
                     for i, (kind, key) in enumerate(batch)
@@ -230,7 +237,7 @@ class RedisBackend(RemoteBackend):
 
         def work(conn):
             conn.send(args)
-            return conn.read()
+            return conn.read(self._resp.SMALL)
 
         self._call("SET", kind, key, work)
 
@@ -240,7 +247,7 @@ class RedisBackend(RemoteBackend):
 
         def work(conn):
             conn.send(("EXISTS", name))
-            return bool(conn.read())
+            return bool(conn.read(self._resp.SMALL))
 
         return self._call("EXISTS", kind, key, work)
 
@@ -265,7 +272,7 @@ class RedisBackend(RemoteBackend):
             while True:
                 count = max(1, min(1000, limit - seen))
                 conn.send(("SCAN", cursor, "MATCH", pattern + b"*", "COUNT", count))
-                reply = conn.read()
+                reply = conn.read(_SCAN_REPLY_BYTES)
                 if not (isinstance(reply, list) and len(reply) == 2):
                     raise RemoteError(f"remote cache {self.describe()}: SCAN answered {reply!r}")
                 cursor, names = reply
@@ -297,8 +304,8 @@ class RedisBackend(RemoteBackend):
 
         def work(conn):
             conn.send(("SET", name, value, "NX", "PX", px), ("GET", name))
-            taken = conn.read()
-            current = conn.read()
+            taken = conn.read(self._resp.SMALL)
+            current = conn.read(_LEASE_BYTES)
             if taken:
                 return token, holder
             text = current.decode("utf-8", "replace") if isinstance(current, bytes) else ""
@@ -319,7 +326,7 @@ class RedisBackend(RemoteBackend):
 
         def work(conn):
             conn.send(("EVAL", script, 1, name, f"{token} ", *args))
-            return conn.read()
+            return conn.read(self._resp.SMALL)
 
         return self._call(op, kind, key, work)
 
