@@ -371,7 +371,8 @@ def parse_url(url: str) -> dict:
     needs: ``redis://[[user]:password@]host[:port][/db]`` and ``rediss://`` (TLS, verified
     by default), user and password percent-decoded, and the TLS options ``ssl_ca_certs``,
     ``ssl_certfile``, ``ssl_keyfile``, ``ssl_cert_reqs`` (``none`` / ``optional`` /
-    ``required``) and ``ssl_check_hostname``. Any other query option is refused by name,
+    ``required``) and ``ssl_check_hostname`` (on ``rediss://`` only: on ``redis://`` they
+    would be ignored, so they are refused by name). Any other query option is refused by name,
     never ignored; so is what a client would silently misread (a db path that is not a
     number, port 0, no host). Raises ``ValueError`` saying what is wrong (the caller adds
     the redacted URL)."""
@@ -408,7 +409,12 @@ def parse_url(url: str) -> dict:
         if name not in _TLS_OPTIONS:
             raise ValueError(
                 f"bad Redis URL: unknown option {name!r} (cuforge's Redis client takes "
-                f"{', '.join(_TLS_OPTIONS)})"
+                f"{', '.join(_TLS_OPTIONS)}, on rediss:// URLs)"
+            )
+        if not opts["tls"]:
+            raise ValueError(
+                f"bad Redis URL: {name!r} is a TLS option, and redis:// does not use TLS "
+                "(it would be ignored): use rediss:// for TLS, or drop the option"
             )
         opts[name] = value
     reqs = opts.get("ssl_cert_reqs", "required").lower()

@@ -31,6 +31,7 @@ from cuforge.store.remote.base import (
     RemoteError,
     RemoteTimeout,
     RemoteUnavailable,
+    redact,
     split_url,
 )
 
@@ -47,7 +48,7 @@ class S3Backend(RemoteBackend):
     def setup(self) -> None:
         parts = split_url(self.url)
         if parts.scheme != "s3" or not parts.hostname:
-            raise RemoteError(f"bad S3 URL {self.url!r}: expected s3://bucket/prefix")
+            raise RemoteError(f"bad S3 URL {redact(self.url)!r}: expected s3://bucket/prefix")
         self.bucket = parts.hostname
         self.prefix = parts.path.strip("/")
         self.endpoint: str | None = None
@@ -60,7 +61,7 @@ class S3Backend(RemoteBackend):
                 self.region = value
             else:
                 raise RemoteError(
-                    f"S3 URL {self.url!r}: unknown query {item!r} (endpoint=URL, region=NAME)"
+                    f"S3 URL {redact(self.url)!r}: unknown query {item!r} (endpoint=URL, region=NAME)"
                 )
         self._client = None
 
