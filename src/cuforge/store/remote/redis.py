@@ -292,21 +292,26 @@ class RedisBackend(RemoteBackend):
         return f"{self._prefix}lease:{kind}:{key}"
 
     def lease(self, kind: str, key: str, ttl: float, holder: str) -> tuple[int | None, str]:
-        """``SET lease:<kind>:<key> "<token> <holder>" NX PX <ttl>`` (and ``GET`` it, in the
-        same round trip): Redis expires a dead holder's lease by itself. The token is 56
-        random bits, which the renew and release scripts compare: only the holder can
-        extend or drop its lease. (No shared counter: a value anyone can overwrite, e.g.
-        with garbage, must not be able to stop every lease.)"""
+        """``SET lease:<kind>:<key> "<token> <holder>" NX PX <ttl>``, and when another holds
+        it, its value, in one script (one round trip): Redis expires a dead holder's lease
+        by itself. A lease another left without expiry, or with more than ``ttl`` to live
+        (planted, or re-set without ``PX``), is cut to ``ttl`` by the same script, so it
+        holds one TTL of this reader's at most. The token is 56 random bits, which the
+        renew and release scripts compare: only the holder can extend or drop its lease.
+        (No shared counter: a value anyone can overwrite, e.g. with garbage, must not be
+        able to stop every lease.)"""
         name = self._lease_key(kind, key)
         px = max(1, int(ttl * 1000))
         token = int.from_bytes(os.urandom(7), "big") or 1
         value = f"{token} {holder}"
 
         def work(conn):
-            conn.send(("SET", name, value, "NX", "PX", px), ("GET", name))
-            taken = conn.read(self._resp.SMALL)
-            current = conn.read(_LEASE_BYTES)
-            if taken:
+            conn.send(("EVAL", _LEASE, 1, name, value, px))
+            reply = conn.read(_LEASE_BYTES)
+            if not (isinstance(reply, list) and len(reply) == 2):
+                raise RemoteError(f"remote cache {self.describe()}: LEASE answered {reply!r}")
+            taken, current = reply
+            if taken == 1:
                 return token, holder
             text = current.decode("utf-8", "replace") if isinstance(current, bytes) else ""
             return None, text.partition(" ")[2]
@@ -336,6 +341,17 @@ class RedisBackend(RemoteBackend):
             self._pool.disconnect()
 
 
+#: KEYS[1]: the lease; ARGV[1]: the value "<token> <holder>"; ARGV[2]: the TTL (ms).
+#: Returns {1, value} when taken, else {0, the holder's value}, after cutting a lease with
+#: no expiry (PTTL -1) or more than ARGV[2] ms to live down to ARGV[2] ms.
+_LEASE = (
+    "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then "
+    "return {1, ARGV[1]} end "
+    "local v = redis.call('GET', KEYS[1]) "
+    "local t = redis.call('PTTL', KEYS[1]) "
+    "if t == -1 or t > tonumber(ARGV[2]) then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end "
+    "return {0, v or ''}"
+)
 #: KEYS[1]: the lease; ARGV[1]: "<token> " (the value's prefix); ARGV[2]: the new TTL (ms)
 _RENEW = (
     "local v = redis.call('GET', KEYS[1]) "
