@@ -201,3 +201,38 @@ def test_the_docstring_table_lists_every_cuforge_variable():
     for name in sorted(mentioned):
         assert name in config._WATCHED, name
         assert f"\n{name} " in doc, name
+
+
+REMOTE_SECONDS = [
+    "CUFORGE_REMOTE_CONNECT_TIMEOUT",
+    "CUFORGE_REMOTE_TIMEOUT",
+    "CUFORGE_REMOTE_TTL",
+    "CUFORGE_LEASE_TTL",
+]
+
+
+@pytest.mark.parametrize("name", [*REMOTE_SECONDS, "CUFORGE_LOCK_TIMEOUT"])
+@pytest.mark.parametrize("value", ["1e400", "9" * 400])
+def test_overflowing_timeouts_are_errors_not_forever(monkeypatch, name, value):
+    """Issue 35 item 18: `1e400` read as infinity ("forever") for every timeout, while the
+    README says it is rejected."""
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError) as info:
+        settings()
+    assert name in str(info.value) and repr(value) in str(info.value)
+
+
+@pytest.mark.parametrize("name", REMOTE_SECONDS)
+@pytest.mark.parametrize("value", ["inf", "Infinity", "+inf"])
+def test_a_remote_timeout_or_ttl_is_never_infinite(monkeypatch, name, value):
+    """A remote "never costs more than its timeout": `inf` is no timeout, refused by name."""
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match=f"{name}=.*not a finite number of seconds"):
+        settings()
+    monkeypatch.setenv(name, "2.5")
+    assert 2.5 in (
+        settings().remote_connect_timeout,
+        settings().remote_timeout,
+        settings().remote_ttl,
+        settings().lease_ttl,
+    )

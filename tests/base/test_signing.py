@@ -291,3 +291,134 @@ def test_a_keyring_signed_share_serves_native_host_code_and_unsigned_readers_ref
     assert plain.get(module.key, kind="module") is None
     assert plain.get(launcher.key, kind="triton") is None
     assert plain.stats().extra["refused_native"] == 2
+
+
+# -- issue 35: revocation by key, canonical signatures, trusted files ---------------------
+
+
+def test_revoking_a_key_revokes_it_under_every_name(tmp_path):
+    """Issue 35 item 3: the same public key under a second name stayed trusted after
+    `revoke` marked the first name's line."""
+    keys, ring = _keys(tmp_path, "ci")
+    public_hex = keys["ci"].public.hex()
+    e = _entry(7)
+    assert _tier(tmp_path, signer=keys["ci"]).put(e)
+    # the same key, revoked under its name, and listed again as "alias" (trusted)
+    with open(ring, "w") as f:
+        f.write(f"ci ed25519:{public_hex} revoked\nalias ed25519:{public_hex}\n")
+    keyring = signing.load_keyring(ring)
+    reader = _tier(tmp_path, keyring=keyring)
+    assert reader.get(e.key, kind="kernel") is None and reader.rejected == 1
+    assert not keyring.trusted_name("alias")
+    # `revoke` by one name marks every line of that key, not only the lines of that name
+    with open(ring, "w") as f:
+        f.write(f"ci ed25519:{public_hex}  # the CI key\n")
+    assert signing.revoke(ring, "ci") == 1
+    with open(ring, "a") as f:
+        f.write(f"alias ed25519:{public_hex}\n")
+    assert signing.revoke(ring, "alias") == 1  # the alias line too, found by its key
+    assert all(line.split("#")[0].split()[-1] == "revoked" for line in open(ring))
+    assert "# the CI key" in open(ring).read()  # the comment is kept, after the mark
+    reader = _tier(tmp_path, keyring=signing.load_keyring(ring))
+    assert reader.get(e.key, kind="kernel") is None
+
+
+def test_a_keyring_listing_one_key_under_two_trusted_names_is_refused(tmp_path):
+    keys, ring = _keys(tmp_path, "ci")
+    line = keys["ci"].public_line()
+    with open(ring, "w") as f:
+        f.write(f"# keys\n{line}\nalias ed25519:{keys['ci'].public.hex()}\n")
+    with pytest.raises(ValueError) as err:
+        signing.load_keyring(ring)
+    text = str(err.value)
+    assert "lines 2 and 3" in text and "'ci'" in text and "'alias'" in text
+    assert keys["ci"].kid in text
+
+
+def test_only_lowercase_hex_signatures_are_accepted(tmp_path):
+    """Issue 35 item 17: bytes.fromhex took uppercase digits (and spaces): a second
+    spelling of one signature."""
+    keys, ring = _keys(tmp_path, "ci")
+    keyring = signing.load_keyring(ring)
+    message = signing.bundle_message("ab" * 32)
+    good = keys["ci"].sign(message)
+    assert keyring.check(good, keys["ci"].kid, message) == "ci"
+    i = next(i for i, c in enumerate(good) if c in "abcdef")
+    one_upper = good[:i] + good[i].upper() + good[i + 1 :]
+    for bad in (good.upper(), one_upper, " ".join([good[:64], good[64:]])):
+        with pytest.raises(signing.Untrusted, match="128 lowercase hex digits"):
+            keyring.check(bad, keys["ci"].kid, message)
+
+
+def _trusted_file_cases(tmp_path, keys_dir, name: str) -> dict[str, str]:
+    """Copies of the file ``keys_dir/name`` in each untrusted place: owned by another user,
+    in a 0777 directory, behind a symlink, itself group-writable."""
+    import shutil
+
+    data = (keys_dir / name).read_bytes()
+    cases = {}
+    other = tmp_path / "other"
+    other.mkdir(mode=0o700)
+    (other / name).write_bytes(data)
+    os.chmod(other / name, 0o600)
+    os.chown(other / name, 1, 1)  # uid 1: another user (the tests run as root)
+    cases["another user's file"] = str(other / name)
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    os.chmod(open_dir, 0o777)
+    shutil.copy(keys_dir / name, open_dir / name)
+    os.chmod(open_dir / name, 0o600)
+    cases["a 0777 directory"] = str(open_dir / name)
+    deep = tmp_path / "open2" / "sub"
+    deep.mkdir(parents=True)
+    os.chmod(tmp_path / "open2", 0o777)
+    shutil.copy(keys_dir / name, deep / name)
+    os.chmod(deep / name, 0o600)
+    cases["a 0777 grandparent"] = str(deep / name)
+    link = tmp_path / f"link-{name}"
+    link.symlink_to(keys_dir / name)
+    cases["a symlink"] = str(link)
+    return cases
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+def test_keyrings_and_private_keys_are_trusted_as_the_cache_dir_is(tmp_path):
+    """Issue 35 item 4: a keyring owned by another user, in a 0777 directory or behind a
+    symlink was loaded (its mode bits were the only check); so was another user's key."""
+    keys, ring = _keys(tmp_path, "ci")
+    keys_dir = tmp_path / "keys"
+    os.chmod(ring, 0o644)
+    import shutil
+
+    shutil.copy(ring, keys_dir / "trusted")
+    os.chmod(keys_dir / "trusted", 0o644)
+    expected = {
+        "another user's file": "owned by",
+        "a 0777 directory": "writable by group and others",
+        "a 0777 grandparent": "writable by group and others",
+        "a symlink": "is a symlink",
+    }
+    for load, name, variable in (
+        (signing.load_keyring, "trusted", "CUFORGE_TRUSTED_KEYS"),
+        (signing.load_signing_key, "ci.key", "CUFORGE_SIGNING_KEY"),
+    ):
+        assert load(str(keys_dir / name)) is not None  # the original is fine
+        (tmp_path / f"case-{name}").mkdir()
+        for case, path in _trusted_file_cases(tmp_path / f"case-{name}", keys_dir, name).items():
+            with pytest.raises(ValueError) as err:
+                load(path)
+            text = str(err.value)
+            assert variable in text and "cannot be trusted" in text, (case, text)
+            assert expected[case] in text, (case, text)
+    # a sticky world-writable directory owned by root (/tmp) is fine, as for ssh
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    os.chmod(sticky, 0o1777)
+    shutil.copy(ring, sticky / "trusted")
+    os.chmod(sticky / "trusted", 0o644)
+    assert len(signing.load_keyring(str(sticky / "trusted"))) == 1
+    # a keyring owned by root (a system one in /etc) is trusted by every user; a
+    # group-writable one is not
+    os.chmod(sticky / "trusted", 0o664)
+    with pytest.raises(ValueError, match="writable by group"):
+        signing.load_keyring(str(sticky / "trusted"))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -163,3 +164,106 @@ def test_file_lease_take_over_and_release(tmp_path):
     assert os.path.exists(path)
     b.release("build", key, token2)
     assert not os.path.exists(path)
+
+
+# -- issue 35 item 6: a planted lease stalls nobody for long ---------------------------------
+
+
+def _file_tier(tmp_path):
+    from cuforge.store.remote.tier import RemoteStore
+
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755, exist_ok=True)
+    b = FileBackend(f"file://{shared}", namespace=namespace(), connect_timeout=0.1, timeout=1)
+    return RemoteStore(b)
+
+
+def _plant_file_lease(tier, key: str, ttl_ms: int, mtime: float | None = None) -> str:
+    path = tier.backend.lease_path("build", key)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(f"4242 {ttl_ms} host planted pid 1\n")
+    if mtime is not None:
+        os.utime(path, (mtime, mtime))
+    return path
+
+
+def _acquire(tier, key: str, ttl: float, timeout: float = 20.0):
+    from cuforge.store import lease
+
+    started = time.monotonic()
+    hit, held = lease.acquire(tier, key, what="k.cu", ttl=ttl, timeout=timeout, lookup=lambda: None)
+    assert hit is None
+    return held, time.monotonic() - started
+
+
+@pytest.mark.parametrize("planted", ["claims a year", "mtime in the future"])
+def test_a_planted_file_lease_holds_one_ttl_of_the_reader_at_most(tmp_path, planted):
+    """The reader trusted the lease's own TTL and the file's mtime: a lease claiming a year
+    (or touched in the future) stalled every miss for CUFORGE_LOCK_TIMEOUT."""
+    tier = _file_tier(tmp_path)
+    key = key_of("planted")
+    if planted == "claims a year":
+        _plant_file_lease(tier, key, 365 * 86400 * 1000)
+    else:
+        _plant_file_lease(tier, key, 500, mtime=time.time() + 10**6)
+    held, took = _acquire(tier, key, ttl=0.5)
+    assert held is not None, "the planted lease was never taken over"
+    assert took < 3.0, took
+    held.release()
+
+
+def test_a_file_lease_kept_alive_by_its_planter_is_waited_on_three_ttls(tmp_path, capfd):
+    tier = _file_tier(tmp_path)
+    key = key_of("renewed")
+    path = _plant_file_lease(tier, key, 500)
+    stop = threading.Event()
+
+    def keep_touching():
+        while not stop.wait(0.05):
+            os.utime(path)
+
+    toucher = threading.Thread(target=keep_touching, daemon=True)
+    toucher.start()
+    try:
+        held, took = _acquire(tier, key, ttl=0.5)
+    finally:
+        stop.set()
+        toucher.join()
+    assert held is None and 1.4 < took < 4.0, took  # 3 TTLs of 0.5 s, not 20 s
+    err = capfd.readouterr().err
+    assert "3 lease TTLs on one lease" in err and "CUFORGE_LEASE_TTL=0.5" in err, err
+
+
+def _redis_tier(url: str):
+    from cuforge.store.remote.redis import RedisBackend
+    from cuforge.store.remote.tier import RemoteStore
+
+    return RemoteStore(RedisBackend(url, namespace=namespace(), connect_timeout=0.5, timeout=2))
+
+
+def test_a_redis_lease_set_without_expiry_holds_one_ttl(redis_server):
+    tier = _redis_tier(redis_server.url)
+    key = key_of("no-expiry")
+    client = redis_server.client()
+    name = f"cuforge:{namespace()}:lease:build:{key}"
+    client.set(name, "4242 host planted pid 1")  # no PX: it would live forever
+    held, took = _acquire(tier, key, ttl=0.5)
+    assert held is not None and took < 3.0, took
+    held.release()
+    # one re-set without expiry over and over: waited on for 3 TTLs, then built here
+    stop = threading.Event()
+
+    def keep_setting():
+        while not stop.wait(0.05):
+            client.set(name, "4242 host planted pid 1")
+
+    setter = threading.Thread(target=keep_setting, daemon=True)
+    setter.start()
+    try:
+        time.sleep(0.1)
+        held, took = _acquire(tier, key, ttl=0.5)
+    finally:
+        stop.set()
+        setter.join()
+    assert held is None and 1.4 < took < 4.0, took

@@ -209,3 +209,53 @@ def test_url_options_are_read_as_redis_py_reads_them():
     ):
         with pytest.raises(ValueError, match=why):
             parse_url(bad)
+
+
+# -- issue 35 item 15: passwords never shown; TLS options only on rediss:// ----------------
+
+#: URLs whose password the old redaction showed, whole or in part (the test checks that
+#: neither half of the password, "Qx7" / "Zk9", appears)
+LEAKY_URLS = [
+    "redis://:Qx7/Zk9@127.0.0.1:1/0",  # a raw '/': the URL ends its host at ':Qx7'
+    "redis://:Qx7@Zk9@127.0.0.1:1/0",  # a raw '@': the host is after the last one
+    "redis://u:Qx7?Zk9@127.0.0.1:1/0",  # a raw '?'
+    "redis://:Qx7#Zk9@127.0.0.1:1",  # a raw '#'
+    "redis://Qx7Zk9@127.0.0.1:1/0",  # a user name alone (often a token)
+    "redis://:Qx7Zk9@127.0.0.1:1/x",  # a bad db: the error shows the URL
+    "redis://:Qx7Zk9@127.0.0.1:99999/0",  # a bad port
+]
+
+
+@pytest.mark.parametrize("url", LEAKY_URLS)
+def test_a_password_is_never_shown(url, caplog):
+    """A password with a raw '/', '?', '#' or '@' leaked into error messages (the port
+    error quoted its first part) and describe()."""
+    from cuforge.base.config import Settings
+    from cuforge.store.remote import open_remotes
+
+    shown = []
+    try:
+        b = backend(url, timeout=0.2)
+    except RemoteError as exc:
+        shown.append(str(exc))
+    else:
+        shown += [b.describe(), repr(b)]
+        with pytest.raises(RemoteError) as err:  # nothing listens on port 1
+            b.get("cubin", key_of(1))
+        shown.append(str(err.value))
+    with caplog.at_level("WARNING", logger="cuforge"):
+        tiers = open_remotes(Settings({"CUFORGE_REMOTE": url}))
+    shown += [t.stats().extra["url"] for t in tiers] + [caplog.text]
+    for text in shown:
+        assert "Qx7" not in text and "Zk9" not in text, text
+
+
+@pytest.mark.parametrize(
+    "option", ["ssl_ca_certs=/x.pem", "ssl_certfile=/c.pem", "ssl_cert_reqs=none"]
+)
+def test_tls_options_on_plain_redis_are_refused_by_name(option):
+    """They were parsed and ignored: a URL that asked for a CA got no TLS at all."""
+    name = option.partition("=")[0]
+    with pytest.raises(RemoteError, match=f"'{name}' is a TLS option.*rediss://"):
+        backend(f"redis://127.0.0.1:1/0?{option}")
+    assert backend(f"rediss://127.0.0.1:1/0?{option}")  # where they mean something

@@ -122,3 +122,44 @@ def test_push_then_pull_through_the_bucket(s3_server, tmp_path):
     got = pull(there, RemoteStore(_backend(s3_server)))
     assert got.ok and got.copied == 3
     assert all(there.get(e.key).payload == e.payload for e in entries)
+
+
+def test_a_slow_loris_endpoint_never_holds_a_get_past_its_timeout(scripted_server, monkeypatch):
+    """Issue 35 item 8: the deadline was checked only between reads: an endpoint that
+    trickles a byte every 0.05 s (each recv well within the read timeout) held a get 5.4 s
+    against a 1 s timeout. Real boto3 against a real TCP server; no moto needed."""
+    pytest.importorskip("boto3", reason="boto3 (make test-s3 installs it into .venv-s3)")
+    import time
+
+    from cuforge.store.remote.base import RemoteTimeout
+    from cuforge.store.remote.s3 import S3Backend
+
+    stop = time.monotonic() + 6
+
+    def slow_loris(conn):
+        from tests.remote_servers import read_request
+
+        read_request(conn)
+        conn.sendall(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n"
+            b"Content-Type: application/octet-stream\r\n\r\n"
+        )
+        while time.monotonic() < stop:
+            conn.sendall(b"x")
+            time.sleep(0.05)
+
+    server = scripted_server(slow_loris)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    b = S3Backend(
+        f"s3://bucket/p?endpoint=http://127.0.0.1:{server.port}&region=us-east-1",
+        namespace=namespace(),
+        connect_timeout=1.0,
+        timeout=1.0,
+    )
+    b.client()  # boto3's import and client setup are not the get
+    started = time.monotonic()
+    with pytest.raises(RemoteTimeout, match="CUFORGE_REMOTE_TIMEOUT"):
+        b.get("kernel", key_of(1))
+    took = time.monotonic() - started
+    assert took < 1.6, took

@@ -42,6 +42,7 @@ __all__ = [
     "write_all",
     "unlink",
     "trust_problem",
+    "file_trust_problem",
     "destination_problem",
 ]
 
@@ -345,22 +346,80 @@ def dir_stat_problem(path: str, st: os.stat_result) -> str | None:
     """:func:`trust_problem` for a directory whose ``stat`` the caller already has."""
     if not _stat.S_ISDIR(st.st_mode):
         return f"{path} is not a directory"
-    if st.st_uid != os.geteuid():
+    return _owner_mode_problem(path, st, shared_ok=False)
+
+
+def _owner_mode_problem(path: str, st: os.stat_result, *, shared_ok: bool) -> str | None:
+    """The owner and mode half of the trust rule: owned by the current user (``shared_ok``:
+    or root), not writable by group or others (``shared_ok``: unless a sticky directory,
+    whose entries only their owners can replace)."""
+    if st.st_uid != os.geteuid() and not (shared_ok and st.st_uid == 0):
         import pwd  # pwd: only to name the owner in an error
 
         try:
             owner = pwd.getpwuid(st.st_uid).pw_name
         except KeyError:
             owner = str(st.st_uid)
+        if shared_ok:
+            return (
+                f"{path} is owned by {owner}, not by the current user or root; "
+                f"`chown $(id -un) {path}` if you trust it, or use one of your own"
+            )
         return (
             f"{path} is owned by {owner}, not by the current user; use a cache dir of your "
             f"own (export CUFORGE_CACHE_DIR=~/.cache/cuforge) or `chown -R $(id -un) {path}`"
         )
-    if st.st_mode & 0o022:
+    sticky = shared_ok and _stat.S_ISDIR(st.st_mode) and st.st_mode & _stat.S_ISVTX
+    if st.st_mode & 0o022 and not sticky:
         who = " and ".join(
             w for w, bit in (("group", 0o020), ("others", 0o002)) if st.st_mode & bit
         )
         return f"{path} is writable by {who}; fix it with `chmod go-w {path}`"
+    return None
+
+
+def file_trust_problem(path: str) -> str | None:
+    """Why the file ``path`` (a keyring, a private key) cannot be trusted, or None when it
+    can (or is missing: reading it then says so). The cache dir's rule, for one file that
+    may live in a shared place such as ``/etc``: the file is no symlink (a link can be
+    re-pointed by whoever owns it), it and every directory above it (on the path as given
+    and on the resolved one) are owned by the current user or root, and none of them is
+    writable by group or others, unless it is a sticky directory (``/tmp``). The message
+    names the fix."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"{path} cannot be checked ({exc.strerror})"
+    if _stat.S_ISLNK(st.st_mode):
+        return (
+            f"{path} is a symlink; name the file itself (`realpath {path}`): whoever can "
+            "re-point a link chooses what is read"
+        )
+    if not _stat.S_ISREG(st.st_mode):
+        return f"{path} is not a regular file"
+    problem = _owner_mode_problem(path, st, shared_ok=True)
+    if problem is not None:
+        return problem
+    full = os.path.abspath(path)
+    dirs: dict[str, None] = {}
+    for start in (os.path.dirname(full), os.path.dirname(os.path.realpath(full))):
+        current = start
+        while True:
+            dirs[current] = None
+            parent = os.path.dirname(current)
+            if parent == current:
+                break
+            current = parent
+    for directory in dirs:
+        try:
+            st = os.stat(directory)
+        except OSError as exc:
+            return f"{directory} cannot be checked ({exc.strerror})"
+        problem = _owner_mode_problem(directory, st, shared_ok=True)
+        if problem is not None:
+            return f"{problem} (it holds {full})"
     return None
 
 

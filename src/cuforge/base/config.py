@@ -79,7 +79,12 @@ Accepted values, and what an out-of-range one does (always a :class:`ConfigError
   2**63 - 1 bytes (``0`` is a cap of zero bytes, not "no cap"). Negative, ``nan``, ``inf`` and
   overflowing values (``1e400``) are errors;
 * ``CUFORGE_LOCK_TIMEOUT``: seconds, ``0`` or more; ``inf`` waits forever (in practice
-  ``threading.TIMEOUT_MAX``, about 292 years). Negative and ``nan`` are errors;
+  ``threading.TIMEOUT_MAX``, about 292 years). Negative, ``nan`` and overflowing values
+  (``1e400``) are errors;
+* the remote timeouts and TTLs (``CUFORGE_REMOTE_CONNECT_TIMEOUT``,
+  ``CUFORGE_REMOTE_TIMEOUT``, ``CUFORGE_REMOTE_TTL``, ``CUFORGE_LEASE_TTL``): finite
+  seconds, ``0`` or more; ``inf``, ``1e400``, negative and ``nan`` are errors (a remote
+  never costs more than its timeout);
 * ``CUFORGE_FAST_LAUNCH``: ``c`` or ``python``; anything else is an error.
 * ``CUFORGE_FENCE``: ``off``, ``warn`` or ``error`` (any case); anything else is an error.
 * ``CUFORGE_REMOTE_NATIVE``: ``refuse`` or ``allow`` (any case); anything else is an error.
@@ -259,7 +264,9 @@ class Settings:
         self.arch: str | None = get("CUFORGE_ARCH") or None
         self.torch_arch_list: str | None = get("TORCH_CUDA_ARCH_LIST") or None
         #: seconds; ``inf`` is stored as ``_thread.TIMEOUT_MAX`` (locks accept no larger)
-        self.lock_timeout: float = _seconds(get, "CUFORGE_LOCK_TIMEOUT", DEFAULT_LOCK_TIMEOUT)
+        self.lock_timeout: float = _seconds(
+            get, "CUFORGE_LOCK_TIMEOUT", DEFAULT_LOCK_TIMEOUT, forever=True
+        )
         self.telemetry: bool = _switch(get, "CUFORGE_TELEMETRY", True)
         self.extra_options: tuple[str, ...] = tuple((get("CUFORGE_EXTRA_OPTIONS") or "").split())
         self.nvcc: str | None = get("CUFORGE_NVCC") or None
@@ -500,21 +507,32 @@ def _size(get, name: str, default: int) -> int:
         raise ConfigError(f"{name}={value!r}: {exc}") from None
 
 
-def _seconds(get, name: str, default: float) -> float:
-    """Seconds, 0 or more; ``inf`` means no limit (stored as ``_thread.TIMEOUT_MAX``)."""
+#: how ``inf`` may be spelled where it means "wait forever" (``float`` reads these)
+_FOREVER = ("inf", "+inf", "infinity", "+infinity")
+
+
+def _seconds(get, name: str, default: float, *, forever: bool = False) -> float:
+    """Seconds, 0 or more and finite. With ``forever`` (``CUFORGE_LOCK_TIMEOUT``), ``inf``
+    spelled out means no limit (stored as ``_thread.TIMEOUT_MAX``); a number too large for
+    a float (``1e400``) is an error everywhere, not "forever"."""
     value = get(name)
     if not value:
         return default
+    accepts = (
+        "use 0 or more (e.g. 600), or inf to wait forever"
+        if forever
+        else "use a finite number, 0 or more (e.g. 1)"
+    )
     try:
         seconds = float(value)
     except ValueError:
-        raise ConfigError(
-            f"{name}={value!r} is not a number of seconds: use 0 or more (e.g. 600), "
-            "or inf to wait forever"
-        ) from None
+        raise ConfigError(f"{name}={value!r} is not a number of seconds: {accepts}") from None
     if seconds != seconds or seconds < 0:  # nan, negative
-        raise ConfigError(
-            f"{name}={value!r} is out of range: use 0 or more seconds (e.g. 600), "
-            "or inf to wait forever"
-        )
+        raise ConfigError(f"{name}={value!r} is out of range: {accepts} seconds")
+    if seconds == float("inf"):
+        if not (forever and value.strip().lower() in _FOREVER):
+            raise ConfigError(
+                f"{name}={value!r} is not a finite number of seconds (read as infinite, "
+                f"it would never time out): {accepts}"
+            )
     return min(seconds, _thread.TIMEOUT_MAX)

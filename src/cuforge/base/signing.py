@@ -12,7 +12,14 @@ Files (plain text, one record per line, ``#`` starts a comment):
   It must not be readable by group or others (refused, as ssh refuses such keys).
 * a **keyring** (``CUFORGE_TRUSTED_KEYS``): one ``NAME ed25519:HEX`` line per trusted
   key; ``NAME ed25519:HEX revoked`` for a revoked one (kept, so a refusal names it). Several
-  keys may be trusted at once (rotation).
+  keys may be trusted at once (rotation). Revocation is of a *key*, not of a name: a key
+  with a revoked line is revoked under every name it is listed by, and a keyring that lists
+  one key twice without revoking it is refused (naming both lines).
+
+Both files are trusted as the cache dir is (:func:`cuforge.base._fs.file_trust_problem`):
+owned by the current user or root, not a symlink, and neither the file nor any directory
+above it writable by group or others (unless sticky and owned by the user or root).
+Signatures are canonical: 128 lowercase hex digits, nothing else.
 
 What is signed: for a remote entry, the length-prefixed ``(domain, namespace, kind, key,
 SHA-256 of the entry bytes)``, so a signature is valid for exactly one ``(kind, key)``
@@ -60,6 +67,7 @@ _PUBLIC_PREFIX = "ed25519:"
 _ENTRY_DOMAIN = b"cuforge-remote-ed25519-v1"
 _BUNDLE_DOMAIN = b"cuforge-bundle-ed25519-v1"
 _FIX = "pip install 'cuforge[sign]'"
+_LOWER_HEX = frozenset("0123456789abcdef")
 
 
 class Untrusted(Exception):
@@ -205,7 +213,13 @@ class Keyring:
     def __init__(self, keys: list[TrustedKey], path: str = "") -> None:
         self.keys = keys
         self.path = path
-        self._by_kid = {k.kid: k for k in keys}
+        # a revoked line wins: a key is revoked under every name it is listed by
+        revoked = {k.kid for k in keys if k.revoked}
+        for k in keys:
+            k.revoked = k.kid in revoked
+        self._by_kid: dict[str, TrustedKey] = {}
+        for k in keys:
+            self._by_kid.setdefault(k.kid, k)
 
     def check(self, signature: object, kid: object, message: bytes) -> str:
         """The trusted name of the key that made ``signature`` (hex) over ``message``;
@@ -217,11 +231,11 @@ class Keyring:
             raise Untrusted(f"signed by key {kid[:16]!r}, which is not in the keyring {self.path}")
         if key.revoked:
             raise Untrusted(f"signed by the revoked key {key.name!r}")
-        try:
-            raw = bytes.fromhex(signature)
-        except ValueError:
-            raise Untrusted("the signature is not hex") from None
-        if len(raw) != 64 or not key.verify(raw, message):
+        if len(signature) != 128 or not _LOWER_HEX.issuperset(signature):
+            # canonical only: bytes.fromhex would also take uppercase digits and spaces
+            raise Untrusted("the signature is not 128 lowercase hex digits")
+        raw = bytes.fromhex(signature)
+        if not key.verify(raw, message):
             raise Untrusted(f"bad signature (it does not match key {key.name!r} for this entry)")
         return key.name
 
@@ -236,6 +250,7 @@ class Keyring:
 def parse_keyring(text: str, path: str = "<keyring>") -> Keyring:
     """The keyring in ``text`` (see the module doc); raises ConfigError naming the line."""
     keys: list[TrustedKey] = []
+    lines: dict[bytes, list[tuple[int, str, bool]]] = {}  # public key -> (line, name, revoked)
     for n, line in enumerate(text.splitlines(), 1):
         fields = line.split("#", 1)[0].split()
         if not fields:
@@ -255,39 +270,70 @@ def parse_keyring(text: str, path: str = "<keyring>") -> Keyring:
                 "(the line `cuforge keys generate` prints)"
             )
         keys.append(TrustedKey(_check_name(fields[0]), public, len(fields) == 3))
+        lines.setdefault(public, []).append((n, fields[0], len(fields) == 3))
+    for public, seen in lines.items():
+        if len(seen) > 1 and not any(revoked for _, _, revoked in seen):
+            (n1, a, _), (n2, b, _) = seen[:2]
+            raise ConfigError(
+                f"{path} lines {n1} and {n2} list the same key (kid {kid_of(public)}) as "
+                f"{a!r} and {b!r}: a key has one name. Keep one of the lines (or revoke the "
+                f"key: `cuforge keys revoke {a}` marks every line of it)"
+            )
     return Keyring(keys, path)
 
 
+def _untrusted_file(variable: str, path: str, full: str, why: str) -> ConfigError | None:
+    """The error for a keyring or key file the trust rule refuses, or None."""
+    from cuforge.base import _fs
+
+    problem = _fs.file_trust_problem(full)
+    if problem is None:
+        return None
+    return ConfigError(f"{variable}={path!r} cannot be trusted: {problem} ({why})")
+
+
 def load_keyring(path: str) -> Keyring:
-    """The keyring file at ``path``; raises ConfigError for one that cannot be read."""
+    """The keyring file at ``path``; raises ConfigError for one that cannot be read or
+    trusted (:func:`cuforge.base._fs.file_trust_problem`: whoever can change it can make
+    this process run their code)."""
     from cuforge.base import _fs
 
     full = os.path.expanduser(path)
+    error = _untrusted_file(
+        "CUFORGE_TRUSTED_KEYS",
+        path,
+        full,
+        "anyone who can add a line to a keyring can make this process run their code",
+    )
+    if error is not None:
+        raise error
     try:
-        text = _fs.read_bytes(full, max_bytes=1 << 20, follow=True).decode("utf-8")
-        mode = os.stat(full).st_mode
+        text = _fs.read_bytes(full, max_bytes=1 << 20).decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(
             f"CUFORGE_TRUSTED_KEYS={path!r} cannot be read ({exc}); point it at a file of "
             "'NAME ed25519:HEX' lines (`cuforge keys generate` prints them), or unset it"
         ) from None
-    if mode & 0o022:
-        raise ConfigError(
-            f"CUFORGE_TRUSTED_KEYS={path!r} is writable by group or others (mode "
-            f"{mode & 0o777:o}): anyone who can add a line can make this process run their "
-            f"code. Fix: chmod go-w {full}"
-        )
     return parse_keyring(text, full)
 
 
 def load_signing_key(path: str) -> SigningKey:
     """The private key file at ``path``; raises ConfigError for one that cannot be read,
-    is malformed, or is readable by group or others."""
+    is malformed, is readable by group or others, or cannot be trusted
+    (:func:`cuforge.base._fs.file_trust_problem`)."""
     from cuforge.base import _fs
 
     full = os.path.expanduser(path)
+    error = _untrusted_file(
+        "CUFORGE_SIGNING_KEY",
+        path,
+        full,
+        "whoever can replace a signing key chooses what this process signs",
+    )
+    if error is not None:
+        raise error
     try:
-        fd = _fs.open_regular(full, follow=True)
+        fd = _fs.open_regular(full)
         try:
             st = os.fstat(fd)
         finally:
@@ -298,7 +344,7 @@ def load_signing_key(path: str) -> SigningKey:
                 f"{st.st_mode & 0o777:o}); whoever reads it can sign entries every reader "
                 f"runs. Fix: chmod 600 {full}"
             )
-        text = _fs.read_bytes(full, max_bytes=1 << 16, follow=True).decode("utf-8")
+        text = _fs.read_bytes(full, max_bytes=1 << 16).decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(
             f"CUFORGE_SIGNING_KEY={path!r} cannot be read ({exc}); point it at the file "
@@ -393,17 +439,34 @@ def generate(name: str, directory: str) -> tuple[str, str, SigningKey]:
 
 
 def revoke(path: str, name: str) -> int:
-    """Mark every key named ``name`` in the keyring file ``path`` revoked (the line stays,
-    so refusals name it). Returns how many lines changed (0: none by that name)."""
+    """Revoke the key named ``name`` (or whose kid is ``name``) in the keyring file
+    ``path``: every line that lists that key is marked revoked, whatever name it gives it
+    (a line stays, so refusals name it). Returns how many lines changed (0: no such key,
+    or already revoked)."""
     from cuforge.base import _fs
 
     full = os.path.expanduser(path)
     text = load_keyring_text(full)
-    out, changed = [], 0
+    parsed: list[tuple[str, list[str], bytes]] = []
     for line in text.splitlines():
         fields = line.split("#", 1)[0].split()
-        if len(fields) == 2 and fields[0] == name:
-            line = f"{line.rstrip()} revoked"
+        public = b""
+        if len(fields) in (2, 3) and fields[1].startswith(_PUBLIC_PREFIX):
+            try:
+                public = bytes.fromhex(fields[1][len(_PUBLIC_PREFIX) :])
+            except ValueError:
+                public = b""
+        parsed.append((line, fields, public))
+    doomed = {
+        public
+        for _, fields, public in parsed
+        if public and (fields[0] == name or kid_of(public) == name)
+    }
+    out, changed = [], 0
+    for line, fields, public in parsed:
+        if public in doomed and len(fields) == 2:
+            code, sep, comment = line.partition("#")
+            line = f"{code.rstrip()} revoked" + (f"  {sep}{comment}" if sep else "")
             changed += 1
         out.append(line)
     if changed:

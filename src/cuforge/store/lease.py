@@ -11,9 +11,14 @@ renew and release check; ``file://``: an ``O_EXCL`` lease file with an expiry) f
 * held by another machine: it polls the remote for the entry (re-running the lookup),
   backing off from 50 ms to 1 s, until the entry appears (a hit: nothing is built), the
   lease expires (a dead holder: this process takes it and builds) or ``timeout`` seconds
-  pass (it builds anyway). After :data:`~cuforge.store.single_flight.NOTICE_AFTER`
-  seconds it says once whom it waits for: ``cuforge: waiting for host X pid N to compile
-  K, 3 s``;
+  pass, or one lease is held for :data:`WAIT_TTLS` lease TTLs, whichever is first (it
+  builds anyway: a lease anyone can plant and keep renewing must not stall every miss
+  for ``CUFORGE_LOCK_TIMEOUT``; a build longer than that is done again by its waiters,
+  so raise ``CUFORGE_LEASE_TTL`` for builds of minutes). The backends count a lease's
+  TTL for at most the reader's own ``ttl`` (a planted lease claiming a year, or set
+  without expiry, holds one TTL), and a new holder restarts the count. After
+  :data:`~cuforge.store.single_flight.NOTICE_AFTER` seconds it says once whom it waits
+  for: ``cuforge: waiting for host X pid N to compile K, 3 s``;
 * no lease to be had (HTTP and S3 remotes have none, the remote is down, its breaker is
   open, it is read-only): local single flight only. A dead remote costs its timeout once
   (then its circuit breaker skips it).
@@ -33,7 +38,10 @@ TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs ~10 ms
 if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Callable
 
-__all__ = ["FleetLease", "acquire", "holder_name", "FIRST_POLL", "LAST_POLL"]
+__all__ = ["FleetLease", "acquire", "holder_name", "FIRST_POLL", "LAST_POLL", "WAIT_TTLS"]
+
+#: a waiter waits at most this many lease TTLs for another machine's build
+WAIT_TTLS = 3
 
 #: the first and the longest pause between two polls of a waiter (seconds)
 FIRST_POLL = 0.05
@@ -90,10 +98,13 @@ def acquire(
     the entry another machine built meanwhile: ``(hit, None)`` when ``lookup()`` found it;
     ``(None, lease)`` when this process took the lease and must build (then
     :meth:`FleetLease.release` it); ``(None, None)``: build without one (no lease to be
-    had, or ``timeout`` seconds passed waiting)."""
+    had, or ``timeout`` seconds passed waiting, or :data:`WAIT_TTLS` times ``ttl`` on one
+    holder's lease)."""
     holder = holder_name()
     start = monotonic()
     deadline = start + max(0.0, timeout)
+    per_holder = WAIT_TTLS * max(0.0, ttl)
+    current, since = None, start  # the holder waited on, and since when
     delay = FIRST_POLL
     waited = False
     noticed = False
@@ -110,12 +121,22 @@ def acquire(
             return None, FleetLease(tier, key, value, ttl)
         who = value or "another host"
         now = monotonic()
-        if now >= deadline:
-            if timeout > 0:
-                _say(
-                    f"cuforge: gave up after {timeout:g} s waiting for {who} to compile "
-                    f"{what} (lease on {tier.url}); compiling here"
-                )
+        if who != current:  # a new lease (the last one expired or was released)
+            current, since = who, now
+        stop = min(deadline, since + per_holder)
+        if now >= stop:
+            if stop == deadline and timeout <= 0:
+                return None, None
+            why = (
+                f"CUFORGE_LOCK_TIMEOUT={timeout:g}"
+                if stop == deadline
+                else f"{WAIT_TTLS} lease TTLs on one lease; raise CUFORGE_LEASE_TTL={ttl:g} "
+                "for longer builds"
+            )
+            _say(
+                f"cuforge: gave up after {now - start:.0f} s ({why}) waiting for {who} to "
+                f"compile {what} (lease on {tier.url}); compiling here"
+            )
             return None, None
         if not noticed and now - start >= NOTICE_AFTER:
             noticed = True
@@ -123,7 +144,7 @@ def acquire(
                 f"cuforge: waiting for {who} to compile {what}, {now - start:.0f} s "
                 f"(lease on {tier.url})"
             )
-        sleep(min(delay, deadline - now))
+        sleep(min(delay, stop - now))
         delay = min(delay * 1.5, LAST_POLL, max(FIRST_POLL, ttl / 4))
         waited = True
         hit = lookup()

@@ -114,8 +114,12 @@ def split_url(url: str) -> UrlParts:
         host, _, port_text = hostport.partition(":")
     port = None
     if port_text:
+        # the text itself is not shown: it may be part of a password with a raw '/'
         if not port_text.isdigit() or not port_text.isascii():
-            raise ValueError(f"Port could not be cast to integer value as {port_text!r}")
+            raise ValueError(
+                "the port is not a number (a password holding '/', '?', '#' or '@' must be "
+                "percent-encoded: %2F, %3F, %23, %40)"
+            )
         port = int(port_text)
         if port > 65535:
             raise ValueError("Port out of range 0-65535")
@@ -132,14 +136,29 @@ def split_url(url: str) -> UrlParts:
 
 
 def redact(url: str) -> str:
-    """``url`` without its password (``redis://:secret@host`` -> ``redis://:***@host``),
-    for messages and ``cuforge cache stats``."""
+    """``url`` without its password (``redis://:secret@host`` -> ``redis://:***@host``;
+    a user name alone, often a token, is hidden too: ``https://***@host``), for messages,
+    ``describe()`` and ``cuforge cache stats``. A password holding a raw ``/``, ``?`` or
+    ``#`` (which ends the host part, so the URL does not parse as meant) is still hidden:
+    everything up to the last ``@`` is."""
     scheme, sep, rest = url.partition("://")
-    if not sep or "@" not in rest.split("/", 1)[0]:
+    if not sep or "@" not in rest:
         return url
-    creds, _, host = rest.partition("@")
-    user = creds.split(":", 1)[0]
-    return f"{scheme}://{user}:***@{host}"
+    end = len(rest)
+    for c in "/?#":
+        i = rest.find(c)
+        if i != -1 and i < end:
+            end = i
+    authority, tail = rest[:end], rest[end:]
+    if "@" in authority:
+        creds, _, host = authority.rpartition("@")
+        user, colon, _ = creds.partition(":")
+        shown = f"{user}:***" if colon else "***"
+        return f"{scheme}://{shown}@{host}{tail}"
+    if ":" in authority or scheme.lower() in ("redis", "rediss"):
+        # an '@' past a '/', '?' or '#': a password with one of them in it, unencoded
+        return f"{scheme}://***@{rest[rest.rfind('@') + 1 :]}"
+    return url
 
 
 class RemoteBackend(ABC):

@@ -21,7 +21,9 @@ Layout: ``<dir>/<namespace>/<kind>/<key[:2]>/<key>``, one file per entry (an env
   ``<dir>/<namespace>/.leases/<kind>/<key[:2]>/<key>``, created with ``O_EXCL``, holding
   ``"<token> <ttl ms> <holder>"``; it expires ``ttl`` after its mtime (the holder renews it
   with ``utime``), so the clocks of the machines must agree to within a fraction of the
-  TTL. An expired lease is renamed away and checked before it is dropped: two machines
+  TTL. A reader counts a lease's TTL for at most its own (``CUFORGE_LEASE_TTL``) and reads
+  a mtime more than :data:`CLOCK_SKEW` seconds in the future as expired, so a planted
+  lease holds one TTL at most. An expired lease is renamed away and checked before it is dropped: two machines
   taking over one expired lease at once cost at worst one extra build, never a wrong entry.
 * TTL: ignored (a shared directory has no expiry; prune it with ``find -mtime``).
 * Timeouts: local and network file systems block in the kernel; cuforge cannot bound a
@@ -255,7 +257,7 @@ class FileBackend(RemoteBackend):
                     if info is None:
                         continue  # released meanwhile: try again
                     held, held_ttl, who, mtime = info
-                    if time.time() < mtime + held_ttl:
+                    if _unexpired(mtime, held_ttl, ttl):
                         return None, who
                     self._take_over(path, held)
                     continue
@@ -346,6 +348,22 @@ def _group_writable(directory: str) -> str | None:
         f"the shared directory {directory} is writable by its group {group} "
         f"(mode {stat.filemode(st.st_mode)}): any member of it may have written this entry"
     )
+
+
+#: how far in the future a lease file's mtime may be (clock skew between the machines
+#: sharing the directory) before the lease reads as expired
+CLOCK_SKEW = 2.0
+
+
+def _unexpired(mtime: float, held_ttl: float, own_ttl: float) -> bool:
+    """Whether a lease file touched at ``mtime`` with the TTL ``held_ttl`` it claims still
+    holds, for a reader whose own TTL is ``own_ttl``: the claimed TTL counts for at most
+    the reader's own (a planted lease claiming a year holds one TTL), and a mtime in the
+    future (past the clock skew: a planted one) reads as expired."""
+    now = time.time()
+    if mtime > now + CLOCK_SKEW:
+        return False
+    return now < mtime + min(held_ttl, own_ttl)
 
 
 def _world_writable(directory: str) -> str | None:

@@ -61,6 +61,10 @@ _FIRST = 256 * 1024
 _CHUNK = 4 * 1024 * 1024
 #: keys per round trip of get_many
 _BATCH = 64
+#: the most bytes one SCAN reply may hold (names of at most 1000 keys, with room to spare)
+_SCAN_REPLY_BYTES = 16 * 1024 * 1024
+#: the most bytes a lease's value may hold ("<token> <holder>")
+_LEASE_BYTES = 64 * 1024
 
 
 class RedisBackend(RemoteBackend):
@@ -93,7 +97,9 @@ class RedisBackend(RemoteBackend):
                     from cuforge.store.remote import resp
 
                     self._resp = resp
-                    self._pool = resp.Pool(self._opts, self.connect_timeout, self.timeout)
+                    self._pool = resp.Pool(
+                        self._opts, self.connect_timeout, self.timeout, self.max_bytes
+                    )
                 pool = self._pool
         return pool
 
@@ -180,7 +186,7 @@ class RedisBackend(RemoteBackend):
                 raise TimeoutError(f"Timeout: the deadline of {self.timeout:g} s passed")
             stop = min(size, done + _CHUNK)
             conn.send(("GETRANGE", name, done, stop - 1))
-            chunk = conn.read()
+            chunk = conn.read(stop - done)
             if not isinstance(chunk, bytes) or len(chunk) != stop - done:
                 raise RemoteError(
                     f"remote cache {self.describe()}: GET {kind}/{key[:16]}: the value "
@@ -214,7 +220,8 @@ class RedisBackend(RemoteBackend):
                         ("GETRANGE", name, 0, first_end),
                     ]
                 conn.send(*commands)
-                replies = [conn.read() for _ in commands]
+                small, first = self._resp.SMALL, first_end + 1
+                replies = [conn.read(first if i % 3 == 2 else small) for i in range(len(commands))]
                 return [
                     self._rest(conn, kind, key, *replies[3 * i : 3 * i + 3], first_end)
                     for i, (kind, key) in enumerate(batch)
@@ -230,7 +237,7 @@ class RedisBackend(RemoteBackend):
 
         def work(conn):
             conn.send(args)
-            return conn.read()
+            return conn.read(self._resp.SMALL)
 
         self._call("SET", kind, key, work)
 
@@ -240,7 +247,7 @@ class RedisBackend(RemoteBackend):
 
         def work(conn):
             conn.send(("EXISTS", name))
-            return bool(conn.read())
+            return bool(conn.read(self._resp.SMALL))
 
         return self._call("EXISTS", kind, key, work)
 
@@ -265,7 +272,7 @@ class RedisBackend(RemoteBackend):
             while True:
                 count = max(1, min(1000, limit - seen))
                 conn.send(("SCAN", cursor, "MATCH", pattern + b"*", "COUNT", count))
-                reply = conn.read()
+                reply = conn.read(_SCAN_REPLY_BYTES)
                 if not (isinstance(reply, list) and len(reply) == 2):
                     raise RemoteError(f"remote cache {self.describe()}: SCAN answered {reply!r}")
                 cursor, names = reply
@@ -285,21 +292,26 @@ class RedisBackend(RemoteBackend):
         return f"{self._prefix}lease:{kind}:{key}"
 
     def lease(self, kind: str, key: str, ttl: float, holder: str) -> tuple[int | None, str]:
-        """``SET lease:<kind>:<key> "<token> <holder>" NX PX <ttl>`` (and ``GET`` it, in the
-        same round trip): Redis expires a dead holder's lease by itself. The token is 56
-        random bits, which the renew and release scripts compare: only the holder can
-        extend or drop its lease. (No shared counter: a value anyone can overwrite, e.g.
-        with garbage, must not be able to stop every lease.)"""
+        """``SET lease:<kind>:<key> "<token> <holder>" NX PX <ttl>``, and when another holds
+        it, its value, in one script (one round trip): Redis expires a dead holder's lease
+        by itself. A lease another left without expiry, or with more than ``ttl`` to live
+        (planted, or re-set without ``PX``), is cut to ``ttl`` by the same script, so it
+        holds one TTL of this reader's at most. The token is 56 random bits, which the
+        renew and release scripts compare: only the holder can extend or drop its lease.
+        (No shared counter: a value anyone can overwrite, e.g. with garbage, must not be
+        able to stop every lease.)"""
         name = self._lease_key(kind, key)
         px = max(1, int(ttl * 1000))
         token = int.from_bytes(os.urandom(7), "big") or 1
         value = f"{token} {holder}"
 
         def work(conn):
-            conn.send(("SET", name, value, "NX", "PX", px), ("GET", name))
-            taken = conn.read()
-            current = conn.read()
-            if taken:
+            conn.send(("EVAL", _LEASE, 1, name, value, px))
+            reply = conn.read(_LEASE_BYTES)
+            if not (isinstance(reply, list) and len(reply) == 2):
+                raise RemoteError(f"remote cache {self.describe()}: LEASE answered {reply!r}")
+            taken, current = reply
+            if taken == 1:
                 return token, holder
             text = current.decode("utf-8", "replace") if isinstance(current, bytes) else ""
             return None, text.partition(" ")[2]
@@ -319,7 +331,7 @@ class RedisBackend(RemoteBackend):
 
         def work(conn):
             conn.send(("EVAL", script, 1, name, f"{token} ", *args))
-            return conn.read()
+            return conn.read(self._resp.SMALL)
 
         return self._call(op, kind, key, work)
 
@@ -329,6 +341,17 @@ class RedisBackend(RemoteBackend):
             self._pool.disconnect()
 
 
+#: KEYS[1]: the lease; ARGV[1]: the value "<token> <holder>"; ARGV[2]: the TTL (ms).
+#: Returns {1, value} when taken, else {0, the holder's value}, after cutting a lease with
+#: no expiry (PTTL -1) or more than ARGV[2] ms to live down to ARGV[2] ms.
+_LEASE = (
+    "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then "
+    "return {1, ARGV[1]} end "
+    "local v = redis.call('GET', KEYS[1]) "
+    "local t = redis.call('PTTL', KEYS[1]) "
+    "if t == -1 or t > tonumber(ARGV[2]) then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end "
+    "return {0, v or ''}"
+)
 #: KEYS[1]: the lease; ARGV[1]: "<token> " (the value's prefix); ARGV[2]: the new TTL (ms)
 _RENEW = (
     "local v = redis.call('GET', KEYS[1]) "
@@ -364,7 +387,8 @@ def parse_url(url: str) -> dict:
     needs: ``redis://[[user]:password@]host[:port][/db]`` and ``rediss://`` (TLS, verified
     by default), user and password percent-decoded, and the TLS options ``ssl_ca_certs``,
     ``ssl_certfile``, ``ssl_keyfile``, ``ssl_cert_reqs`` (``none`` / ``optional`` /
-    ``required``) and ``ssl_check_hostname``. Any other query option is refused by name,
+    ``required``) and ``ssl_check_hostname`` (on ``rediss://`` only: on ``redis://`` they
+    would be ignored, so they are refused by name). Any other query option is refused by name,
     never ignored; so is what a client would silently misread (a db path that is not a
     number, port 0, no host). Raises ``ValueError`` saying what is wrong (the caller adds
     the redacted URL)."""
@@ -401,7 +425,12 @@ def parse_url(url: str) -> dict:
         if name not in _TLS_OPTIONS:
             raise ValueError(
                 f"bad Redis URL: unknown option {name!r} (cuforge's Redis client takes "
-                f"{', '.join(_TLS_OPTIONS)})"
+                f"{', '.join(_TLS_OPTIONS)}, on rediss:// URLs)"
+            )
+        if not opts["tls"]:
+            raise ValueError(
+                f"bad Redis URL: {name!r} is a TLS option, and redis:// does not use TLS "
+                "(it would be ignored): use rediss:// for TLS, or drop the option"
             )
         opts[name] = value
     reqs = opts.get("ssl_cert_reqs", "required").lower()

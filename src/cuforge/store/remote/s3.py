@@ -12,7 +12,9 @@ process that hits its local cache.
   The endpoint: ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` (boto3's own variables), or
   ``?endpoint=http://host:port`` in the URL (a MinIO on-prem, a test server); ``?region=``.
 * Timeouts: ``connect_timeout`` to connect, ``timeout`` per read *and* as the deadline of
-  the body transfer; boto3's retries are off (one attempt: the tier's circuit breaker
+  the whole get: each read of the body gets the time left as its socket timeout, and a
+  watchdog shuts the socket down at the deadline (a slow-loris server trickling bytes
+  never holds a get past it); boto3's retries are off (one attempt: the tier's circuit breaker
   decides when to try again).
 * ``get`` learns the size (``ContentLength``) and checks the envelope's head before the
   rest is transferred; ``put`` is an unconditional PUT (a newly signed entry must be able
@@ -31,6 +33,7 @@ from cuforge.store.remote.base import (
     RemoteError,
     RemoteTimeout,
     RemoteUnavailable,
+    redact,
     split_url,
 )
 
@@ -47,7 +50,7 @@ class S3Backend(RemoteBackend):
     def setup(self) -> None:
         parts = split_url(self.url)
         if parts.scheme != "s3" or not parts.hostname:
-            raise RemoteError(f"bad S3 URL {self.url!r}: expected s3://bucket/prefix")
+            raise RemoteError(f"bad S3 URL {redact(self.url)!r}: expected s3://bucket/prefix")
         self.bucket = parts.hostname
         self.prefix = parts.path.strip("/")
         self.endpoint: str | None = None
@@ -60,7 +63,7 @@ class S3Backend(RemoteBackend):
                 self.region = value
             else:
                 raise RemoteError(
-                    f"S3 URL {self.url!r}: unknown query {item!r} (endpoint=URL, region=NAME)"
+                    f"S3 URL {redact(self.url)!r}: unknown query {item!r} (endpoint=URL, region=NAME)"
                 )
         self._client = None
 
@@ -122,6 +125,7 @@ class S3Backend(RemoteBackend):
 
     def get(self, kind: str, key: str) -> bytes | None:
         client = self.client()
+        deadline = time.monotonic() + self.timeout
         try:
             answer = client.get_object(Bucket=self.bucket, Key=self.object_key(kind, key))
         except Exception as exc:  # noqa: BLE001 - boto3 raises many types; sorted below
@@ -130,7 +134,9 @@ class S3Backend(RemoteBackend):
             raise self._error("get from", exc) from None
         body = answer["Body"]
         try:
-            return self._read(body, int(answer.get("ContentLength") or 0), kind, key)
+            return self._read(
+                body, int(answer.get("ContentLength") or 0), kind, key, deadline=deadline
+            )
         except RemoteError:
             raise
         except Exception as exc:  # noqa: BLE001 - a stream error of any kind is a failed get
@@ -138,27 +144,71 @@ class S3Backend(RemoteBackend):
         finally:
             body.close()
 
-    def _read(self, body, size: int, kind: str, key: str) -> bytes:
-        deadline = time.monotonic() + self.timeout
-        head = body.read(min(size, self.head_bytes))
-        first = self.check_head(head, size, kind, key)
-        chunks, done = [head], len(head)
-        while done < size:
-            if time.monotonic() > deadline:
-                raise RemoteTimeout(
-                    f"reading {kind}/{key[:16]} from {self.describe()} took over "
-                    f"{self.timeout:g} s (CUFORGE_REMOTE_TIMEOUT)"
-                )
-            want = min(size - done, _CHUNK, first - done if first > done else size - done)
-            chunk = body.read(want)
-            if not chunk:
-                raise RemoteError(f"{self.describe()}: {kind}/{key[:16]} was cut short")
-            chunks.append(chunk)
-            done += len(chunk)
-            if first and done >= first:
-                self.check_head(b"".join(chunks), size, kind, key)
-                first = 0
-        return b"".join(chunks)
+    def _read(
+        self, body, size: int, kind: str, key: str, *, deadline: float | None = None
+    ) -> bytes:
+        """The ``size`` bytes of ``body`` (a botocore stream), the head checked first, all
+        of it by ``deadline`` (default: ``timeout`` from now). Every read is bounded by
+        the time left, not only checked between reads: the socket's timeout is set to it
+        before each read, and a watchdog shuts the socket down at the deadline (a server
+        trickling a byte now and then never holds a get past its timeout)."""
+        if deadline is None:
+            deadline = time.monotonic() + self.timeout
+        sock = _socket_of(body)
+        fired: list[bool] = []
+        timer = None
+        if sock is not None:
+            import threading
+
+            timer = threading.Timer(max(0.0, deadline - time.monotonic()), _cut, (sock, fired))
+            timer.daemon = True
+            timer.start()
+
+        def timed_out() -> RemoteTimeout:
+            return RemoteTimeout(
+                f"reading {kind}/{key[:16]} from {self.describe()} took over "
+                f"{self.timeout:g} s (CUFORGE_REMOTE_TIMEOUT)"
+            )
+
+        def take(n: int) -> bytes:
+            left = deadline - time.monotonic()
+            if left <= 0 or fired:
+                raise timed_out()
+            if sock is not None:
+                sock.settimeout(left)
+            try:
+                chunk = body.read(n)
+            except Exception as exc:  # noqa: BLE001 - urllib3/botocore/socket errors alike
+                if fired or time.monotonic() >= deadline:
+                    raise timed_out() from exc
+                raise
+            if fired:  # the watchdog cut the socket: what came back may be short
+                raise timed_out()
+            return chunk
+
+        try:
+            head = take(min(size, self.head_bytes))
+            first = self.check_head(head, size, kind, key)
+            chunks, done = [head], len(head)
+            while done < size:
+                want = min(size - done, _CHUNK, first - done if first > done else size - done)
+                chunk = take(want)
+                if not chunk:
+                    raise RemoteError(f"{self.describe()}: {kind}/{key[:16]} was cut short")
+                chunks.append(chunk)
+                done += len(chunk)
+                if first and done >= first:
+                    self.check_head(b"".join(chunks), size, kind, key)
+                    first = 0
+            return b"".join(chunks)
+        finally:
+            if timer is not None:
+                timer.cancel()
+            if sock is not None and not fired:
+                try:
+                    sock.settimeout(self.timeout)  # the pooled connection's usual timeout
+                except OSError:
+                    pass  # closed meanwhile
 
     def put(self, kind: str, key: str, data: bytes) -> None:
         try:
@@ -209,3 +259,26 @@ class S3Backend(RemoteBackend):
         client, self._client = self._client, None
         if client is not None:
             client.close()
+
+
+def _socket_of(body):
+    """The socket a botocore ``StreamingBody`` reads from (urllib3's connection, or the
+    socket under ``http.client``'s file), or None when it cannot be found (then reads are
+    bounded by the per-read ``read_timeout`` and the checks between them only)."""
+    raw = getattr(body, "_raw_stream", body)
+    sock = getattr(getattr(raw, "_connection", None), "sock", None)
+    if sock is None:
+        fp = getattr(getattr(raw, "_fp", None), "fp", None)
+        sock = getattr(getattr(fp, "raw", None), "_sock", None)
+    return sock if hasattr(sock, "settimeout") and hasattr(sock, "shutdown") else None
+
+
+def _cut(sock, fired: list) -> None:
+    """The watchdog: the deadline passed, so end the blocked ``recv``."""
+    fired.append(True)
+    import socket
+
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed
