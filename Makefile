@@ -103,7 +103,7 @@ test-s3: $(VENV)/.installed-test $(S3SITE)/.installed
 # Triton 3.9.0 and 3.5.1 (~0.2 GB each); torch 2.15.0 with Triton 3.9.0, NVSHMEM and cuDNN
 # (~1.5 GB; the test venv's other CUDA 13 libraries serve it); torch 2.6.0 with its CUDA 12
 # stack (~5 GB); JAX 0.12.0.1 (Python 3.12, found on PATH or under pyenv) and 0.4.36 (~0.3 GB
-# each); CuPy 14.2.0 and 14.0.0, cuda-core 1.2.2 and 1.2.0, cuda-cccl 1.2.1 and 1.2.0,
+# each); CuPy 14.2.0 and 14.1.0, cuda-core 1.2.2 and 1.2.0, cuda-cccl 1.2.1 and 1.2.0,
 # nvidia-cutlass-dsl 4.8.1 (~0.1 GB each). pip ignores the machine's pip configuration here
 # (PIP_CONFIG_FILE=/dev/null): a cap at the torch on local disk would refuse 2.15.
 test-compat: $(VENV)/.installed-test

@@ -63,7 +63,7 @@ ROWS: list[tuple[str, str, list[str], list[str]]] = [
     ("jax-0.12.0.1", "3.12", ["jax[cpu]==0.12.0.1", *PY312_BASE], JAX_TESTS),
     ("jax-0.4.36", "venv", ["jax[cpu]==0.4.36"], JAX_TESTS),
     ("cupy-14.2.0", "venv", ["--no-deps", "cupy-cuda13x==14.2.0"], CUPY_TESTS),
-    ("cupy-14.0.0", "venv", ["--no-deps", "cupy-cuda13x==14.0.0"], CUPY_TESTS),
+    ("cupy-14.1.0", "venv", ["--no-deps", "cupy-cuda13x==14.1.0"], CUPY_TESTS),
     ("cuda-core-1.2.2", "venv", ["--no-deps", "cuda-core==1.2.2"], CUDA_CORE_TESTS),
     ("cuda-core-1.2.0", "venv", ["--no-deps", "cuda-core==1.2.0"], CUDA_CORE_TESTS),
     ("cccl-1.2.1", "venv", ["--no-deps", "cuda-cccl==1.2.1"], CCCL_TESTS),
@@ -73,13 +73,21 @@ ROWS: list[tuple[str, str, list[str], list[str]]] = [
 
 
 def python_312() -> str | None:
-    """A Python 3.12 interpreter: ``python3.12`` on PATH, else one under pyenv."""
-    found = shutil.which("python3.12")
-    if found:
-        return found
+    """A Python 3.12 interpreter that runs: one under pyenv's versions, else ``python3.12``
+    on PATH (a pyenv shim on PATH fails when no 3.12 is selected, so each is tried)."""
     root = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
-    for candidate in sorted(glob.glob(os.path.join(root, "versions", "3.12*", "bin", "python3"))):
-        if os.access(candidate, os.X_OK):
+    candidates = sorted(glob.glob(os.path.join(root, "versions", "3.12*", "bin", "python3")))
+    candidates.append(shutil.which("python3.12") or "")
+    for candidate in candidates:
+        if not candidate or not os.access(candidate, os.X_OK):
+            continue
+        done = subprocess.run(
+            [candidate, "-c", "import sys; print(sys.version_info[:2])"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode == 0 and done.stdout.strip() == "(3, 12)":
             return candidate
     return None
 

@@ -13,7 +13,7 @@ WINDOWS: dict[str, tuple[str, str, tuple[tuple[int, ...], tuple[int, ...]]]] = {
     "triton": ("triton", "Triton", ((3, 5), (3, 10))),
     "torch_compile": ("torch", "torch", ((2, 6), (2, 16))),
     "jax": ("jax", "JAX", ((0, 4, 36), (0, 13))),
-    "cupy": ("cupy-cuda13x", "CuPy", ((14, 0), (16, 0))),
+    "cupy": ("cupy-cuda13x", "CuPy", ((14, 1), (16, 0))),
 }
 
 

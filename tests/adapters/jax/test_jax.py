@@ -114,11 +114,13 @@ import json, os
 import jax, jax.numpy as jnp
 from jax._src import compiler
 compiles = []
-real_compile = compiler.backend_compile_and_load
-def counted(*args, **kwargs):  # XLA's compile itself (a hit deserializes instead)
+# XLA's compile itself (a hit deserializes instead); JAX < 0.5 names it backend_compile
+name = "backend_compile_and_load" if hasattr(compiler, "backend_compile_and_load") else "backend_compile"
+real_compile = getattr(compiler, name)
+def counted(*args, **kwargs):
     compiles.append(1)
     return real_compile(*args, **kwargs)
-compiler.backend_compile_and_load = counted
+setattr(compiler, name, counted)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
 import cuforge, cuforge.jax as cj
 assert cj.enable()
