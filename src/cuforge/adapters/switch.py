@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import logging
 import sys
 
 TYPE_CHECKING = False
@@ -185,22 +184,27 @@ def enable(*systems: str, cache: Cache | None = None) -> dict[str, str]:
     return {name: _enable_one(SYSTEMS[name], cache) for name in chosen}
 
 
-class _Collect(logging.Handler):
-    """Collects the adapter's warnings while it runs (they still reach the log too)."""
+def _collector() -> Any:
+    """A logging handler that collects the adapter's warnings while it runs (they still
+    reach the log too). logging is imported here, not at import: ``cuforge run`` reads
+    only the registry."""
+    import logging
 
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
+    class _Collect(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__(logging.WARNING)
+            self.messages: list[str] = []
 
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
+        def emit(self, record: logging.LogRecord) -> None:
+            self.messages.append(record.getMessage())
+
+    return logging.getLogger("cuforge"), _Collect()
 
 
 def _enable_one(system: System, cache: Cache | None) -> str:
     if not installed(system.name):
         return f"not installed (no module {system.peer!r}; pip install 'cuforge[{system.extra}]')"
-    log = logging.getLogger("cuforge")
-    collect = _Collect()
+    log, collect = _collector()
     log.addHandler(collect)
     try:
         result = importlib.import_module(system.adapter).enable(cache)
