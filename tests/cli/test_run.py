@@ -101,6 +101,34 @@ def test_enable_all_enables_triton_in_processes_that_never_import_cuforge(venv, 
     assert "Traceback" not in done.stderr
 
 
+def test_torch_compile_is_enabled_when_inductor_is_imported_not_before(venv):
+    """``import torch`` alone stays cheap; ``torch._inductor`` (what torch.compile imports)
+    gets cuforge's remote-cache classes and Triton's cache manager right after it loads."""
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    code = textwrap.dedent(
+        """
+        import json, sys
+        import torch
+        before = "cuforge.torch.compile_cache" in sys.modules
+        import torch._inductor
+        import torch._inductor.config as config
+        cc = sys.modules["cuforge.torch.compile_cache"]
+        print(json.dumps({"before": before, "patched": cc._state["saved"] is not None,
+                          "fx_graph_remote_cache": config.fx_graph_remote_cache,
+                          "triton": sys.modules["cuforge.adapters.triton"].enabled()}))
+        """
+    )
+    done = venv.run(["-c", code], CUFORGE_ENABLE="torch_compile")
+    assert done.returncode == 0, done.stderr
+    assert _last_json(done.stdout) == {
+        "before": False,
+        "patched": True,
+        "fx_graph_remote_cache": True,
+        "triton": True,
+    }
+
+
 def test_without_the_variable_nothing_is_enabled(venv, triton_child):
     done = venv.run([str(triton_child)])
     assert done.returncode == 0, done.stderr
