@@ -1,5 +1,13 @@
 """Build hook for the one compiled part of cuforge; all metadata lives in pyproject.toml.
 
+Two things are added here:
+
+* ``cuforge-enable.pth`` (``src/cuforge-enable.pth``) goes to the root of site-packages, in
+  a wheel (``pip install .``) and in an editable install (``pip install -e .``) alike: its
+  one line makes ``CUFORGE_ENABLE`` work in every Python process (docs/run.md). With the
+  variable unset it imports nothing.
+* the C launcher extension:
+
 The C launch path (``src/cuforge/runtime/_launcher.c``, see ``cuforge.runtime.fastlaunch``)
 is built here as the optional extension ``cuforge.runtime._cuforge_fastlaunch``. It needs
 only a C compiler and Python's headers -- the CUDA driver's entry points are passed in at
@@ -14,6 +22,7 @@ import hashlib
 import os
 
 from setuptools import Extension, setup
+from setuptools.command.build_py import build_py
 
 RUNTIME = "src/cuforge/runtime"
 SOURCE = f"{RUNTIME}/_launcher.c"  # the real launcher, also compiled at run time
@@ -28,7 +37,40 @@ def source_sha256() -> str:
         return hashlib.sha256(f.read()).hexdigest()
 
 
+PTH = "cuforge-enable.pth"
+
+
+class build_py_with_pth(build_py):
+    """``build_py`` that also puts :data:`PTH` at the root of what is installed.
+
+    A wheel installs ``build_lib`` as site-packages, so the file goes there. An editable
+    build (setuptools' ``editable_wheel``, PEP 660) keeps the modules in ``src/`` and
+    ignores ``build_lib``; what it does install is its ``install_lib``, the unpacked
+    editable wheel (where it writes its own ``__editable__.*.pth``), so the file goes
+    there instead."""
+
+    def run(self) -> None:
+        super().run()
+        here = os.path.dirname(os.path.abspath(__file__))
+        source = os.path.join(here, "src", PTH)
+        if getattr(self, "editable_mode", False):
+            target_dir = self.get_finalized_command("install").install_lib
+        else:
+            target_dir = self.build_lib
+        self.mkpath(target_dir)
+        self._pth = os.path.join(target_dir, PTH)
+        self.copy_file(source, self._pth, preserve_mode=False)
+
+    def get_outputs(self, include_bytecode: bool = True) -> list[str]:
+        outputs = list(super().get_outputs(include_bytecode))
+        pth = getattr(self, "_pth", None)
+        if pth is not None and not getattr(self, "editable_mode", False):
+            outputs.append(pth)
+        return outputs
+
+
 setup(
+    cmdclass={"build_py": build_py_with_pth},
     ext_modules=[
         Extension(
             "cuforge.runtime._cuforge_fastlaunch",
@@ -37,5 +79,5 @@ setup(
             define_macros=[("CUFORGE_LAUNCHER_SHA256", f'"{source_sha256()}"')],
             optional=True,
         )
-    ]
+    ],
 )

@@ -18,6 +18,7 @@ import sys
 import sysconfig
 import tarfile
 import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -157,6 +158,7 @@ def test_sdist_holds_the_sources(dist):
         "src/cuforge/runtime/_launcher.c",
         "src/cuforge/runtime/_launcher_ext.c",
         "src/cuforge/__main__.py",
+        "src/cuforge-enable.pth",
     }
     expected |= _source_files("src/cuforge/samples") | _source_files("tests")
     expected |= _source_files("docs")
@@ -185,6 +187,11 @@ def test_wheel_holds_the_package_and_its_extension(dist, tmp_path):
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert not [n for n in names if n.startswith(("tests/", "src/"))]
     assert "License-Expression: Apache-2.0" in metadata
+    # CUFORGE_ENABLE's hook, at the root of site-packages once installed (docs/run.md)
+    assert "cuforge-enable.pth" in names
+    hook = (tmp_path / "site" / "cuforge-enable.pth").read_text()
+    assert hook == (Path(ROOT) / "src" / "cuforge-enable.pth").read_text()
+    assert hook.startswith("import os; os.environ.get('CUFORGE_ENABLE') and ")
     if not _c_compiler_present():
         pytest.skip("no C compiler or Python.h here: the wheel has no compiled extension")
     assert EXTENSION in names

@@ -12,6 +12,8 @@ import costs only the lookup. The launch runtime and the torch helpers load on f
 * :func:`cache` -- the cache in use (``default_cache()``)
 * :func:`prefetch` -- pull a lockfile's entries (:func:`record`) from the remote into the
   local cache (disk and memory) at service start-up, before the first kernel
+* :func:`enable` -- cuforge as the cache of Triton, torch.compile, JAX, CuPy, CuTe DSL and
+  cuda.compute in this process (``CUFORGE_ENABLE`` / ``cuforge run``: in every process)
 * :mod:`cuforge.torch` -- drop-in ``load()`` / ``load_inline()`` for PyTorch extensions
 * errors: :class:`CompileError`, :class:`ArchError`, :class:`ConfigError`, :class:`ToolchainError`,
   :class:`LaunchError`, :class:`CuforgeError`
@@ -54,6 +56,7 @@ __all__ = [
     "record",
     "prefetch",
     "CompileAfterFenceError",
+    "enable",
 ]
 
 _LAZY = {
@@ -71,6 +74,7 @@ _LAZY = {
     "record": ("cuforge.core.recording", "record"),
     "prefetch": ("cuforge.core.prefetch", "prefetch"),
     "CompileAfterFenceError": ("cuforge.base.errors", "CompileAfterFenceError"),
+    "enable": ("cuforge.adapters.switch", "enable"),
 }
 
 

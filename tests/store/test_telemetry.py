@@ -199,3 +199,60 @@ def test_one_cold_and_one_warm_process_read_one_hit_in_two_lookups_one_build(tmp
         check=False,
     )
     assert "lookups     2: 1 hit (50%), 1 miss; 1 build" in human.stdout, human.stdout
+
+
+def test_kind_totals_are_per_kind_and_count_each_lookup_once(tmp_path):
+    """What ``cuforge run`` diffs: per kind, the chain's hits / misses / builds and the
+    seconds the hits saved (from whichever tier answered), across processes."""
+    root = str(tmp_path / "cache")
+    procs = [spawn(CHILD.format(root=root), child_env(NAME=n)) for n in ("a.cu", "b.cu")]
+    for p in procs:
+        finish(p)
+    totals = telemetry.kind_totals(root)
+    # per child: 3 hits of its kernel (1 disk, 2 memory), 1 build; the miss of "f"*64 had
+    # no kind (a lookup by key): it is not any kind's
+    assert totals == {"kernel": {"hits": 6, "misses": 0, "builds": 2, "seconds_saved": 3.0}}
+
+
+POOL_CHILD = """
+    import json, multiprocessing, sys
+
+
+    def work(root):
+        from cuforge.store import telemetry
+        telemetry.record(root, "hit", tier="lookup", kind="triton", name=None)
+        telemetry.record(root, "hit", tier="disk", kind="triton", name="k", seconds_saved=2.5)
+        return True
+
+
+    if __name__ == "__main__":
+        ctx = multiprocessing.get_context(sys.argv[2])
+        pool = ctx.Pool(1)
+        assert pool.apply(work, (sys.argv[1],))
+        pool.close()
+        pool.join()
+        print(json.dumps({"ok": True}))
+"""
+
+
+def test_a_multiprocessing_worker_flushes_its_counts_when_it_ends(tmp_path):
+    """Pool workers end with os._exit (no atexit): the counts are flushed by a
+    multiprocessing finalizer instead, with spawn and with fork."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = tmp_path / "pool_child.py"
+    script.write_text(textwrap.dedent(POOL_CHILD))
+    for method in ("spawn", "fork"):
+        root = str(tmp_path / f"cache-{method}")
+        done = subprocess.run(
+            [sys.executable, str(script), root, method],
+            env=child_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr
+        totals = telemetry.kind_totals(root)
+        assert totals == {"triton": {"hits": 1, "misses": 0, "builds": 0, "seconds_saved": 2.5}}

@@ -65,6 +65,9 @@ CUFORGE_FENCE              ``warn`` / ``error``: the compile fence (``cuforge.fe
                            ``CompileAfterFenceError`` (nothing is compiled); ``off``: none
 CUFORGE_RECORD             a path: write every cache key this process asks for to that
                            lockfile at exit (``cuforge.record``; ``cuforge build --lock``)
+CUFORGE_ENABLE             ``all`` or a comma list (``triton,torch_compile``): every Python
+                           process of an environment with cuforge installed enables those
+                           systems' caches (``cuforge.enable``; docs/run.md); unset: none
 ========================== ============================================================
 
 Accepted values, and what an out-of-range one does (always a :class:`ConfigError`, a
@@ -88,6 +91,10 @@ Accepted values, and what an out-of-range one does (always a :class:`ConfigError
 * ``CUFORGE_FAST_LAUNCH``: ``c`` or ``python``; anything else is an error.
 * ``CUFORGE_FENCE``: ``off``, ``warn`` or ``error`` (any case); anything else is an error.
 * ``CUFORGE_REMOTE_NATIVE``: ``refuse`` or ``allow`` (any case); anything else is an error.
+
+* ``CUFORGE_ENABLE``: parsed here into lower-case names (``all`` included); the names are
+  checked by :mod:`cuforge.adapters.switch` (the registry lives there, in layer 5), which
+  prints one line naming the variable and the valid names for an unknown one.
 """
 
 from __future__ import annotations
@@ -168,6 +175,7 @@ _SETTING_VARS: tuple[str, ...] = (
     "CUFORGE_OFFLINE",
     "CUFORGE_FENCE",
     "CUFORGE_RECORD",
+    "CUFORGE_ENABLE",
     "TORCH_CUDA_ARCH_LIST",
     "XDG_CACHE_HOME",
     "HOME",
@@ -246,6 +254,7 @@ class Settings:
         "offline",
         "fence",
         "record",
+        "enable",
     )
 
     def __init__(self, env: dict[str, str]) -> None:
@@ -346,6 +355,11 @@ class Settings:
         self.fence: str = "" if fence == "off" else fence
         #: the lockfile a recording of this process writes at exit ("": no recording)
         self.record: str = (get("CUFORGE_RECORD") or "").strip()
+        #: the systems every process enables at start (cuforge.adapters.switch checks the
+        #: names): ``("all",)``, a few names, or () when unset
+        self.enable: tuple[str, ...] = tuple(
+            n.strip().lower() for n in (get("CUFORGE_ENABLE") or "").split(",") if n.strip()
+        )
 
     def remote_shape(self) -> tuple:
         """The settings that decide which remote tiers exist and how they behave: two

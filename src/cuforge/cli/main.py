@@ -8,6 +8,7 @@
     cuforge compile FILE...             compile kernels through the cache; says where each came from
     cuforge build [MANIFEST] [--jobs N] build every variant of cuforge.toml ahead of time (--bundle)
     cuforge bundle install|ls FILE      install or list a bundle of prebuilt variants
+    cuforge run -- CMD ARGS...          run CMD with cuforge on in all its processes; savings
 
 Every command takes ``--cache-dir DIR``: it operates on the cache in DIR instead of
 CUFORGE_CACHE_DIR (:mod:`cuforge.cli.common`).
@@ -75,7 +76,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 #: the commands whose modules :func:`build_parser` can load alone
-_COMMANDS = ("doctor", "env", "cache", "compile", "build", "bundle", "prefetch", "keys")
+_COMMANDS = ("doctor", "env", "cache", "compile", "build", "bundle", "prefetch", "keys", "run")
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:

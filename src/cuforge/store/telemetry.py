@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import sys
 import weakref
 from _thread import allocate_lock
 from time import monotonic, time
@@ -56,6 +57,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "record",
     "summary",
+    "kind_totals",
     "flush",
     "telemetry_dir",
     "CHAIN",
@@ -182,11 +184,24 @@ def record(
     flush(root)
 
 
+#: the process whose multiprocessing finalizer is registered (0: none)
+_finalizer_pid = 0
+
+
 def _register_atexit() -> None:
-    global _atexit_registered
+    """Flush at exit. A multiprocessing worker ends with ``os._exit`` after running only
+    multiprocessing's own finalizers (no ``atexit``), so in a process where multiprocessing
+    is loaded the flush is also one of those, registered once per process (a forked
+    worker starts with an empty registry)."""
+    global _atexit_registered, _finalizer_pid
     if not _atexit_registered:
         atexit.register(flush)
         _atexit_registered = True
+    if _finalizer_pid != os.getpid():
+        mp_util = sys.modules.get("multiprocessing.util")
+        if mp_util is not None:
+            _finalizer_pid = os.getpid()
+            mp_util.Finalize(None, flush, exitpriority=0)
 
 
 def _take(root: str) -> list | None:
@@ -404,6 +419,34 @@ def summary(root: str, *, top: int = TOP) -> dict:
         "file": path,
         "file_bytes": file_bytes,
     }
+
+
+def kind_totals(root: str) -> dict[str, dict[str, float]]:
+    """Per entry kind, everything recorded under ``root`` so far (all processes, flushed):
+    ``{kind: {"hits", "misses", "builds", "seconds_saved"}}``. Hits, misses and builds are
+    the whole chain's (once per lookup, :data:`CHAIN`); seconds saved are the compile
+    seconds of the entries hit, from every tier. Manifests are left out. Two calls around
+    a run give what the run did (``cuforge run``). Reads only; never writes."""
+    counts, _names, _since = _read(os.path.join(telemetry_dir(root), "events.jsonl"))
+    totals: dict[str, dict[str, float]] = {}
+    field = {"hit": "hits", "miss": "misses", "build": "builds"}
+    for (tier, event, kind), (count, _nbytes, seconds) in counts.items():
+        if not kind or kind == "manifest":
+            continue
+        if tier == CHAIN:
+            name = field.get(event)
+            if name is None:
+                continue
+            row = totals.setdefault(
+                kind, {"hits": 0, "misses": 0, "builds": 0, "seconds_saved": 0.0}
+            )
+            row[name] += count
+        elif event == "hit":
+            row = totals.setdefault(
+                kind, {"hits": 0, "misses": 0, "builds": 0, "seconds_saved": 0.0}
+            )
+            row["seconds_saved"] += seconds
+    return totals
 
 
 def _after_fork_in_child() -> None:
