@@ -100,7 +100,7 @@ test-s3: $(VENV)/.installed-test $(S3SITE)/.installed
 # Every adapter against the newest and the oldest release of its peer that cuforge claims
 # (docs/compat.md), each release in its own folder .compat/<label> (pip --target, first on
 # PYTHONPATH for its run only). Downloads once, then reuses the folders (~9 GB on disk):
-# Triton 3.9.0 and 3.5.1 (~0.2 GB each); torch 2.15.0 with Triton 3.9.0, NVSHMEM and cuDNN
+# Triton 3.9.0 and 3.6.0 (~0.2 GB each); torch 2.15.0 with Triton 3.9.0, NVSHMEM and cuDNN
 # (~1.5 GB; the test venv's other CUDA 13 libraries serve it); torch 2.6.0 with its CUDA 12
 # stack (~5 GB); JAX 0.12.0.1 (Python 3.12, found on PATH or under pyenv) and 0.4.36 (~0.3 GB
 # each); CuPy 14.2.0 and 14.1.0, cuda-core 1.2.2 and 1.2.0, cuda-cccl 1.2.1 and 1.2.0,

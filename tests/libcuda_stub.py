@@ -80,7 +80,7 @@ def build_stub(directory: str) -> str:
     and return the directory. Raises ``RuntimeError`` naming the problem when there is no
     C compiler or it fails."""
     target = os.path.join(directory, "libcuda.so.1")
-    if os.path.isfile(target):
+    if os.path.isfile(target) and os.path.lexists(os.path.join(directory, "libcuda.so")):
         return directory
     cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc") or shutil.which("clang")
     if cc is None:
@@ -99,6 +99,10 @@ def build_stub(directory: str) -> str:
     if done.returncode != 0:
         raise RuntimeError(f"building the libcuda stub with {cc} failed:\n{done.stderr}")
     os.replace(tmp, target)
+    # the link-time name beside it, as a driver install has (Triton <= 3.5 links -lcuda)
+    link = os.path.join(directory, "libcuda.so")
+    if not os.path.lexists(link):
+        os.symlink("libcuda.so.1", link)
     return directory
 
 

@@ -43,7 +43,7 @@ PY312_BASE = ["pytest>=8", "platformdirs>=3", "rich>=13", "numpy>=1.24"]
 #: dependencies (the NVIDIA libraries, numpy); the others bring theirs.
 ROWS: list[tuple[str, str, list[str], list[str]]] = [
     ("triton-3.9.0", "venv", ["--no-deps", "triton==3.9.0"], TRITON_TESTS),
-    ("triton-3.5.1", "venv", ["--no-deps", "triton==3.5.1"], TRITON_TESTS),
+    ("triton-3.6.0", "venv", ["--no-deps", "triton==3.6.0"], TRITON_TESTS),
     # torch 2.15 is a CUDA 13.2 build: its own Triton and the two NVIDIA libraries whose
     # version it needs exactly; the venv's other CUDA 13 libraries serve the CPU tests
     (

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 #: ``cuforge.enable`` name -> (the peer's distribution, its name for people, (low, high))
 WINDOWS: dict[str, tuple[str, str, tuple[tuple[int, ...], tuple[int, ...]]]] = {
-    "triton": ("triton", "Triton", ((3, 5), (3, 10))),
+    "triton": ("triton", "Triton", ((3, 6), (3, 10))),
     "torch_compile": ("torch", "torch", ((2, 6), (2, 16))),
     "jax": ("jax", "JAX", ((0, 4, 36), (0, 13))),
     "cupy": ("cupy-cuda13x", "CuPy", ((14, 1), (16, 0))),
