@@ -197,3 +197,76 @@ def test_the_fence_refuses_a_fresh_cpu_graph_after_a_warm_up(tmp_path, monkeypat
         torch._dynamo.reset()
         fencing._mode = None
         fencing.reset()
+
+
+CPP_MACHINE = """
+import json, sys
+import torch
+import torch._inductor.config as inductor_config
+inductor_config.cpp.cxx = (None, sys.argv[1])
+from cuforge.torch import compile_cache
+assert compile_cache.enable()
+from torch._dynamo.utils import counters
+
+def f(x):
+    return (x.sin() + 1) * 2 - x.relu()
+
+x = torch.arange(16, dtype=torch.float32) / 7
+out = torch.compile(f)(x)
+import cuforge
+print(json.dumps({
+    "out": out.tolist(),
+    "fx_hit": counters["inductor"]["fxgraph_cache_hit"],
+    "counters": {k: v for k, v in cuforge.default_cache().counters.items() if "inductor" in k},
+}))
+"""
+
+
+@pytest.mark.slow
+def test_machine_b_runs_no_cpp_compiler_for_inductors_cpu_kernels(tmp_path):
+    """Inductor's CPU backend: B gets the FX graph from the remote and its C++ kernels too
+    (entries of kind inductor-cpp), so the host C++ compiler never runs on B; the same
+    outputs. C++ compiler runs are counted by a logging CXX (issue 33)."""
+    import shutil
+
+    real = shutil.which("g++") or shutil.which("clang++")
+    if real is None:
+        pytest.skip("no C++ compiler for Inductor's CPU backend")
+    log = tmp_path / "cxx.log"
+    cxx = tmp_path / "cxx"
+    cxx.write_text(f'#!/bin/sh\necho "$@" >> "{log}"\nexec {real} "$@"\n')
+    cxx.chmod(0o755)
+
+    def runs() -> int:  # compiler processes that build something (not --version probes)
+        lines = log.read_text().splitlines() if log.exists() else []
+        return sum(1 for line in lines if "-o" in line.split())
+
+    (tmp_path / "share").mkdir(mode=0o700)
+    remote = f"file://{tmp_path / 'share'}"
+    outs = {}
+    for label in ("a", "b"):
+        before = runs()
+        home = tmp_path / label
+        home.mkdir()
+        env = child_env(
+            CUFORGE_CACHE_DIR=str(home / "cuforge"),
+            CUFORGE_REMOTE=remote,
+            # an unsigned share serves native host code only when allowed (issue 35.5)
+            CUFORGE_REMOTE_NATIVE="allow",
+            TORCHINDUCTOR_CACHE_DIR=str(home / "inductor"),
+            TORCHINDUCTOR_COMPILE_THREADS="1",
+            HOME=str(home),
+            USER=f"user-{label}",
+        )
+        outs[label] = run_python(
+            CPP_MACHINE.replace("sys.argv[1]", repr(str(cxx))), env, timeout=400, cwd=str(home)
+        )
+        outs[label]["cxx_runs"] = runs() - before
+    a, b = outs["a"], outs["b"]
+    assert a["cxx_runs"] >= 1 and a["counters"].get("inductor-cpp:built", 0) >= 1, a
+    assert b["fx_hit"] == 1, b
+    assert b["cxx_runs"] == 0, (b, log.read_text())
+    assert (
+        b["counters"].get("inductor-cpp:hit", 0) >= 1 and "inductor-cpp:built" not in b["counters"]
+    )
+    assert b["out"] == a["out"]

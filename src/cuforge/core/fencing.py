@@ -58,6 +58,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from _contextvars import ContextVar
 
 from cuforge.base.config import settings
 from cuforge.base.errors import CompileAfterFenceError
@@ -91,7 +92,13 @@ SYSTEMS = {
     "torch": "torch extension",
     "cccl": "cuda.compute",
     "cute": "CuTe DSL",
+    "inductor-cpp": "torch.compile",
 }
+
+#: set while cuforge's Inductor C++ cache (:mod:`cuforge.torch.inductor_cpp`) runs a build
+#: it already put before the fence (its ``Cache.begin``): the fence's own wrapper of
+#: ``CppBuilder.build`` then does not report it a second time
+inductor_asked: ContextVar[bool] = ContextVar("cuforge_inductor_asked", default=False)
 
 
 def mode() -> str:
@@ -482,7 +489,10 @@ def _install_inductor() -> None:
 
         def build(self: Any, *args: Any, **kwargs: Any) -> Any:
             current = mode()
-            if current:
+            # cuforge's C++ cache asks the fence itself, on a miss only (never on a hit)
+            caching = getattr(original, "_cuforge_cpp_cache", None)
+            cached = inductor_asked.get() or (callable(caching) and caching())
+            if current and not cached:
                 caller = sys._getframe(1).f_globals.get("__name__", "")
                 if caller != "torch._inductor.cpu_vec_isa":  # the ISA probe (module doc)
                     _trip(current, _inductor_info(self))

@@ -45,6 +45,7 @@ ENTRY_KINDS = (
     "cute",
     "triton",
     "inductor",
+    "inductor-cpp",
     "cuda-core",
     "jax",
     "cupy",

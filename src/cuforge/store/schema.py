@@ -30,6 +30,8 @@ The rules (a field marked *typed* may be absent, but when present must have that
 * ``"inductor"`` (:mod:`cuforge.torch.compile_cache`, one value of Inductor's FX-graph
   or autotune remote cache): the common rules, plus ``cache`` (required, a str naming
   Inductor's cache).
+* ``"inductor-cpp"`` (:mod:`cuforge.torch.inductor_cpp`, one linked C++ kernel module of
+  Inductor's CPU backend): the common rules; native host code.
 * ``"cuda-core"`` (:mod:`cuforge.cuda_core`, a cuda.core program), ``"jax"``
   (:mod:`cuforge.jax`, a serialized JAX executable), ``"cupy"`` (:mod:`cuforge.cupy`, a
   CuPy kernel binary): the common rules, and ``output`` (*typed*) is the name of a binary
@@ -63,7 +65,7 @@ __all__ = ["KINDS", "NATIVE_KINDS", "entry_problem", "is_native"]
 KINDS = ENTRY_KINDS
 
 #: the kinds whose every entry is native host code (see the module doc, :func:`is_native`)
-NATIVE_KINDS = ("object", "module")
+NATIVE_KINDS = ("object", "module", "inductor-cpp")
 
 
 def is_native(kind: str, meta: Any) -> bool:

@@ -212,6 +212,10 @@ def enable(cache: Cache | None = None, *, triton: bool = True) -> bool:
             setattr(config, flag, True)
     _install_key_recorders()
     _pin_ptxas()
+    # Inductor's C++ kernels (its CPU backend) from cuforge's tiers too
+    from cuforge.torch import inductor_cpp
+
+    inductor_cpp.install(lambda: _state["cache"] or default_cache())
     if triton:
         try:
             import cuforge.adapters.triton as _triton
@@ -260,6 +264,9 @@ def disable() -> None:
             setattr(importlib.import_module(where), name, value)
     _state["saved"] = None
     _state["cache"] = None
+    from cuforge.torch import inductor_cpp
+
+    inductor_cpp.uninstall()
     while _wrapped:
         module, name, original = _wrapped.pop()
         setattr(module, name, original)
