@@ -128,6 +128,8 @@ def run_stats(args: argparse.Namespace) -> int:
         "outside": stats.extra.get("outside", {}),
         "other_bytes": stats.extra.get("other_bytes", 0),
         "dir_bytes": stats.extra.get("dir_bytes", stats.bytes),
+        # why the index was out of date with the entry files on disk (rebuilt), or None
+        "index_rebuilt": stats.extra.get("index_rebuilt"),
         "tiers": summ.get("tiers", {}),
         "lookups": summ.get("lookups", {"lookups": 0, "hits": 0, "misses": 0, "builds": 0}),
         "seconds_saved": summ.get("seconds_saved", 0.0),
@@ -149,6 +151,8 @@ def run_stats(args: argparse.Namespace) -> int:
         f"{k} {v['entries']}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1]["entries"])
     )
     print(f"cache dir   {store.root}")
+    if doc["index_rebuilt"]:
+        print(f"index       was out of date ({doc['index_rebuilt']}): rebuilt from the entry files")
     print(f"entries     {stats.entries}" + (f" ({by_kind})" if by_kind else ""))
     print(f"size        {output.human_bytes(stats.bytes)}{share}")
     parts = [f"entries {output.human_bytes(stats.extra.get('entry_bytes', stats.bytes))}"]
