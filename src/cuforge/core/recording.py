@@ -145,16 +145,38 @@ def read_lock(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
         data = loads(text)[0]
     except Exception as exc:  # noqa: BLE001 - tomllib's error type is only known at runtime
         raise ValueError(f"{path}: not a cuforge lockfile ({exc})") from None
-    if data.get("version") != LOCK_VERSION:
+    version = data.get("version")
+    if not isinstance(version, int) or isinstance(version, bool):
         raise ValueError(
-            f"{path}: lockfile version {data.get('version')!r}, this cuforge reads "
-            f"{LOCK_VERSION}; record it again with this version"
+            f"{path}: version must be the integer {LOCK_VERSION} (version = {LOCK_VERSION}), "
+            f"not {version!r} ({type(version).__name__})"
+        )
+    if version != LOCK_VERSION:
+        raise ValueError(
+            f"{path}: lockfile version {version}, this cuforge reads {LOCK_VERSION}; "
+            "record it again with this version"
         )
     rows = data.get("key", [])
+    if not isinstance(rows, list):
+        raise ValueError(
+            f"{path}: key must be an array of tables ([[key]] stanzas), "
+            f"not {type(rows).__name__} ({rows!r:.40})"
+        )
     for i, r in enumerate(rows):
+        if not isinstance(r, dict):
+            raise ValueError(
+                f"{path}: key #{i + 1} must be a table ([[key]]), not {type(r).__name__}"
+            )
         for field in ("system", "kind", "name", "key"):
             if not isinstance(r.get(field), str):
                 raise ValueError(f"{path}: [[key]] #{i + 1} has no {field} (a str)")
+        if "base" in r and not isinstance(r["base"], str):
+            raise ValueError(f"{path}: [[key]] #{i + 1}: base must be a str")
+        manifest = r.get("manifest")
+        if manifest is not None and not (
+            isinstance(manifest, list) and all(isinstance(line, str) for line in manifest)
+        ):
+            raise ValueError(f"{path}: [[key]] #{i + 1}: manifest must be a list of str lines")
     return rows
 
 
