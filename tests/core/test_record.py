@@ -317,3 +317,39 @@ def test_lockfile_and_load_bundle_errors_name_what_is_wrong(tmp_path):
     assert "the service module 'missing_module' cannot be found" in done.stderr
     done = _cli(tmp_path, tmp_path / "c", "prefetch", str(good), "--", "-m", "nopkg.sub")
     assert done.returncode == 2 and "'nopkg.sub' cannot be found" in done.stderr
+
+
+def test_a_lock_written_outside_the_cwd_builds_from_an_empty_cache(tmp_path):
+    """Issue 35 item 11: the stanzas' paths were written against the cwd and read against
+    the lock's directory: a lock recorded in A but written to B could not build k.cu."""
+    a, b = tmp_path / "A", tmp_path / "B"
+    (a / "inc").mkdir(parents=True)
+    b.mkdir()
+    (a / "inc" / "t.cuh").write_text("#define TWICE(x) (2 * (x))\n")
+    (a / "k.cu").write_text(
+        '#include "t.cuh"\nextern "C" __global__ void k(float* x) { x[0] = TWICE(TILE); }\n'
+    )
+    (a / "w.py").write_text(
+        "import json, os, cuforge\n"
+        "r = cuforge.compile_file('k.cu', defines={'TILE': 4}, arch='sm_90',\n"
+        "                         include_dirs=[os.path.abspath('inc')])\n"
+        "print(json.dumps({'key': r.key, 'binary': r.binary.hex()}))\n"
+    )
+    lock = b / "x.lock"
+    env = child_env(
+        CUFORGE_CACHE_DIR=str(tmp_path / "c1"), CUFORGE_ARCH="sm_90", CUFORGE_RECORD=str(lock)
+    )
+    first = finish(spawn(open(a / "w.py").read(), env, cwd=str(a)))
+    text = lock.read_text()
+    assert 'root = "../A"' in text and str(tmp_path) not in text  # relative, to the lock
+    # from an empty cache, in a third directory: the stanza's paths are found
+    built = _cli(tmp_path, tmp_path / "empty", "build", "--lock", "B/x.lock", "--bundle", "w.cfb")
+    assert built.returncode == 0, built.stdout + built.stderr
+    from cuforge.store.bundle import BundleStore
+
+    store = BundleStore(tmp_path / "w.cfb")
+    try:
+        entry = store.get(first["key"])
+        assert entry is not None and entry.payload.hex() == first["binary"]
+    finally:
+        store.close()
