@@ -180,3 +180,66 @@ def test_entry_points_scan_agrees_with_importlib_metadata(tmp_path, monkeypatch)
         real = sorted((e.name, e.value) for e in reference(group=name))
         monkeypatch.setattr(bundle_wheels, "GROUP", name)
         assert sorted(bundle_wheels.entry_points()) == real, name
+
+
+def test_a_dotted_entry_point_is_served_without_importing_its_package(tmp_path, isolated_cache):
+    """The first miss finds the bundle of entry point ``k = a.b`` by walking sys.path for
+    ``a/b/``: neither ``a/__init__.py`` nor ``a/b/__init__.py`` runs (find_spec("a.b")
+    imported ``a``: any ``a`` on sys.path, the cwd's included, ran its code)."""
+    import cuforge
+    from cuforge.aot.bundle import write_bundle
+    from cuforge.aot.wheel import build_wheel
+    from cuforge.core.caching import Cache
+    from cuforge.core.pipeline import call_entries
+    from tests.child import child_env
+
+    kernel = 'extern "C" __global__ void dotted(int* p) { *p = 35; }'
+    builder = Cache(tmp_path / "builder")
+    cuforge.compile(kernel, name="d.cu", arch="sm_90", cache=builder)
+    bundle = tmp_path / "d.cfb"
+    write_bundle(bundle, call_entries(kernel, name="d.cu", arch="sm_90", cache=builder))
+    wheel = build_wheel(bundle, name="dotted-kernels", version="1.0", out_dir=tmp_path / "dist")
+    site = tmp_path / "site"
+    with zipfile.ZipFile(wheel) as z:
+        z.extractall(site)
+    marker = tmp_path / "imported"
+    (site / "a" / "b").mkdir(parents=True)
+    for f in os.listdir(site / "dotted_kernels"):
+        os.replace(site / "dotted_kernels" / f, site / "a" / "b" / f)
+    plant = f"open({str(marker)!r}, 'a').write(__name__ + '\\n')\n"
+    (site / "a" / "__init__.py").write_text(plant)
+    (site / "a" / "b" / "__init__.py").write_text(plant)
+    points = site / "dotted_kernels-1.0.dist-info" / "entry_points.txt"
+    points.write_text("[cuforge.bundles]\nk = a.b\n")
+    code = (
+        "import json, cuforge; "
+        f"r = cuforge.compile({kernel!r}, name='d.cu', arch='sm_90'); "
+        "print(json.dumps([r.source_of_result, cuforge.default_cache().counters['compiles']]))"
+    )
+    env = child_env(CUFORGE_CACHE_DIR=str(tmp_path / "fresh"))
+    env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(site)])
+    ran = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=str(tmp_path), capture_output=True,
+        text=True, timeout=300,
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(ran.stdout.strip().splitlines()[-1]) == ["bundle", 0]
+    assert not marker.exists(), marker.read_text()
+
+
+def test_package_dirs_follows_the_path_finder_without_importing(tmp_path):
+    from cuforge.core.bundle_wheels import package_dirs
+
+    one, two, three = tmp_path / "1", tmp_path / "2", tmp_path / "3"
+    (one / "ns" / "pkg").mkdir(parents=True)  # ns: a namespace package over 1 and 2
+    (two / "ns" / "pkg").mkdir(parents=True)
+    (two / "ns" / "pkg" / "__init__.py").write_text("raise SystemExit('imported')\n")
+    (three / "reg").mkdir(parents=True)
+    (two / "reg.py").write_text("")  # a module of that name first: not a package
+    (three / "reg" / "__init__.py").write_text("")
+    path = [str(one), str(two), str(three)]
+    # ns.pkg: 1/ns/pkg has no __init__, 2/ns/pkg does: the regular package wins
+    assert package_dirs("ns.pkg", path) == [str(two / "ns" / "pkg")]
+    assert package_dirs("ns", path) == [str(one / "ns"), str(two / "ns")]
+    assert package_dirs("reg", path) == []
+    assert package_dirs("missing.x", path) == []

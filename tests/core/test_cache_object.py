@@ -261,3 +261,44 @@ def test_a_process_that_passes_its_cache_writes_nothing_outside_it(tmp_path):
     assert done.returncode == 0, done.stderr
     assert not env_dir.exists(), sorted(p.name for p in env_dir.rglob("*"))
     assert (own / "toolchain.json").is_file() and (own / "v1").is_dir()
+
+
+def test_threads_using_a_cache_for_the_first_time_at_once_lose_no_write(tmp_path):
+    # the tiers are built on first use; a thread arriving while another builds them used
+    # to see "built" with no store yet, and its puts did nothing, silently
+    import hashlib
+    import threading
+
+    from cuforge.store.base import Entry
+
+    threads, per_thread, rounds = 8, 20, 4
+    old_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads often: the window is a few bytecodes
+    try:
+        for round_ in range(rounds):
+            cache = Cache(tmp_path / f"c{round_}")
+            barrier = threading.Barrier(threads)
+            stored: list[bool] = []
+
+            def work(
+                n: int,
+                cache: Cache = cache,
+                barrier: threading.Barrier = barrier,
+                stored: list[bool] = stored,
+            ) -> None:
+                barrier.wait()
+                for i in range(per_thread):
+                    key = hashlib.sha256(f"{n}/{i}".encode()).hexdigest()
+                    stored.append(cache.put(Entry(key, "kernel", b"x" * 64)))
+
+            pool = [threading.Thread(target=work, args=(n,)) for n in range(threads)]
+            for t in pool:
+                t.start()
+            for t in pool:
+                t.join()
+            assert stored.count(True) == threads * per_thread, f"round {round_}"
+            # every entry is there, on disk too (another Cache on the dir sees them all)
+            fresh = Cache(tmp_path / f"c{round_}", memory=False)
+            assert sum(1 for _ in fresh.iterate()) == threads * per_thread
+    finally:
+        sys.setswitchinterval(old_interval)

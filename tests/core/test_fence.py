@@ -274,3 +274,50 @@ def test_tritons_c_modules_are_fenced_in_its_cache_and_in_cuforges(cache, triton
     assert triton_cc() == 2
     assert capsys.readouterr().err.count("compile after the fence: triton 'fence_fresh'") == 1
     assert _c_module("fence_other", 4) == 4  # no fence: a plain build
+
+
+def test_the_fence_names_a_base_key_cache_show_and_explain_accept(tmp_path):
+    """Issue 35 item 12: the fence names direct mode's base key, which `cuforge cache show`
+    and `cuforge cache explain` rejected; now it is labeled, and both resolve it to the
+    variants of its manifest."""
+    import json
+    import subprocess
+    import sys
+
+    from cuforge.core.caching import Cache
+    from tests.child import child_env
+
+    (tmp_path / "h.cuh").write_text("#define TILE 4\n")
+    (tmp_path / "k.cu").write_text('#include "h.cuh"\n' + SRC)
+    cache = Cache(tmp_path / "c")
+    first = cuforge.compile_file(tmp_path / "k.cu", arch="sm_90", cache=cache)
+    (tmp_path / "h.cuh").write_text("#define TILE 6\n")  # same base key, a new variant
+    second = cuforge.compile_file(tmp_path / "k.cu", arch="sm_90", cache=cache.replace())
+    (tmp_path / "h.cuh").write_text("#define TILE 8\n")
+    with cuforge.fence("error"), pytest.raises(CompileAfterFenceError) as info:
+        cuforge.compile_file(tmp_path / "k.cu", arch="sm_90", cache=cache.replace())
+    base = info.value.key
+    assert base != first.key
+    assert f"base key of direct mode {base}" in str(info.value)
+
+    def cli(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "cuforge", "cache", *args, "--cache-dir", str(tmp_path / "c")],
+            env=child_env(), capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+
+    shown = cli("show", base, "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert "is a base key of direct mode" in shown.stderr and "2 variants" in shown.stderr
+    docs, text, decoder = [], shown.stdout.strip(), json.JSONDecoder()
+    while text:  # one JSON document per variant
+        doc, end = decoder.raw_decode(text)
+        docs.append(doc)
+        text = text[end:].strip()
+    assert {d["key"] for d in docs} == {first.key, second.key}
+    explained = cli("explain", base, "--json")
+    assert explained.returncode == 0, explained.stderr
+    # the misses recorded with their reasons (the header changed): the base key's variants
+    misses = [m["key"] for m in json.loads(explained.stdout)["misses"]]
+    assert second.key in misses and set(misses) <= {first.key, second.key}
+    assert cli("show", "f" * 64).returncode == 1  # not a key of anything: still an error

@@ -276,3 +276,80 @@ def test_prefetch_runs_the_service_in_process_while_it_pulls(tmp_path, isolated_
     assert lonely.returncode == 0 and "in no tier" in lonely.stderr and "z.cu" in lonely.stderr
     bad = _cli(tmp_path, tmp_path / "c5", "prefetch", "cuforge.lock", "--", "nope.py")
     assert bad.returncode == 2 and "nope.py" in bad.stderr
+
+
+def test_lockfile_and_load_bundle_errors_name_what_is_wrong(tmp_path):
+    """Issue 35 item 16: each wrong lockfile or argument is one error for people that says
+    what was expected -- never an AttributeError, nor a traceback."""
+    import pytest
+
+    import cuforge
+    from cuforge.core.recording import read_lock
+
+    cases = {
+        'version = 1\nkey = "x"\n': "key must be an array of tables ([[key]] stanzas), not str ('x')",
+        'version = "1"\n': "version must be the integer 1 (version = 1), not '1' (str)",
+        "version = true\n": "version must be the integer 1 (version = 1), not True (bool)",
+        "version = 2\n": "lockfile version 2, this cuforge reads 1",
+        "version = 1\nkey = [1]\n": "key #1 must be a table ([[key]]), not int",
+        'version = 1\n[[key]]\nsystem = "s"\nkind = "kernel"\nname = "n"\nkey = "k"\n'
+        "manifest = 3\n": "[[key]] #1: manifest must be a list of str lines",
+    }
+    for n, (text, message) in enumerate(cases.items()):
+        lock = tmp_path / f"l{n}.lock"
+        lock.write_text(text)
+        with pytest.raises(ValueError) as info:
+            read_lock(lock)
+        assert str(info.value).startswith(f"{lock}: {message}")
+        # and the CLI says it in one line, exit 1 or 2 (not a cuforge bug)
+        done = _cli(tmp_path, tmp_path / "c", "build", "--lock", str(lock), "--bundle", "w.cfb")
+        assert done.returncode in (1, 2), done.stderr
+        assert "Traceback" not in done.stderr and "bug" not in done.stderr, done.stderr
+        assert message in done.stderr
+    with pytest.raises(TypeError, match=r"path must be the bundle file's path .*not 5"):
+        cuforge.load_bundle(5)
+
+    good = tmp_path / "ok.lock"
+    good.write_text("version = 1\n")
+    done = _cli(tmp_path, tmp_path / "c", "prefetch", str(good), "--", "-m", "missing_module")
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert "the service module 'missing_module' cannot be found" in done.stderr
+    done = _cli(tmp_path, tmp_path / "c", "prefetch", str(good), "--", "-m", "nopkg.sub")
+    assert done.returncode == 2 and "'nopkg.sub' cannot be found" in done.stderr
+
+
+def test_a_lock_written_outside_the_cwd_builds_from_an_empty_cache(tmp_path):
+    """Issue 35 item 11: the stanzas' paths were written against the cwd and read against
+    the lock's directory: a lock recorded in A but written to B could not build k.cu."""
+    a, b = tmp_path / "A", tmp_path / "B"
+    (a / "inc").mkdir(parents=True)
+    b.mkdir()
+    (a / "inc" / "t.cuh").write_text("#define TWICE(x) (2 * (x))\n")
+    (a / "k.cu").write_text(
+        '#include "t.cuh"\nextern "C" __global__ void k(float* x) { x[0] = TWICE(TILE); }\n'
+    )
+    (a / "w.py").write_text(
+        "import json, os, cuforge\n"
+        "r = cuforge.compile_file('k.cu', defines={'TILE': 4}, arch='sm_90',\n"
+        "                         include_dirs=[os.path.abspath('inc')])\n"
+        "print(json.dumps({'key': r.key, 'binary': r.binary.hex()}))\n"
+    )
+    lock = b / "x.lock"
+    env = child_env(
+        CUFORGE_CACHE_DIR=str(tmp_path / "c1"), CUFORGE_ARCH="sm_90", CUFORGE_RECORD=str(lock)
+    )
+    first = finish(spawn(open(a / "w.py").read(), env, cwd=str(a)))
+    text = lock.read_text()
+    assert 'root = "../A"' in text and str(tmp_path) not in text  # relative, to the lock
+    # from an empty cache, in a third directory: the stanza's paths are found
+    built = _cli(tmp_path, tmp_path / "empty", "build", "--lock", "B/x.lock", "--bundle", "w.cfb")
+    assert built.returncode == 0, built.stdout + built.stderr
+    from cuforge.store.bundle import BundleStore
+
+    store = BundleStore(tmp_path / "w.cfb")
+    try:
+        entry = store.get(first["key"])
+        assert entry is not None and entry.payload.hex() == first["binary"]
+    finally:
+        store.close()

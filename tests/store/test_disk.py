@@ -341,6 +341,87 @@ def test_prune_older_than_and_max_bytes(tmp_path):
     assert store.prune(max_bytes=1 << 30, older_than=30 * 86400) == (0, 0)
 
 
+def _copy_entries_in(source: DiskStore, target: DiskStore) -> None:
+    """Copy ``source``'s entry files into ``target``'s entries dir as ``cp -a`` would
+    (times kept), behind ``target``'s index."""
+    import shutil
+
+    shutil.copytree(source.layout.entries, target.layout.entries, dirs_exist_ok=True)
+
+
+def test_entries_copied_in_by_hand_are_counted_by_stats_and_capped_by_prune(tmp_path):
+    # issue 35 item 10: 100,000 entries copied into v1/entries/ were "2 entries, 4.6 KiB",
+    # and `prune --max-bytes 1M` removed nothing: both read the journal only
+    store = DiskStore(str(tmp_path / "c"), 1 << 30)
+    for i in range(2):
+        store.put(_entry(i, 1000))
+    donor = DiskStore(str(tmp_path / "donor"), 1 << 30)
+    with donor.bulk(durable=False):
+        for i in range(2, 302):
+            donor.put(_entry(i, 1000))
+    time.sleep(0.05)  # past the file times' tick after the last journal write
+    _copy_entries_in(donor, store)
+    on_disk = _files(store)
+    assert len(on_disk) == 302
+
+    fresh = DiskStore(str(tmp_path / "c"), 1 << 30)  # another process: reads the journal
+    st = fresh.stats()
+    assert st.entries == 302 and st.bytes == sum(on_disk.values())
+    shards = {k[:4] for k in on_disk if k not in (key_of(0), key_of(1))}
+    there = sum(1 for k in on_disk if k[:4] in shards)
+    listed = sum(1 for k in (key_of(0), key_of(1)) if k[:4] in shards)
+    assert st.extra["index_rebuilt"] == (
+        f"{len(shards)} fan-out dirs changed behind it: {there} entry files there, "
+        f"the index lists {listed}"
+    )
+    # rebuilt once: the journal now lists them, and the next stats says nothing
+    again = DiskStore(str(tmp_path / "c"), 1 << 30)
+    assert again.index_drift() is None
+    assert again.stats().extra["index_rebuilt"] is None and again.stats().entries == 302
+
+    # prune enforces the cap on what is on disk, also straight after a copy
+    _copy_entries_in(donor, DiskStore(str(tmp_path / "d"), 1 << 30))
+    pruner = DiskStore(str(tmp_path / "d"), 1 << 30)  # no stats first: prune alone
+    cap = 50 * max(on_disk.values())
+    removed, freed = pruner.prune(max_bytes=cap)
+    left = _files(pruner)
+    assert removed == 300 - len(left) and removed >= 250
+    assert sum(left.values()) <= cap and freed > 0
+    assert pruner.stats().entries == len(left)
+
+
+def test_index_drift_ignores_what_is_never_an_entry(tmp_path):
+    store = DiskStore(str(tmp_path), 1 << 30)
+    store.put(_entry(1))
+    shard = os.path.dirname(store.path_for(key_of(1)))
+    (tmp_path / "v1" / "entries" / "zz" / "zz").mkdir(parents=True)
+    (tmp_path / "v1" / "entries" / "zz" / "zz" / "notes.txt").write_text("x")
+    open(os.path.join(shard, key_of(2)), "w").close()  # a key in another key's dir
+    os.makedirs(os.path.dirname(store.path_for(key_of(3))))
+    os.mkfifo(store.path_for(key_of(3)))  # not a regular file: damage, not an entry
+    assert store.index_drift() is None
+    time.sleep(0.05)  # past the file times' tick (a kernel tick: up to 10 ms)
+    os.unlink(store.path_for(key_of(1)))  # removed behind the index's back
+    assert store.index_drift() == (
+        "1 fan-out dir changed behind it: 0 entry files there, the index lists 1"
+    )
+    store.rebuild_index()
+    assert store.index_drift() is None
+    # a fan-out dir removed whole, and an entry copied into a dir that has one already
+    os.unlink(os.path.join(shard, key_of(2)))
+    store.put(_entry(1))
+    store.put(_entry(4))
+    time.sleep(0.05)
+    import shutil
+
+    shutil.rmtree(os.path.dirname(store.path_for(key_of(4))))
+    twin = key_of(1)[:4] + "f" * 60  # a key in entry 1's dir
+    shutil.copy2(store.path_for(key_of(1)), os.path.join(shard, twin))
+    assert store.index_drift() == (
+        "2 fan-out dirs changed behind it: 2 entry files there, the index lists 2"
+    )
+
+
 def test_clear(tmp_path):
     store = DiskStore(str(tmp_path), 1 << 30)
     for i in range(7):

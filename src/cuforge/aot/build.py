@@ -335,17 +335,23 @@ def build_lock(
     lacking = _collect(cache, records, entries)
     report.copied = len(entries)
     stanzas = [r for r in lacking if r.get("manifest")]
-    if stanzas:
-        text = "\n\n".join("\n".join(r["manifest"]) for r in stanzas)
-        manifest = parse_manifest(text, lock)
+    # a stanza's relative paths start at its record's root (relative to the lock's dir:
+    # where the recording ran), or at the lock's dir
+    groups: dict[str, list[dict]] = {}
+    for r in stanzas:
+        root = os.path.normpath(os.path.join(os.path.dirname(lock), r.get("root") or "."))
+        groups.setdefault(root, []).append(r)
+    for root, group in sorted(groups.items()):
+        text = "\n\n".join("\n".join(r["manifest"]) for r in group)
+        manifest = parse_manifest(text, os.path.join(root, os.path.basename(lock)))
         with tempfile.TemporaryDirectory(prefix="cuforge-lock-") as tmp:
             part = os.path.join(tmp, "part.cfb")
             built = build(
                 manifest, jobs=jobs, executor=executor, bundle=part, cache=cache,
                 on_result=on_result,
             )  # fmt: skip
-            report.built = built.built
-            report.failures = [f"{r.label}: {r.log.strip()}" for r in built.failed]
+            report.built += built.built
+            report.failures += [f"{r.label}: {r.log.strip()}" for r in built.failed]
             if built.ok:
                 store = BundleStore(part)
                 for info in store.iterate():

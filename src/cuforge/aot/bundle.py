@@ -67,6 +67,8 @@ def load_bundle(
     Combine with ``CUFORGE_OFFLINE=1`` for production: every kernel comes from the bundle
     or the cache, and a kernel the bundle lacks raises ``OfflineMissError`` instead of
     compiling."""
+    if not isinstance(path, (str, os.PathLike)) and not callable(getattr(path, "get", None)):
+        raise TypeError(f"path must be the bundle file's path (str or os.PathLike), not {path!r}")
     return resolve(cache).add_bundle(path, verify=verify)
 
 

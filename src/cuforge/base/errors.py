@@ -68,8 +68,10 @@ class CompileAfterFenceError(CuforgeError):
 
     Attributes: ``system`` (``"kernel"``, ``"cuforge.jit"``, ``"torch extension"``,
     ``"cuda.compute"``, ``"CuTe DSL"``, ``"triton"``...), ``kind`` (the entry kind),
-    ``name``, ``key``, ``reasons`` (the labeled key fields that missed, as ``cuforge cache
-    explain`` words them), ``manifest_entry`` (the ``cuforge.toml`` stanza that would build
+    ``name``, ``key`` (the build's key; for a kernel, direct mode's base key, the key
+    before its headers are read: ``cuforge cache show KEY`` and ``cuforge cache explain
+    KEY`` resolve it to its manifest's variants), ``reasons`` (the labeled key fields that
+    missed, as ``cuforge cache explain`` words them), ``manifest_entry`` (the ``cuforge.toml`` stanza that would build
     it ahead of time, or None) and ``stack`` (the caller's frames, innermost last)."""
 
     def __init__(

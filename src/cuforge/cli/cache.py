@@ -129,6 +129,8 @@ def run_stats(args: argparse.Namespace) -> int:
         "outside": stats.extra.get("outside", {}),
         "other_bytes": stats.extra.get("other_bytes", 0),
         "dir_bytes": stats.extra.get("dir_bytes", stats.bytes),
+        # why the index was out of date with the entry files on disk (rebuilt), or None
+        "index_rebuilt": stats.extra.get("index_rebuilt"),
         "tiers": summ.get("tiers", {}),
         "lookups": summ.get("lookups", {"lookups": 0, "hits": 0, "misses": 0, "builds": 0}),
         "seconds_saved": summ.get("seconds_saved", 0.0),
@@ -150,6 +152,8 @@ def run_stats(args: argparse.Namespace) -> int:
         f"{k} {v['entries']}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1]["entries"])
     )
     print(f"cache dir   {store.root}")
+    if doc["index_rebuilt"]:
+        print(f"index       was out of date ({doc['index_rebuilt']}): rebuilt from the entry files")
     print(f"entries     {stats.entries}" + (f" ({by_kind})" if by_kind else ""))
     print(f"size        {output.human_bytes(stats.bytes)}{share}")
     parts = [f"entries {output.human_bytes(stats.extra.get('entry_bytes', stats.bytes))}"]
@@ -315,13 +319,40 @@ def run_ls(args: argparse.Namespace) -> int:
 # -- show -----------------------------------------------------------------------------
 
 
+def _direct_mode_variants(store: DiskStore, text: str) -> list[str] | None:
+    """The entry keys a direct-mode base key (what the compile fence names) resolves to,
+    through its manifest: newest first; None when ``text`` is not the base key of a
+    manifest in ``store``."""
+    from cuforge.base.layout import is_entry_key
+    from cuforge.core.direct_mode import manifest_key, read_variants
+
+    text = text.strip().lower()
+    if not is_entry_key(text):
+        return None
+    variants = read_variants(store, manifest_key(text))
+    return [v.target for v in variants] or None
+
+
 def run_show(args: argparse.Namespace) -> int:
     store = _store(args)
     try:
         key = store.resolve_key(args.key)
     except LookupError as exc:
-        output.error(str(exc))
-        return 1
+        variants = _direct_mode_variants(store, args.key)
+        if variants is None:
+            output.error(str(exc))
+            return 1
+        # a base key of direct mode (the compile fence names it): show its variants
+        note = (
+            f"{args.key.strip().lower()} is a base key of direct mode (the key before the "
+            f"headers are read); its manifest lists {len(variants)} "
+            f"variant{'s' if len(variants) != 1 else ''}"
+        )
+        print(note, file=sys.stderr)
+        code = 0
+        for variant in variants:
+            code = max(code, run_show(argparse.Namespace(**{**vars(args), "key": variant})))
+        return code
     entry = store.peek(key)
     path = store.path_for(key)
     if entry is None:
@@ -438,7 +469,20 @@ def run_explain(args: argparse.Namespace) -> int:
     # the filter applies before the limit: --limit counts the misses shown
     misses = recent_misses(root, limit=0 if names else args.limit)
     if names:
-        misses = [m for m in misses if all(n in str(m.get("name", "")) for n in names)]
+        # a name, an entry key (or a prefix of one), or a base key of direct mode (what
+        # the compile fence names): its variants' misses
+        store = _store(args) if os.path.isdir(root) else None
+        wanted = {n: set(_direct_mode_variants(store, n) or ()) if store else set() for n in names}
+
+        def matches(m: dict, n: str) -> bool:
+            key = str(m.get("key", ""))
+            return (
+                n in str(m.get("name", ""))
+                or key in wanted[n]
+                or (len(n) >= 8 and key.startswith(n.strip().lower()))
+            )
+
+        misses = [m for m in misses if all(matches(m, n) for n in names)]
         if args.limit and args.limit > 0:
             misses = misses[-args.limit :]
     for m in misses:  # each reason once, paths as paths (also in what older versions logged)

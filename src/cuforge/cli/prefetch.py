@@ -97,6 +97,17 @@ def _serve(lock: str, service: list[str]) -> int:
         )
     if service[0] != "-m" and not os.path.isfile(service[0]):
         raise output.UsageError(f"the service script {service[0]!r} is not a file")
+    if service[0] == "-m":
+        from importlib.util import find_spec
+
+        if os.getcwd() not in sys.path:  # found as `python -m` finds it: the cwd first
+            sys.path.insert(0, os.getcwd())
+        try:
+            found = find_spec(service[1]) is not None
+        except (ImportError, ValueError):  # a parent package missing, or an odd name
+            found = False
+        if not found:
+            raise output.UsageError(f"the service module {service[1]!r} cannot be found")
     prefetch(lock, background=True)  # a bad lockfile fails here, before the service starts
     try:
         if service[0] == "-m":

@@ -33,6 +33,7 @@ __all__ = [
     "INFO_FILE",
     "BUNDLE_FILE",
     "installed",
+    "package_dirs",
     "entry_points",
     "load_into",
     "skipped",
@@ -58,20 +59,19 @@ def installed() -> list[tuple[str, str, dict]]:
     if not points:
         return found
     import json
-    from importlib.util import find_spec
 
     for name, value in points:
         module = value.partition(":")[0].strip()
-        try:
-            spec = find_spec(module)
-        except (ImportError, ValueError) as exc:
-            _skip(f"{name}: its package {module!r} cannot be found ({exc})")
+        if not all(part.isidentifier() for part in module.split(".")):
+            _skip(f"{name}: its package {module!r} is not a dotted name of identifiers")
             continue
-        dirs = list(spec.submodule_search_locations or ()) if spec is not None else []
+        dirs = package_dirs(module)
         if not dirs:
             _skip(f"{name}: its package {module!r} is not installed as a directory")
             continue
-        info_path = os.path.join(dirs[0], INFO_FILE)
+        # a namespace package's description is in one of its portions
+        home = next((d for d in dirs if os.path.isfile(os.path.join(d, INFO_FILE))), dirs[0])
+        info_path = os.path.join(home, INFO_FILE)
         try:
             with open(info_path, encoding="utf-8") as f:
                 info = json.load(f)
@@ -81,8 +81,43 @@ def installed() -> list[tuple[str, str, dict]]:
         if not isinstance(info, dict):
             _skip(f"{name}: {info_path} is not a JSON object")
             continue
-        found.append((name, os.path.join(dirs[0], BUNDLE_FILE), info))
+        found.append((name, os.path.join(home, BUNDLE_FILE), info))
     return found
+
+
+def package_dirs(module: str, path: list[str] | None = None) -> list[str]:
+    """The directories of package ``module`` (dotted) as the import system finds them on
+    ``path`` (default ``sys.path``), found WITHOUT importing anything: no ``__init__`` of
+    the package or of a parent runs (``importlib.util.find_spec("a.b")`` imports ``a``).
+    Each level is looked up in its parent's directories, in order, as the path finder
+    does: the first directory ``name/`` with an ``__init__`` is a regular package (only
+    that one); a plain module ``name.py`` (or bytecode, extension) there means it is not a
+    package; ``name/`` directories without one before that are the portions of a
+    namespace package. An empty list when it is not a package there."""
+    import sys
+    from importlib.machinery import all_suffixes
+
+    suffixes = all_suffixes()
+    where = list(sys.path if path is None else path)
+    for part in module.split("."):
+        portions: list[str] = []
+        regular = None
+        for d in where:
+            candidate = os.path.join(d or ".", part)
+            is_dir = os.path.isdir(candidate)
+            if is_dir and any(
+                os.path.isfile(os.path.join(candidate, "__init__" + sfx)) for sfx in suffixes
+            ):
+                regular = candidate
+                break
+            if any(os.path.isfile(candidate + sfx) for sfx in suffixes):
+                return []  # a module, not a package: it has no directory
+            if is_dir:
+                portions.append(candidate)
+        where = [regular] if regular is not None else portions
+        if not where:
+            return []
+    return [os.path.abspath(d) for d in where]
 
 
 def entry_points(path: list[str] | None = None) -> list[tuple[str, str]]:

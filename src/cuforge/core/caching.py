@@ -36,6 +36,7 @@ from __future__ import annotations
 import os
 import sys
 from _contextvars import ContextVar
+from _thread import allocate_lock
 from time import perf_counter
 
 from cuforge.base.config import (
@@ -192,7 +193,8 @@ class Cache:
         self._memos: dict[str, dict] = {}
         self._warned: set[str] = set()
         self._store: Any = None
-        self._built = False
+        self._built = False  # set last, after _store: the lock-free check in .store
+        self._build_lock = allocate_lock()
         self._trust: str | None = None
         #: why the disk tier is left out although the dir is trusted (it cannot be created)
         self._absent: str | None = None
@@ -299,10 +301,17 @@ class Cache:
         return False
 
     def _build_tiers(self) -> None:
-        self._built = True
+        # called under _build_lock; _built is published after _store (a thread that sees
+        # _built without the lock must see the store too), and also when this raises, as
+        # before (a failed build is not retried on every call)
+        try:
+            self._store = self._make_store()
+        finally:
+            self._built = True
+
+    def _make_store(self) -> Any:
         if not self.enabled:
-            self._store = None
-            return
+            return None
         from cuforge.store.memory import MemoryStore
 
         tiers: list = []
@@ -336,15 +345,15 @@ class Cache:
             pending = _PendingRemotes(lambda: self._open_remotes(disk_root))
             tiers.append(pending)
         if not tiers:
-            self._store = None
-        elif len(tiers) == 1 and self.memory:
-            self._store = tiers[0]
-        else:
-            from cuforge.store.tiered import TieredStore
+            return None
+        if len(tiers) == 1 and self.memory:
+            return tiers[0]
+        from cuforge.store.tiered import TieredStore
 
-            self._store = TieredStore(tiers)
-            if pending is not None:
-                pending.owner = self._store.tiers
+        store = TieredStore(tiers)
+        if pending is not None:
+            pending.owner = store.tiers
+        return store
 
     def _open_remotes(self, telemetry_root: str | None) -> list:
         urls = [r for r in self.remote_specs if isinstance(r, str)]

@@ -287,8 +287,12 @@ def caller_stack(limit: int = 4) -> list[str]:
 def _message(info: dict[str, Any]) -> str:
     missed = "; ".join(info["reasons"]) or "?"
     where = " <- ".join(reversed(info["stack"])) or "?"
+    if info["kind"] == "kernel":  # build_once's key of a kernel: direct mode's base key
+        label = f"base key of direct mode {info['key']}: `cuforge cache show` lists its variants"
+    else:
+        label = f"key {info['key'][:16]}"
     return (
-        f"compile after the fence: {info['system']} {info['name']!r} (key {info['key'][:16]}) "
+        f"compile after the fence: {info['system']} {info['name']!r} ({label}) "
         f"missed: {missed}; called from {where}"
     )
 

@@ -90,6 +90,10 @@ def describe(key: str, result: Any, offline_error: Callable[[], Any]) -> dict[st
             record["manifest"] = _lines(err.manifest_entry)
     else:
         record["key"] = key
+    if "manifest" in record:
+        # the stanza's paths are relative to the working directory; the lock records it
+        # relative to itself (write_lock), and build --lock reads them against it
+        record["root"] = os.getcwd()
     return record
 
 
@@ -117,17 +121,24 @@ def write_lock(path: str | os.PathLike[str], records: Any) -> None:
         {json.dumps(r, sort_keys=True): r for r in records}.values(),
         key=lambda r: (r["system"], r["name"], r["key"]),
     )
+    path = os.fspath(path)
+    here = os.path.dirname(os.path.abspath(path))
     out = [_HEADER, f"version = {LOCK_VERSION}\n"]
     for r in rows:
         out.append("\n[[key]]\n")
         for field in ("system", "kind", "name", "key", "base"):
             if field in r:
                 out.append(f"{field} = {json.dumps(r[field])}\n")
+        if r.get("root"):
+            # where the stanza's relative paths start, relative to the lock's directory
+            root = r["root"]
+            root = os.path.relpath(root, here) if os.path.isabs(root) else root
+            if root != ".":
+                out.append(f"root = {json.dumps(root)}\n")
         if r.get("manifest"):
             out.append("manifest = [\n")
             out.extend(f"    {json.dumps(line)},\n" for line in r["manifest"])
             out.append("]\n")
-    path = os.fspath(path)
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
         f.write("".join(out))
@@ -145,16 +156,39 @@ def read_lock(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
         data = loads(text)[0]
     except Exception as exc:  # noqa: BLE001 - tomllib's error type is only known at runtime
         raise ValueError(f"{path}: not a cuforge lockfile ({exc})") from None
-    if data.get("version") != LOCK_VERSION:
+    version = data.get("version")
+    if not isinstance(version, int) or isinstance(version, bool):
         raise ValueError(
-            f"{path}: lockfile version {data.get('version')!r}, this cuforge reads "
-            f"{LOCK_VERSION}; record it again with this version"
+            f"{path}: version must be the integer {LOCK_VERSION} (version = {LOCK_VERSION}), "
+            f"not {version!r} ({type(version).__name__})"
+        )
+    if version != LOCK_VERSION:
+        raise ValueError(
+            f"{path}: lockfile version {version}, this cuforge reads {LOCK_VERSION}; "
+            "record it again with this version"
         )
     rows = data.get("key", [])
+    if not isinstance(rows, list):
+        raise ValueError(
+            f"{path}: key must be an array of tables ([[key]] stanzas), "
+            f"not {type(rows).__name__} ({rows!r:.40})"
+        )
     for i, r in enumerate(rows):
+        if not isinstance(r, dict):
+            raise ValueError(
+                f"{path}: key #{i + 1} must be a table ([[key]]), not {type(r).__name__}"
+            )
         for field in ("system", "kind", "name", "key"):
             if not isinstance(r.get(field), str):
                 raise ValueError(f"{path}: [[key]] #{i + 1} has no {field} (a str)")
+        for field in ("base", "root"):
+            if field in r and not isinstance(r[field], str):
+                raise ValueError(f"{path}: [[key]] #{i + 1}: {field} must be a str")
+        manifest = r.get("manifest")
+        if manifest is not None and not (
+            isinstance(manifest, list) and all(isinstance(line, str) for line in manifest)
+        ):
+            raise ValueError(f"{path}: [[key]] #{i + 1}: manifest must be a list of str lines")
     return rows
 
 

@@ -592,6 +592,91 @@ class DiskStore(Store):
         except OSError:
             return None
 
+    def index_drift(self) -> str | None:
+        """Why the index does not list the entry files on disk, or None. Cheap: a fan-out
+        dir (``ab/cd``) changed since the journal was last written (its ctime, which
+        copying or removing a file there sets and which no one can set back, is later than
+        the journal's mtime: cuforge writes the journal after each change it makes there)
+        is listed, and the entry files in it are counted against the index's records for
+        it; the others cost one stat each (100,000 entries: ~0.45 s). A fan-out dir removed
+        since, that the index has records for, is drift too. Names only: no stat and no read per entry; a name that is not an
+        entry key, or not in its key's dir, is never an entry and not counted."""
+        idx = self.load_index()
+        try:
+            since = os.stat(self.journal.path).st_mtime_ns
+        except OSError:
+            return None  # no journal: the index was read from the entries themselves
+        listed: dict[str, int] = {}
+        for key in idx:
+            if is_entry_key(key):  # a stray name is never an entry (eviction drops it)
+                shard = key[:4]
+                listed[shard] = listed.get(shard, 0) + 1
+        present: set[str] = set()
+        changed: set[str] = set()  # first-level dirs changed (a fan-out dir added, removed)
+        differ: dict[str, int] = {}  # changed fan-out dir -> entry files in it
+        try:
+            top = os.stat(self.layout.entries).st_ctime_ns > since
+            level1 = list(os.scandir(self.layout.entries))
+        except OSError:
+            top, level1 = True, []
+        for d1 in level1:
+            try:
+                if not d1.is_dir(follow_symlinks=False):
+                    continue
+                whole = d1.stat(follow_symlinks=False).st_ctime_ns > since
+                if whole:
+                    changed.add(d1.name)
+                level2 = list(os.scandir(d1.path))
+            except OSError:
+                continue
+            for d2 in level2:
+                shard = d1.name + d2.name
+                try:
+                    if not d2.is_dir(follow_symlinks=False):
+                        continue
+                    present.add(shard)
+                    if not whole and d2.stat(follow_symlinks=False).st_ctime_ns <= since:
+                        continue  # unchanged since the journal was written
+                    with os.scandir(d2.path) as it:
+                        # an entry's file: a regular file named by its key, in its own dir
+                        n = sum(
+                            1
+                            for f in it
+                            if f.name.startswith(shard)
+                            and is_entry_key(f.name)
+                            and f.is_file(follow_symlinks=False)
+                        )
+                except OSError:
+                    continue
+                if n != listed.get(shard, 0):
+                    differ[shard] = n
+        for shard in listed:
+            if shard not in present and (top or shard[:2] in changed):
+                differ[shard] = 0  # removed behind the index's back
+        if not differ:
+            return None
+        on_disk = sum(differ.values())
+        in_index = sum(listed.get(shard, 0) for shard in differ)
+        dirs = len(differ)
+        return (
+            f"{dirs} fan-out dir{'s' if dirs != 1 else ''} changed behind it: "
+            f"{on_disk} entry file{'s' if on_disk != 1 else ''} there, "
+            f"the index lists {in_index}"
+        )
+
+    def sync_index(self) -> str | None:
+        """Rebuild the index from a walk of the entries when it is out of date with them
+        (:meth:`index_drift`); returns why it was rebuilt, or None when it was not."""
+        why = self.index_drift()
+        if why is None:
+            return None
+        self.journal_rebuilds += 1
+        if self.rebuild_index() is None:  # cannot write it (read-only): index from the walk
+            self._scan_index()
+        else:
+            self.load_index(copy=False)
+        return why
+
     def _compact_journal(self) -> None:
         """Rewrite the journal as one line per live entry (when it is mostly dead lines)."""
         try:
@@ -764,6 +849,8 @@ class DiskStore(Store):
     def stats(self) -> StoreStats:
         from cuforge.store import upkeep
 
+        # what is on disk, not only what was journaled (entries copied in by hand)
+        drift = self.sync_index()
         idx = self.load_index()
         self.maybe_compact()
         torch_dirs = self.evictor.count_torch_dirs()
@@ -824,6 +911,8 @@ class DiskStore(Store):
                 "dirs_removed": self.dirs_removed,
                 "temp_bytes": self.tmp_bytes,
                 "journal_rebuilds": self.journal_rebuilds,
+                # why the index was out of date with the entry files, and rebuilt (or None)
+                "index_rebuilt": drift,
                 "process": process,
                 "counters": "shared" if shared is not None else "process",
             },

@@ -64,6 +64,7 @@ if TYPE_CHECKING:  # pragma: no cover
         def path_for(self, key: str) -> str: ...
         def load_index(self) -> Any: ...
         def rebuild_index(self, *args: Any, **kwargs: Any) -> Any: ...
+        def sync_index(self) -> str | None: ...
         def maybe_compact(self, *args: Any, **kwargs: Any) -> Any: ...
         def journal_append(self, *args: Any, **kwargs: Any) -> Any: ...
 
@@ -357,8 +358,10 @@ class Evictor:
         """Remove entries and torch dirs not used for ``older_than`` seconds, then
         least-recently-used ones until the tier holds at most ``max_bytes``; also module dirs
         whose module entry is gone, stale temp files and unheld compile lock files. Returns
-        (entries removed, bytes freed)."""
+        (entries removed, bytes freed). An index out of date with the entry files on disk
+        (entries copied in by hand) is rebuilt first: the cap holds what is on disk."""
         self.clean_locks()
+        self.store.sync_index()
         return self.evict(max_bytes, older_than, blocking=True, orphans=True)
 
     def clear(self) -> int:
