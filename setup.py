@@ -21,10 +21,11 @@ Why one wheel per CPython (3.10-3.13) and not one ``abi3`` wheel: the limited AP
 and 3.11 has no vectorcall for an extension type (``Py_TPFLAGS_HAVE_VECTORCALL`` and
 ``PyObject_Vectorcall`` are limited API from 3.12), so every launch would enter through
 ``tp_call`` with an argument tuple. Measured CPU-side (bench/launcher_entry_cpu.py
---limited-api: the saxpy launcher over a stand-in driver, the same compiler flags): 95 ns
-per call through vectorcall, 141 ns through ``tp_call``, +46 ns (+48%) per launch, before the
-rest the limited API would cost (the launcher also reads tuples and floats with macros,
-``PyFloat_Pack2`` for ``__half`` and static types). The four wheels are built and tagged
+--limited-api: the saxpy launcher over a stand-in driver, the same compiler flags; three
+runs, docs/benchmarks.md): 61-95 ns per call through vectorcall, 92-141 ns through
+``tp_call``: +31 to +46 ns (+48% to +55%) per launch, before the rest the limited API would
+cost (the launcher also reads tuples and floats with macros, packs ``__half`` with
+``PyFloat_Pack2`` and defines static types). The four wheels are built and tagged
 ``manylinux`` by ``make wheel``.
 """
 

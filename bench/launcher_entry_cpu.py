@@ -19,8 +19,13 @@ per call, each round ``--calls`` back-to-back calls):
   the least an ``abi3`` wheel for 3.10+ would add to every launch (setup.py says why the
   wheels are per CPython).
 
+* ``LABEL`` (``--extension LABEL=PATH``, repeatable) -- another build of the extension,
+  loaded from its file into this process: e.g. an editable build's beside a wheel's, timed
+  round by round in one process (separate processes on a shared machine differ by more
+  than the builds do).
+
     PYTHONPATH=src python3 bench/launcher_entry_cpu.py [--calls 20000] [--repeats 15]
-        [--limited-api] [--json out.json]
+        [--limited-api] [--extension LABEL=PATH ...] [--json out.json]
 
 Needs a C compiler (for the stand-in driver; ``--limited-api`` also for the two builds).
 """
@@ -180,6 +185,13 @@ def main() -> int:
     ap.add_argument(
         "--limited-api", action="store_true", help="also the vectorcall and tp_call builds"
     )
+    ap.add_argument(
+        "--extension",
+        action="append",
+        default=[],
+        metavar="LABEL=PATH",
+        help="also time the extension module built at PATH (a row named LABEL)",
+    )
     ap.add_argument("--json", help="write the figures here too")
     opts = ap.parse_args()
 
@@ -197,6 +209,11 @@ def main() -> int:
             print(f"no installed extension: {why_not}", file=sys.stderr)
         else:
             rows["installed"] = _launcher(installed, mock)
+        for spec in opts.extension:
+            label, sep, path = spec.partition("=")
+            if not sep or not os.path.isfile(path):
+                raise SystemExit(f"--extension {spec!r}: expected LABEL=PATH of a built module")
+            rows[label] = _launcher(_import(fastlaunch.MODULE_NAME, path), mock)
         if opts.limited_api:
             for row, module in _launcher_builds(cc, tmp).items():
                 rows[row] = _launcher(module, mock)
