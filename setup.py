@@ -13,7 +13,20 @@ is built here as the optional extension ``cuforge.runtime._cuforge_fastlaunch``.
 only a C compiler and Python's headers -- the CUDA driver's entry points are passed in at
 run time, nothing links against libcuda -- and it is ``optional``: without a compiler or
 headers the install still succeeds, and cuforge builds the launcher at run time into its
-cache dir instead, or uses the pure-Python launch path.
+cache dir instead, or uses the pure-Python launch path. ``CUFORGE_REQUIRE_EXTENSION=1``
+makes it required: a wheel for an index (``make wheel``, tests/wheel/build.py) fails to
+build rather than ship without its launcher.
+
+Why one wheel per CPython (3.10-3.13) and not one ``abi3`` wheel: the limited API of 3.10
+and 3.11 has no vectorcall for an extension type (``Py_TPFLAGS_HAVE_VECTORCALL`` and
+``PyObject_Vectorcall`` are limited API from 3.12), so every launch would enter through
+``tp_call`` with an argument tuple. Measured CPU-side (bench/launcher_entry_cpu.py
+--limited-api: the saxpy launcher over a stand-in driver, the same compiler flags; three
+runs, docs/benchmarks.md): 61-95 ns per call through vectorcall, 92-141 ns through
+``tp_call``: +31 to +46 ns (+48% to +55%) per launch, before the rest the limited API would
+cost (the launcher also reads tuples and floats with macros, packs ``__half`` with
+``PyFloat_Pack2`` and defines static types). The four wheels are built and tagged
+``manylinux`` by ``make wheel``.
 """
 
 from __future__ import annotations
@@ -77,7 +90,7 @@ setup(
             sources=[WRAPPER],
             depends=[SOURCE],
             define_macros=[("CUFORGE_LAUNCHER_SHA256", f'"{source_sha256()}"')],
-            optional=True,
+            optional=os.environ.get("CUFORGE_REQUIRE_EXTENSION", "") not in ("1", "true", "yes"),
         )
     ],
 )

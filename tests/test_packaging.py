@@ -30,6 +30,7 @@ TOP_LEVEL = (
     "setup.py",
     "MANIFEST.in",
     "README.md",
+    "CHANGELOG.md",
     "LICENSE",
     "Makefile",
     "src",
@@ -150,6 +151,7 @@ def test_sdist_holds_the_sources(dist):
     expected = {
         "LICENSE",
         "README.md",
+        "CHANGELOG.md",
         "pyproject.toml",
         "setup.py",
         "MANIFEST.in",

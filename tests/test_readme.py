@@ -8,8 +8,12 @@ extension's sources (as ``csrc/``) and built with ``python setup.py build_ext --
 
 Every block must stand alone, as pasted into a fresh shell: the child gets no
 ``CUFORGE_ARCH`` or ``TORCH_CUDA_ARCH_LIST`` (a block that compiles without a GPU names its
-arch). A block that imports an optional package this environment lacks (torch, CuPy,
-cuda.compute, cutlass, ...) is skipped with that reason instead of failing.
+arch). A block names the extra it needs in a leading comment, ``# needs cuforge[torch]``
+(or ``# needs a GPU and cuforge[cccl,cupy]``): it is skipped, with that reason, where a
+module that extra installs cannot be imported (:data:`EXTRA_MODULES`), as it is when it
+imports an optional package this environment lacks (torch, CuPy, cuda.compute, cutlass,
+...). A block that names no extra needs only ``pip install cuforge``: ``make test-wheel``
+(tests/wheel/run.py) runs those blocks against the wheel installed alone.
 """
 
 from __future__ import annotations
@@ -55,6 +59,60 @@ _OPTIONAL = (
 )
 
 
+#: each extra of pyproject.toml a README block may name -> the modules it installs (all
+#: must import for the block to run)
+EXTRA_MODULES: dict[str, tuple[str, ...]] = {
+    "torch": ("torch",),
+    "cupy": ("cupy",),
+    "cuda-core": ("cuda.core",),
+    "jax": ("jax",),
+    "sign": ("cryptography",),
+    "s3": ("boto3",),
+    "cccl": ("cuda.compute",),
+    "cute": ("cutlass",),
+    "triton": ("triton",),
+    "ray": ("ray",),
+    "bench": ("cuda.core", "numpy"),
+}
+
+#: an optional package a block imports -> the extras any one of which brings it
+_PACKAGE_EXTRAS: dict[str, tuple[str, ...]] = {
+    "torch": ("torch",),
+    "cutlass": ("cute",),
+    "cupy": ("cupy",),
+    "cuda.compute": ("cccl",),
+    "numpy": ("cccl", "cupy", "bench"),
+    "triton": ("triton",),
+    "ray": ("ray",),
+}
+
+
+def _leading_comments(code: str) -> list[str]:
+    """The comment lines a block opens with (up to its first line of code)."""
+    lines = []
+    for line in code.splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            break
+        if line.strip():
+            lines.append(line.strip())
+    return lines
+
+
+def block_extras(code: str) -> list[str]:
+    """The extras a block names in its leading ``# needs ... cuforge[a,b]`` comments."""
+    extras: list[str] = []
+    for line in _leading_comments(code):
+        if line.startswith("# needs"):
+            for group in re.findall(r"cuforge\[([\w,-]+)\]", line):
+                extras += [e for e in group.split(",") if e not in extras]
+    return extras
+
+
+def missing_extras(code: str) -> list[str]:
+    """The extras the block names whose modules cannot be imported here."""
+    return [e for e in block_extras(code) if not all(map(_installed, EXTRA_MODULES[e]))]
+
+
 def _imports(code: str) -> list[str]:
     """The modules ``code`` imports (``import a.b`` / ``from a.b import c`` lines)."""
     return re.findall(r"^\s*(?:import|from)\s+([A-Za-z_][\w.]*)", code, re.M)
@@ -98,6 +156,10 @@ def test_readme_has_python_blocks():
 
 @pytest.mark.parametrize("code", _params())
 def test_readme_block_runs(code, tmp_path):
+    extras = missing_extras(code)
+    if extras:
+        needs = ", ".join(f"cuforge[{e}]" for e in extras)
+        pytest.skip(f"this README block needs {needs}, which is not installed")
     missing = missing_packages(code)
     if missing:
         pytest.skip(f"this README block needs {', '.join(missing)}, which is not installed")
@@ -127,6 +189,42 @@ def test_blocks_with_an_absent_optional_package_are_skipped():
     expected = [p for p in ("torch", "cuda.compute", "cutlass") if not _installed(p)]
     assert missing_packages(code) == expected
     assert not _installed("cuda.no_such_module") and not _installed("no_such_pkg.sub")
+
+
+def test_block_extras_are_read_from_the_leading_comments():
+    code = "# needs a GPU and cuforge[cccl,cupy]\n# needs cuforge[torch]\nimport os\n"
+    assert block_extras(code) == ["cccl", "cupy", "torch"]
+    assert block_extras("# setup.py\n# needs cuforge[torch]\nx = 1\n") == ["torch"]
+    # only the leading comments count, and only lines that say `needs`
+    assert block_extras("import os\n# needs cuforge[torch]\n") == []
+    assert block_extras("# see cuforge[torch]\nimport os\n") == []
+    absent = {e for e, mods in EXTRA_MODULES.items() if not all(map(_installed, mods))}
+    assert set(missing_extras(code)) == absent & {"cccl", "cupy", "torch"}
+
+
+def test_every_block_names_the_extras_it_needs():
+    """Each extra a block names is one of pyproject.toml's, and a block that imports an
+    optional package names an extra that brings it (the README's own promise, checked)."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: cuforge depends on tomli there
+        import tomli as tomllib
+
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        declared = set(tomllib.load(f)["project"]["optional-dependencies"])
+    assert set(EXTRA_MODULES) <= declared
+    for line, code in python_blocks():
+        named = block_extras(code)
+        assert set(named) <= set(EXTRA_MODULES), f"README.md:{line} names an unknown extra"
+        for module in _imports(code):
+            for prefix, package in _OPTIONAL:
+                if module == prefix or module.startswith(prefix + "."):
+                    bringers = _PACKAGE_EXTRAS[package]
+                    assert set(bringers) & set(named), (
+                        f"README.md:{line} imports {module}: its leading comment must say "
+                        f"# needs cuforge[{bringers[0]}]"
+                    )
+                    break
 
 
 def _config_table_names() -> set[str]:
