@@ -90,12 +90,13 @@ def test_a_version_outside_the_window_is_the_adapters_own_message_every_time():
         import cuforge
         import cuforge.adapters.triton as t
         t.SUPPORTED = ((99, 0), (99, 1))
+        t._probe = lambda: "the probe found no CacheManager protocol"  # outside, and refused
         first = cuforge.enable("triton")["triton"]
         second = cuforge.enable("triton")["triton"]  # (the adapter warns only once)
         print(json.dumps({"first": first, "second": second, "enabled": t.enabled()}))
         """
     )
-    assert "is not a version cuforge.triton supports" in report["first"]
+    assert "contract probe failed: the probe found no CacheManager protocol" in report["first"]
     assert report["second"] == report["first"]
     assert report["enabled"] is False
 
