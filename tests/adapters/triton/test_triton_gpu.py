@@ -106,6 +106,9 @@ def test_a_triton_launch_on_machine_b_builds_nothing(tmp_path):
         env = child_env(
             CUFORGE_CACHE_DIR=str(home / "cuforge"),
             CUFORGE_REMOTE=f"file://{shared}",
+            # Triton's C modules are native host code: an unsigned share serves them only
+            # when allowed (issue 35 item 5; a signed share needs no setting)
+            CUFORGE_REMOTE_NATIVE="allow",
             TRITON_CACHE_DIR=str(home / "triton"),
             TRITON_HOME=str(home),
             CC=cc,
