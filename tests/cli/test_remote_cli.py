@@ -230,7 +230,8 @@ def test_doctor_remote_fail_for_a_server_that_never_answers(cli, black_hole):
 
 def test_push_and_pull_carry_every_entry_kind(tmp_path, remote_url):
     """Integration entries (cute, cccl, triton, jax, ...) travel through push / pull too,
-    not only kernels and what they point at."""
+    not only kernels and what they point at. (Native host code -- objects, modules,
+    Inductor's C++ kernels -- comes from this unsigned remote only when allowed.)"""
     import hashlib
 
     from cuforge import Cache
@@ -248,7 +249,9 @@ def test_push_and_pull_carry_every_entry_kind(tmp_path, remote_url):
     pushed = Cli(str(tmp_path / "writer")).json("cache", "push", "--remote", remote_url)
     assert pushed["ok"] is True
     assert pushed["remotes"][0]["copied"] == len(keys)
-    pulled = Cli(str(tmp_path / "reader")).json("cache", "pull", "--remote", remote_url)
+    pulled = Cli(str(tmp_path / "reader")).json(
+        "cache", "pull", "--remote", remote_url, env={"CUFORGE_REMOTE_NATIVE": "allow"}
+    )
     assert pulled["ok"] is True and pulled["remotes"][0]["copied"] == len(keys)
     reader = Cache(str(tmp_path / "reader"))
     for kind, key in keys.items():
