@@ -15,7 +15,6 @@ each peer and how to add the next release (one row here, one bump of ``SUPPORTED
 from __future__ import annotations
 
 import argparse
-import glob
 import os
 import shutil
 import subprocess
@@ -73,23 +72,14 @@ ROWS: list[tuple[str, str, list[str], list[str]]] = [
 
 
 def python_312() -> str | None:
-    """A Python 3.12 interpreter that runs: one under pyenv's versions, else ``python3.12``
-    on PATH (a pyenv shim on PATH fails when no 3.12 is selected, so each is tried)."""
-    root = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
-    candidates = sorted(glob.glob(os.path.join(root, "versions", "3.12*", "bin", "python3")))
-    candidates.append(shutil.which("python3.12") or "")
-    for candidate in candidates:
-        if not candidate or not os.access(candidate, os.X_OK):
-            continue
-        done = subprocess.run(
-            [candidate, "-c", "import sys; print(sys.version_info[:2])"],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if done.returncode == 0 and done.stdout.strip() == "(3, 12)":
-            return candidate
-    return None
+    """A Python 3.12 interpreter that runs (tests/wheel/build.py's finder: pyenv, then PATH)."""
+    import importlib.util
+
+    path = os.path.join(ROOT, "tests", "wheel", "build.py")  # not PyPI's `build`
+    spec = importlib.util.spec_from_file_location("cuforge_wheel_build", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.find_python("3.12")
 
 
 def interpreter(which: str) -> str | None:

@@ -133,20 +133,9 @@ def _causes(exc: BaseException) -> list[BaseException]:
     return seen
 
 
-@pytest.mark.slow
-def test_the_fence_refuses_a_fresh_cpu_graph_after_a_warm_up(tmp_path, monkeypatch, capsys):
-    """torch.compile on Inductor's CPU backend builds C++ with the host compiler: after the
-    fence, a warm graph runs (no build) and a fresh graph is refused before the compiler
-    runs (error), or reported and built (warn). Compiler runs counted by a logging CXX
-    (issue 35, item 2)."""
+def _logging_cxx(tmp_path):
+    """(a C++ compiler that logs each command line to ``cxx.log``, the log's path)."""
     import shutil
-
-    import torch
-    import torch._inductor.config as inductor_config
-
-    import cuforge
-    from cuforge.base.errors import CompileAfterFenceError
-    from cuforge.core import fencing
 
     real = shutil.which("g++") or shutil.which("clang++")
     if real is None:
@@ -155,6 +144,24 @@ def test_the_fence_refuses_a_fresh_cpu_graph_after_a_warm_up(tmp_path, monkeypat
     cxx = tmp_path / "cxx"
     cxx.write_text(f'#!/bin/sh\necho "$@" >> "{log}"\nexec {real} "$@"\n')
     cxx.chmod(0o755)
+    return cxx, log
+
+
+@pytest.mark.slow
+def test_the_fence_refuses_a_fresh_cpu_graph_after_a_warm_up(tmp_path, monkeypatch, capsys):
+    """torch.compile on Inductor's CPU backend builds C++ with the host compiler: after the
+    fence, a warm graph runs (no build) and a fresh graph is refused before the compiler
+    runs (error), or reported and built (warn). Compiler runs counted by a logging CXX
+    (issue 35, item 2)."""
+
+    import torch
+    import torch._inductor.config as inductor_config
+
+    import cuforge
+    from cuforge.base.errors import CompileAfterFenceError
+    from cuforge.core import fencing
+
+    cxx, log = _logging_cxx(tmp_path)
 
     def builds() -> int:
         if not log.exists():
@@ -227,15 +234,8 @@ def test_machine_b_runs_no_cpp_compiler_for_inductors_cpu_kernels(tmp_path):
     """Inductor's CPU backend: B gets the FX graph from the remote and its C++ kernels too
     (entries of kind inductor-cpp), so the host C++ compiler never runs on B; the same
     outputs. C++ compiler runs are counted by a logging CXX (issue 33)."""
-    import shutil
 
-    real = shutil.which("g++") or shutil.which("clang++")
-    if real is None:
-        pytest.skip("no C++ compiler for Inductor's CPU backend")
-    log = tmp_path / "cxx.log"
-    cxx = tmp_path / "cxx"
-    cxx.write_text(f'#!/bin/sh\necho "$@" >> "{log}"\nexec {real} "$@"\n')
-    cxx.chmod(0o755)
+    cxx, log = _logging_cxx(tmp_path)
 
     def runs() -> int:  # compiler processes that build something (not --version probes)
         lines = log.read_text().splitlines() if log.exists() else []
