@@ -96,7 +96,7 @@ def test_class_attributes_methods_and_slots_are_keyed(monkeypatch):
     assert slotted != _key(C.SlottedKernel(extra=2), a, b)  # a __slots__ value
 
 
-def test_state_with_no_stable_value_runs_uncached_naming_the_path():
+def test_state_with_no_stable_value_is_served_by_the_ir_key_naming_the_path():
     a, b = K.fake_args()
     k = C.ScaleKernel()
     k.lock = threading.Lock()
