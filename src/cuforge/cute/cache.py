@@ -26,9 +26,18 @@ The key (:func:`key_fields`) is made of:
   static shapes and strides, which extents are dynamic (``SymInt``, ``mark_*_dynamic``) and
   ``Constexpr`` values; never data or addresses.
 
-An argument (or a ``trace_finalize_hooks`` / ``options`` value) that cannot be keyed stably
-makes the call compile *uncached*: the result says ``"uncached"`` with the reason, which is
-also warned once and logged for ``cuforge cache explain``.
+Two keys, in order (``CuteResult.served_by``). The key above is made *before tracing*
+(``"pretrace"``: a hit traces nothing). When its fingerprint or an argument's spec cannot be
+made stable, the call falls back to the key of its *traced module* (``"ir"``, as the DSL's
+own cache keys: the module's hash without locations with the DSL's version digest, its
+codegen settings and compile options, plus the fields above that are not the fingerprint or
+the argument specs, and the function's parameters): it traces (``to_precompiled_mlir``), and
+a hit loads the stored object without compiling. The miss compiles (tracing again) and
+stores only when both traces agree. A call neither key covers (not a ``@cute.jit`` function,
+a file-dump option, an export that fails, a trace that is not deterministic) compiles
+*uncached*: the result says ``"uncached"`` with the reason, which is also logged for
+``cuforge cache explain``. Each is warned once per kernel with what to do, and counted
+(:meth:`cuforge.Cache.count_served`; ``cuforge cache stats``).
 
 ``verify="trace"`` also traces the function (no compile) and compares the traced module's
 hash with the one recorded when the entry was built; a mismatch means the fast key missed
