@@ -270,7 +270,10 @@ def test_hostjit_backend_builds_uncached_and_says_why(cuda_env, tmp_path):
         a = cccl.make_reduce_into(**reduce_args())
         first = last()
         b = cccl.make_reduce_into(**reduce_args())
+        from cuforge.store import telemetry
+        telemetry.flush()
         emit({"first": first, "second": last(),
+              "served": telemetry.summary(os.environ["CUFORGE_CACHE_DIR"])["served"],
               "reasons": recent_misses(os.environ["CUFORGE_CACHE_DIR"])[-1]["reasons"],
               "entries": [f for _, _, fs in os.walk(os.environ["CUFORGE_CACHE_DIR"] + "/v1/entries")
                           for f in fs]})
@@ -282,6 +285,8 @@ def test_hostjit_backend_builds_uncached_and_says_why(cuda_env, tmp_path):
         assert r["source"] == "uncached" and "HostJIT" in r["reason"]
     assert out["_stderr"].count("HostJIT") == 1  # one warning
     assert "HostJIT" in out["reasons"][0] and out["entries"] == []
+    # counted for `cuforge cache stats`: calls by the key that served them
+    assert out["served"] == {"cccl": {"pretrace": 0, "ir": 0, "uncached": 2}}
 
 
 def test_an_unkeyable_argument_is_named(cuda_env, tmp_path):

@@ -82,3 +82,24 @@ def _decorated():
 
 
 scale_cached = _decorated()
+
+
+#: a new value at every trace, with no stable fingerprint: a kernel no key can cover
+TICKS = __import__("itertools").count()
+NOW = [0.0]
+
+
+@cute.kernel
+def tick_kernel(a: cute.Tensor, b: cute.Tensor):
+    tidx, _, _ = cute.arch.thread_idx()
+    bidx, _, _ = cute.arch.block_idx()
+    i = bidx * BLOCK + tidx
+    b[i] = a[i] + NOW[0]
+
+
+@cute.jit
+def with_ticks(a: cute.Tensor, b: cute.Tensor):
+    """Bakes a value that changes at every trace into the module: its traced module differs
+    between two traces, so neither the pre-trace key nor the IR key can cover it."""
+    NOW[0] = float(next(TICKS))
+    tick_kernel(a, b).launch(grid=(a.shape[0] // BLOCK, 1, 1), block=(BLOCK, 1, 1))

@@ -268,7 +268,15 @@ def test_round_trip_across_processes():
     # a fresh process: one store hit, restored with load_module, no compile, no trace;
     # then the in-process memo
     assert second["sources"] == ["disk", "memo", "memo"]
-    assert second["counters"] == {"compile": 0, "load": 1, "trace": 0, "memo": 2}
+    assert second["counters"] == {
+        "compile": 0,
+        "load": 1,
+        "trace": 0,
+        "memo": 2,
+        "pretrace": 3,
+        "ir": 0,
+        "uncached": 0,
+    }
     assert second["type"] == first["type"] == "CudaDialectJitCompiledFunction"
     assert second["key"] == first["key"]
     assert second["trace_hash"] == first["trace_hash"]
@@ -384,12 +392,26 @@ def test_disable_file_cache_keeps_nothing_between_processes():
     assert _child(CUFORGE_DISABLE_FILE_CACHE="1")["sources"] == ["compiled"]
 
 
-def test_unkeyable_function_compiles_uncached_and_says_why():
+def test_unkeyable_function_is_served_by_its_ir_key_and_says_why():
+    # the pre-trace key is blocked by a global lock: the call traces and is keyed by its
+    # traced module; a fresh process traces and loads, never compiles
     out = _child(CF_FN="with_lock", CF_CALLS="2")
-    assert out["sources"] == ["uncached", "uncached"]
-    assert out["counters"]["compile"] == 2
+    assert out["sources"] == ["compiled", "memo"]
+    assert out["counters"]["compile"] == 1 and out["counters"]["ir"] == 2
     assert "LOCK" in out["reason"] and "with_lock" in out["reason"]
-    assert "not cached" in out["stderr"]
+    assert "cannot be keyed before tracing" in out["stderr"] and "Constexpr" in out["stderr"]
+    again = _child(CF_FN="with_lock")
+    assert again["sources"] == ["disk"] and again["counters"]["compile"] == 0
+    assert again["counters"]["trace"] == 1 and again["counters"]["ir"] == 1
+
+
+def test_a_function_neither_key_covers_compiles_uncached_and_says_why():
+    # a value that changes at every trace: no stable pre-trace key, no stable module
+    out = _child(CF_FN="with_ticks", CF_CALLS="2")
+    assert out["sources"] == ["uncached", "uncached"]
+    assert out["counters"]["compile"] == 2 and out["counters"]["uncached"] == 2
+    assert "TICKS" in out["reason"] and "two different modules" in out["reason"]
+    assert out["stderr"].count("runs uncached") == 1  # once per kernel
 
 
 def test_cache_ls_lists_cute_entries():

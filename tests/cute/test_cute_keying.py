@@ -96,12 +96,13 @@ def test_class_attributes_methods_and_slots_are_keyed(monkeypatch):
     assert slotted != _key(C.SlottedKernel(extra=2), a, b)  # a __slots__ value
 
 
-def test_state_with_no_stable_value_runs_uncached_naming_the_path():
+def test_state_with_no_stable_value_is_served_by_the_ir_key_naming_the_path():
     a, b = K.fake_args()
     k = C.ScaleKernel()
     k.lock = threading.Lock()
     r, n = _compiles(lambda: cc.compile_cached(k, a, b))
-    assert r.source_of_result == "uncached" and n == 1
+    # the pre-trace key is refused, naming the path; the traced module's key serves it
+    assert r.source_of_result == "compiled" and r.served_by == "ir" and n == 1
     assert "argument 'self'" in r.reason and ".lock" in r.reason, r.reason
     cfg = C.ScaleKernel()
     cfg.tiling = threading.Lock()

@@ -169,6 +169,54 @@ def test_a_local_module_is_keyed_by_its_source_contents_not_its_path(tmp_path):
     assert _run(code, str(tmp_path / "a" / "mylocalmod.py")) != results[0]
 
 
+def test_a_namespace_package_of_a_checkout_is_keyed_by_its_files(tmp_path):
+    # a checkout on sys.path with no __init__.py (flash_attn/cute): the package object
+    # has no __file__; its .py files are hashed by content, not refused
+    code = textwrap.dedent(
+        """
+        import sys
+        sys.path.insert(0, sys.argv[1])
+        import nsfp.sub.helpers
+        from cuforge.keys.fingerprint import fingerprint
+        def op(a):
+            return nsfp.sub.helpers.f(a)
+        print(fingerprint(op, what="op"))
+        """
+    )
+    results = []
+    for sub in ("a", "b"):
+        pkg = tmp_path / sub / "nsfp" / "sub"
+        pkg.mkdir(parents=True)
+        (pkg / "helpers.py").write_text("def f(x):\n    return x\n")
+        results.append(_run(code, str(tmp_path / sub)))
+    assert results[0] == results[1]  # the same files in two checkouts: the same key
+    (tmp_path / "a" / "nsfp" / "sub" / "helpers.py").write_text("def f(x):\n    return x + 1\n")
+    assert _run(code, str(tmp_path / "a")) != results[0]
+
+
+def test_classes_of_an_installed_extensions_submodule_are_keyed_by_its_version():
+    # the CuTe DSL's ir.Value / ir.Location live in a nanobind submodule of its compiled
+    # extension (no __file__): keyed by the distribution that installed the extension
+    ir = pytest.importorskip("cutlass._mlir.ir", reason="the CuTe DSL is not installed")
+
+    class WorkTile:
+        def __new_from_mlir_values__(self, values: list[ir.Value]) -> WorkTile:
+            return WorkTile()
+
+    def helper(x, *, loc: ir.Location | None = None):
+        return WorkTile
+
+    # the objects themselves, as without ``from __future__ import annotations``
+    WorkTile.__new_from_mlir_values__.__annotations__ = {"values": list[ir.Value]}
+    helper.__annotations__ = {"loc": ir.Location | None}
+    assert fp(helper) == fp(helper)
+    module = sys.modules[ir.Value.__module__]
+    assert getattr(module, "__file__", None) is None
+    assert " in cutlass._mlir._mlir_libs._cutlass_ir nvidia-cutlass-dsl" in module_fingerprint(
+        module
+    )
+
+
 def _run(code: str, *args: str, seed: str = "0") -> str:
     done = subprocess.run(
         [sys.executable, "-c", code, *args],

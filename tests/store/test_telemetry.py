@@ -256,3 +256,22 @@ def test_a_multiprocessing_worker_flushes_its_counts_when_it_ends(tmp_path):
         assert done.returncode == 0, done.stderr
         totals = telemetry.kind_totals(root)
         assert totals == {"triton": {"hits": 1, "misses": 0, "builds": 0, "seconds_saved": 2.5}}
+
+
+def test_calls_served_per_key_are_counted_per_system_and_kept_out_of_the_tiers(tmp_path):
+    import pytest
+
+    import cuforge
+
+    cache = cuforge.Cache(tmp_path / "c")
+    for how in ("pretrace", "pretrace", "ir", "uncached"):
+        cache.count_served("cute", how)
+    with pytest.raises(ValueError, match=r"how='traced'.*pretrace, ir, uncached"):
+        cache.count_served("cute", "traced")
+    assert cache.counters["cute:served:pretrace"] == 2 and cache.counters["cute:served:ir"] == 1
+    telemetry.flush(cache.directory)
+    summ = telemetry.summary(cache.directory)
+    assert summ["served"] == {"cute": {"pretrace": 2, "ir": 1, "uncached": 1}}
+    # not a tier, not an entry kind's hits or evictions
+    assert telemetry.SERVED not in summ["tiers"] and "cute" not in summ["kinds"]
+    assert "cute" not in telemetry.kind_totals(cache.directory)

@@ -204,6 +204,7 @@ def _call(name: str, original: Callable, signature: Any, args: tuple, kwargs: di
         found = memo.get(key)
         if found is not None:
             _local.last = BlobResult(found, "memory", key, recorded)
+            cache.count_served(KIND, "pretrace")
             return found
     built: list[Any] = []
 
@@ -234,6 +235,8 @@ def _call(name: str, original: Callable, signature: Any, args: tuple, kwargs: di
         value = built[-1]  # the factory's own object (already bound to this device)
         result.value = value
     _local.last = result
+    # one key (made before building); a call it cannot cover is uncached (cuforge cache stats)
+    cache.count_served(KIND, "uncached" if result.source_of_result == "uncached" else "pretrace")
     if key is not None:
         memo[key] = value
     return value

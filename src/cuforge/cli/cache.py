@@ -133,6 +133,7 @@ def run_stats(args: argparse.Namespace) -> int:
         "index_rebuilt": stats.extra.get("index_rebuilt"),
         "tiers": summ.get("tiers", {}),
         "lookups": summ.get("lookups", {"lookups": 0, "hits": 0, "misses": 0, "builds": 0}),
+        "served": summ.get("served", {}),
         "seconds_saved": summ.get("seconds_saved", 0.0),
         "top": summ.get("top", []),
         "telemetry": {
@@ -180,6 +181,14 @@ def run_stats(args: argparse.Namespace) -> int:
             f"lookups     {chain['lookups']}: {chain['hits']} hit{'s' * (chain['hits'] != 1)}"
             f"{rate}, {chain['misses']} miss{'es' * (chain['misses'] != 1)}; "
             f"{chain['builds']} build{'s' * (chain['builds'] != 1)}"
+        )
+    for kind, row in sorted(doc["served"].items()):
+        # an integration's calls by the key that served them (cuforge.cute: before tracing,
+        # by the traced module, or neither)
+        print(
+            f"served      {kind}: {row.get('pretrace', 0)} by the pre-trace key, "
+            f"{row.get('ir', 0)} by the IR key (traced, not compiled), "
+            f"{row.get('uncached', 0)} uncached"
         )
     tiers = doc["tiers"]
     if tiers:

@@ -457,6 +457,22 @@ class Cache:
     def count(self, name: str, n: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + n
 
+    def count_served(self, kind: str, how: str) -> None:
+        """Count one call of the ``kind`` integration by what served it (``how``: one of
+        :data:`cuforge.store.telemetry.SERVED_EVENTS`: ``"pretrace"``, ``"ir"``,
+        ``"uncached"``): in :attr:`counters` as ``"<kind>:served:<how>"`` and, with a
+        trusted disk tier and telemetry on, in the cache dir's telemetry (``cuforge cache
+        stats``: ``served``)."""
+        from cuforge.store import telemetry
+
+        if how not in telemetry.SERVED_EVENTS:
+            raise ValueError(
+                f"count_served(how={how!r}): expected one of {', '.join(telemetry.SERVED_EVENTS)}"
+            )
+        self.count(f"{kind}:served:{how}")
+        if self.telemetry and self.disk and self.store is not None and self.trusted:
+            telemetry.record(self.directory, how, tier=telemetry.SERVED, kind=kind, name=None)
+
     def warn_once(self, message: str) -> None:
         """Log ``message`` as a warning, once per cache."""
         if message in self._warned:

@@ -26,9 +26,18 @@ The key (:func:`key_fields`) is made of:
   static shapes and strides, which extents are dynamic (``SymInt``, ``mark_*_dynamic``) and
   ``Constexpr`` values; never data or addresses.
 
-An argument (or a ``trace_finalize_hooks`` / ``options`` value) that cannot be keyed stably
-makes the call compile *uncached*: the result says ``"uncached"`` with the reason, which is
-also warned once and logged for ``cuforge cache explain``.
+Two keys, in order (``CuteResult.served_by``). The key above is made *before tracing*
+(``"pretrace"``: a hit traces nothing). When its fingerprint or an argument's spec cannot be
+made stable, the call falls back to the key of its *traced module* (``"ir"``, as the DSL's
+own cache keys: the module's hash without locations with the DSL's version digest, its
+codegen settings and compile options, plus the fields above that are not the fingerprint or
+the argument specs, and the function's parameters): it traces (``to_precompiled_mlir``), and
+a hit loads the stored object without compiling. The miss compiles (tracing again) and
+stores only when both traces agree. A call neither key covers (not a ``@cute.jit`` function,
+a file-dump option, an export that fails, a trace that is not deterministic) compiles
+*uncached*: the result says ``"uncached"`` with the reason, which is also logged for
+``cuforge cache explain``. Each is warned once per kernel with what to do, and counted
+(:meth:`cuforge.Cache.count_served`; ``cuforge cache stats``).
 
 ``verify="trace"`` also traces the function (no compile) and compares the traced module's
 hash with the one recorded when the entry was built; a mismatch means the fast key missed
@@ -91,8 +100,17 @@ _RECORD = "record.json"
 _ARTIFACT = "artifact."
 
 #: this process's counts: "compile" (real cute.compile calls), "load" (load_module calls),
-#: "trace" (verify traces), "memo" (in-process memo hits)
-counters: dict[str, int] = {"compile": 0, "load": 0, "trace": 0, "memo": 0}
+#: "trace" (verify traces and IR-key traces), "memo" (in-process memo hits); and per call, the
+#: key that served it: "pretrace", "ir" (traced, keyed by the module), "uncached"
+counters: dict[str, int] = {
+    "compile": 0,
+    "load": 0,
+    "trace": 0,
+    "memo": 0,
+    "pretrace": 0,
+    "ir": 0,
+    "uncached": 0,
+}
 
 # the loaded functions live in each cache's memo "cute": key -> (function, record)
 # one cuforge.cute compile at a time in a process: the DSL's tracing state is global
@@ -110,9 +128,13 @@ class CuteResult:
       ``load_module(...)[symbol]`` restores);
     * ``source_of_result``: ``"memo"`` (this process's memo), ``"memory"`` / ``"disk"`` /
       ``"remote"`` (a hit in that store tier), ``"compiled"`` or ``"uncached"``;
-    * ``key``, ``fields``: the key and its labeled fields; ``reason``: why it is not cached;
+    * ``key``, ``fields``: the key and its labeled fields; ``reason``: why it is not cached
+      (``served_by == "ir"``: why the pre-trace key could not be made);
     * ``verified``: True when ``verify="trace"`` checked a hit, else None;
-    * ``trace_hash`` / ``dsl_module_hash``: recorded at build time (None when uncached).
+    * ``trace_hash`` / ``dsl_module_hash``: recorded at build time (None when uncached);
+    * ``served_by``: which key covered the call: ``"pretrace"`` (the key made before
+      tracing: no trace, no compile on a hit), ``"ir"`` (the pre-trace key was blocked: the
+      key of the traced module, a trace but no compile on a hit) or ``"uncached"``.
     """
 
     __slots__ = (
@@ -124,6 +146,7 @@ class CuteResult:
         "verified",
         "trace_hash",
         "dsl_module_hash",
+        "served_by",
     )
 
     def __init__(
@@ -145,6 +168,9 @@ class CuteResult:
         record = record or {}
         self.trace_hash = record.get("trace_hash")
         self.dsl_module_hash = record.get("dsl_module_hash")
+        #: which key covered the call: "pretrace" (made before tracing: no trace), "ir" (the
+        #: traced module's: a trace, no compile when cached) or "uncached" (neither)
+        self.served_by = "uncached" if source == "uncached" else None
 
     @property
     def hit(self) -> bool:
@@ -348,7 +374,9 @@ def key_fields(fn: Any, *args: Any, **kwargs: Any) -> dict[str, str]:
     doc). Raises :class:`cuforge.cute.spec.UnkeyableArgument` or
     :class:`cuforge.keys.fingerprint.UnstableKeyError` when something cannot be keyed stably."""
     with _LOCK:
-        fields, _ = _key_fields(fn, args, dict(kwargs))
+        fields, info = _key_fields(fn, args, dict(kwargs))
+    if info["blocked_error"] is not None:
+        raise info["blocked_error"]
     return fields
 
 
@@ -542,12 +570,6 @@ def _key_fields(
     }
     if func is not fn:
         fields["callable"] = "method" if type(fn) is types.MethodType else "instance.__call__"
-    fields["fingerprint"] = fingerprint.fingerprint(
-        func, what=f"@cute.jit function {func.__qualname__}", hook=hook
-    )
-    if hooks is not None:
-        fields["trace_finalize_hooks"] = fingerprint.fingerprint(hooks, what="trace_finalize_hooks")
-    fields["args"] = describe_args(inner, full_args, fkwargs, hook=hook)
     defaults = _handle_defaults(inner)
     if defaults:
         fields["handle_defaults"] = defaults
@@ -559,8 +581,46 @@ def _key_fields(
         "bracket": bracket,
         "kept": _kept_artifacts(options),
         "dsl": dsl,
+        "blocked": None,
+        "blocked_error": None,
     }
+    # the pre-trace part: what the function reaches and what it is called with. When it
+    # cannot be made stable the call falls back to the key of the traced module (the IR key)
+    base = dict(fields)
+    try:
+        fields["fingerprint"] = fingerprint.fingerprint(
+            func, what=f"@cute.jit function {func.__qualname__}", hook=hook
+        )
+        if hooks is not None:
+            fields["trace_finalize_hooks"] = fingerprint.fingerprint(
+                hooks, what="trace_finalize_hooks"
+            )
+        fields["args"] = describe_args(inner, full_args, fkwargs, hook=hook)
+    except (UnkeyableArgument, UnstableKeyError) as exc:
+        info["blocked"] = str(exc)
+        info["blocked_error"] = exc
+        base["signature"] = _signature_text(inner)
+        return base, info
     return fields, info
+
+
+def _signature_text(func: Any) -> str:
+    """The parameters of ``func`` (names and kinds, in order) as key text: the exported
+    function is called through them, so two functions that trace to the same module but
+    take their arguments differently are two entries."""
+    code = func.__dict__.get("_original_code", func.__code__)
+    if not isinstance(code, types.CodeType):
+        code = func.__code__
+    n = code.co_argcount + code.co_kwonlyargcount
+    names = list(code.co_varnames[:n])
+    if code.co_flags & 0x04:  # *args
+        names.insert(code.co_argcount, "*" + code.co_varnames[n])
+        n += 1
+    if code.co_flags & 0x08:  # **kwargs
+        names.append("**" + code.co_varnames[n])
+    return f"{code.co_posonlyargcount}/{code.co_argcount}/{code.co_kwonlyargcount}:" + ",".join(
+        names
+    )
 
 
 # --------------------------------------------------------------------------- build / load
@@ -897,29 +957,63 @@ def _compile_cached(
                 "fkwargs": fkwargs,
                 "bracket": bracket,
             }
+        traced = None
+        if reason is None and info.get("blocked"):
+            # the pre-trace key is blocked: trace, and key on the traced module (no compile
+            # when the module is in the cache)
+            _warn_blocked(cache, name, info["blocked"])
+            try:
+                traced = _trace(fn, args, info["fkwargs"], info)[0]
+            except StaleEntryError as exc:
+                reason = f"{info['blocked']}; and the trace gave no module to key ({exc})"
+                fields = {"format": FORMAT, "function": name, "unkeyable": reason}
+            else:
+                fields = {**fields, "key": "ir", "ir": traced}
+        how = "uncached" if reason is not None else ("ir" if traced is not None else "pretrace")
         key, _recorded = blobcache.make_key(KIND, fields)
         symbol = _symbol_for(key)
-        if reason is None and verify is None and not info.get("kept"):
+        if reason is None and (verify is None or traced is not None) and not info.get("kept"):
             memo = loaded.get(key)
             if memo is not None:
                 counters["memo"] += 1
-                return CuteResult(memo[0], "memo", key, fields, record=memo[1])
+                _served(cache, how)
+                verified = True if traced is not None and verify else None
+                out = CuteResult(memo[0], "memo", key, fields, verified=verified, record=memo[1])
+                out.served_by = how
+                if how == "ir":
+                    out.reason = info["blocked"]
+                return out
         state: dict = {}
         checked: list[bool] = []
 
         def build() -> dict[str, bytes]:
             # an uncacheable call compiles only: nothing is exported that would be thrown away
-            return _build(fn, args, info, symbol, state, export=reason is None)
+            files = _build(fn, args, info, symbol, state, export=reason is None)
+            if traced is not None and state.get("record", {}).get("trace_hash") != traced:
+                _not_exportable(
+                    state,
+                    f"{info['blocked']}; and tracing it twice gave two different modules "
+                    "(its trace is not deterministic), so the IR key cannot cover it either",
+                )
+            return files
 
         def load(files: Any) -> tuple[Any, dict]:
             if "compiled" in state:  # built in this call: the function is in hand
                 return state["compiled"], state.get("record", {})
             record = _parse_record(dict(files), symbol)
-            if verify == "trace":
-                traced, _ = _trace(fn, args, info["fkwargs"], info)
-                if traced != record["trace_hash"]:
+            if traced is not None:  # keyed by the traced module: verified by construction
+                if record["trace_hash"] != traced:
                     raise StaleEntryError(
-                        f"verify='trace': the traced module of {name} has hash {traced[:16]}, "
+                        f"the entry of {name} under its IR key was built from module "
+                        f"{record['trace_hash'][:16]}, not {traced[:16]}"
+                    )
+                if verify == "trace":
+                    checked.append(True)
+            elif verify == "trace":
+                now, _ = _trace(fn, args, info["fkwargs"], info)
+                if now != record["trace_hash"]:
+                    raise StaleEntryError(
+                        f"verify='trace': the traced module of {name} has hash {now[:16]}, "
                         f"the entry was built from {record['trace_hash'][:16]}: the cache key "
                         "missed a change (please report it); the entry is rebuilt"
                     )
@@ -942,12 +1036,17 @@ def _compile_cached(
             )
         except _NotExportable:
             why = state.get("not_exportable", "not exportable")
-            cache.warn_once(f"cuforge.cute: {name} runs uncached: {why}")
+            cache.warn_once(f"cuforge.cute: {name} runs uncached: {why}. {_HINT}")
+            if cache.enabled:
+                cache.record_build(name, key, fields, uncached=why)
+            _served(cache, "uncached")
             return CuteResult(state["compiled"], "uncached", key, fields, reason=why)
         value, record = res.value
         if res.source_of_result != "uncached" and cache.enabled and not info.get("kept"):
             loaded[key] = (value, record)
-        return CuteResult(
+        how = "uncached" if res.source_of_result == "uncached" else how
+        _served(cache, how)
+        out = CuteResult(
             value,
             res.source_of_result,
             res.key,
@@ -956,6 +1055,32 @@ def _compile_cached(
             verified=True if checked else None,
             record=record,
         )
+        out.served_by = how
+        if how == "ir":
+            out.reason = info["blocked"]
+        return out
+
+
+#: what to do about a kernel the pre-trace key cannot cover (said with every such warning)
+_HINT = (
+    "To key it before tracing: give the object a __cuforge_fingerprint__() method returning "
+    "plain data (or cuforge.keys.fingerprint.register(its class, fn)), pass the value as a "
+    "cutlass.Constexpr argument instead of reading it from a global or closure, or keep "
+    "such state out of what the kernel reaches"
+)
+
+
+def _warn_blocked(cache: Cache, name: str, why: str) -> None:
+    cache.warn_once(
+        f"cuforge.cute: {name} cannot be keyed before tracing ({why}); it is served by the "
+        "key of its traced module instead: every call traces it (no compile when cached). " + _HINT
+    )
+
+
+def _served(cache: Cache, how: str) -> None:
+    counters[how] += 1
+    if cache.enabled:
+        cache.count_served(KIND, how)
 
 
 class CachedCompile:

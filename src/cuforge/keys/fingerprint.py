@@ -183,7 +183,34 @@ def module_fingerprint(module: types.ModuleType) -> str:
     installed = _installed_key(module)
     if installed is not None:
         return installed
+    if not isinstance(getattr(module, "__file__", None), str):
+        inside = _compiled_submodule_key(module)
+        if inside is not None:
+            return inside
     return _local_module_fingerprint(module)
+
+
+def _compiled_submodule_key(module: types.ModuleType) -> str | None:
+    """``"name in <installed key of its extension>"`` for a module a compiled extension made
+    (a nanobind / pybind11 submodule such as the CuTe DSL's
+    ``cutlass._mlir._mlir_libs._cutlass_ir._mlir.ir``: no ``__file__``, no ``__path__``)
+    when the nearest enclosing module that has a file is that extension (a ``.so`` /
+    ``.pyd``) and an installed distribution's: its classes (``ir.Value``, ``ir.Location``)
+    are that distribution's, keyed by its version. None otherwise (the caller refuses it)."""
+    if getattr(module, "__path__", None) is not None:
+        return None  # a namespace package: directories, not an extension's submodule
+    name = module.__name__
+    parent = name.rpartition(".")[0]
+    while parent:
+        owner = sys.modules.get(parent)
+        file = getattr(owner, "__file__", None) if owner is not None else None
+        if isinstance(file, str):
+            if not file.endswith((".so", ".pyd")):
+                return None
+            installed = _installed_key(owner)
+            return None if installed is None else f"{name} in {installed}"
+        parent = parent.rpartition(".")[0]
+    return None
 
 
 def _installed_key(module: types.ModuleType) -> str | None:
@@ -362,23 +389,35 @@ def _local_module_fingerprint(module: types.ModuleType) -> str:
     name = module.__name__
     what = f"module {name}"
     file = getattr(module, "__file__", None)
-    if not isinstance(file, str):
-        raise UnstableKeyError(
-            what,
-            what,
-            "it belongs to no installed distribution and has no source file to hash",
-        )
     path = getattr(module, "__path__", None)
-    files: list[tuple[str, str]] = []
-    if path:  # a package: every .py file under it (its submodules may be reached by attribute)
-        root = os.path.dirname(file)
-        for dirpath, subdirs, filenames in os.walk(root):
-            subdirs[:] = sorted(d for d in subdirs if d != "__pycache__" and not d.startswith("."))
-            for f in sorted(filenames):
-                if f.endswith(".py"):
-                    full = os.path.join(dirpath, f)
-                    files.append((os.path.relpath(full, root), full))
+    roots: list[str] = []
+    if isinstance(file, str):
+        if path:
+            roots.append(os.path.dirname(file))
     else:
+        # a namespace package (a checkout on sys.path with no __init__.py): the .py files
+        # under each of its directories, by content
+        roots = sorted({p for p in path or () if isinstance(p, str) and os.path.isdir(p)})
+        if not roots:
+            raise UnstableKeyError(
+                what,
+                what,
+                "it belongs to no installed distribution and has no source file to hash",
+            )
+    files: list[tuple[str, str]] = []
+    if roots:  # a package: every .py file under it (its submodules may be reached by attribute)
+        for n, root in enumerate(roots):
+            prefix = "" if len(roots) == 1 else f"{n}:"
+            for dirpath, subdirs, filenames in os.walk(root):
+                subdirs[:] = sorted(
+                    d for d in subdirs if d != "__pycache__" and not d.startswith(".")
+                )
+                for f in sorted(filenames):
+                    if f.endswith(".py"):
+                        full = os.path.join(dirpath, f)
+                        files.append((prefix + os.path.relpath(full, root), full))
+    else:
+        assert isinstance(file, str)
         files.append((os.path.basename(file), file))
     if len(files) > MAX_MODULE_SOURCE_FILES:
         raise UnstableKeyError(
@@ -550,7 +589,10 @@ def _resolvable(obj: Any) -> types.ModuleType | None:
         return module
     if modname == "__main__":
         return None
-    if _installed_key(module) is None:
+    if _installed_key(module) is None and (
+        isinstance(getattr(module, "__file__", None), str)
+        or _compiled_submodule_key(module) is None
+    ):
         return None
     return module
 

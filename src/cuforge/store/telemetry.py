@@ -61,6 +61,8 @@ __all__ = [
     "flush",
     "telemetry_dir",
     "CHAIN",
+    "SERVED",
+    "SERVED_EVENTS",
     "FLUSH_EVERY",
     "MAX_FILE_BYTES",
 ]
@@ -76,6 +78,12 @@ TOP = 20
 EVENTS = ("hit", "miss", "put", "corrupt", "evict", "error", "rejected", "build")
 #: the tier name of the whole-chain counts (hits, misses and builds once per lookup/build)
 CHAIN = "lookup"
+#: the tier name of "which key served a call" counts, per system (an integration's entry
+#: kind): events :data:`SERVED_EVENTS` (``cuforge cache stats``: ``served``)
+SERVED = "served"
+#: ``pretrace``: the key made before tracing (no trace, no compile); ``ir``: the key of the
+#: traced module (a trace, no compile); ``uncached``: neither key could cover the call
+SERVED_EVENTS = ("pretrace", "ir", "uncached")
 #: the name under which compaction sums the names it drops (never in ``top``)
 OTHER = "(other)"
 
@@ -334,7 +342,8 @@ def summary(root: str, *, top: int = TOP) -> dict:
 
     ``{"tiers": {tier: {"hits", "misses", "puts", "corrupt", "evictions", "errors",
     "rejected", "bytes_hit", "bytes_put", "seconds_saved"}}, "kinds": {kind: {...same...}},
-    "lookups": {"lookups", "hits", "misses", "builds"}, "seconds_saved": float,
+    "lookups": {"lookups", "hits", "misses", "builds"}, "served": {kind: {"pretrace", "ir",
+    "uncached"}} (calls of an integration by the key that served them), "seconds_saved": float,
     "top": [{"name", "kind", "hits", "puts", "seconds_saved"}, ...], "since": unix time or
     None, "enabled": bool, "file": path, "file_bytes": int}``. Per-tier misses carry kind
     ``""`` (a lookup by key does not know what it looks for). ``tiers`` and ``kinds`` are
@@ -365,11 +374,17 @@ def summary(root: str, *, top: int = TOP) -> dict:
         "error": "errors",
         "rejected": "rejected",
     }
+    served: dict[str, dict[str, int]] = {}
     for (tier, event, kind), (count, nbytes, seconds) in counts.items():
         if tier == CHAIN:
             slot = {"hit": "hits", "miss": "misses", "build": "builds"}.get(event)
             if slot is not None:
                 chain[slot] += count
+            continue
+        if tier == SERVED:
+            if event in SERVED_EVENTS and kind:
+                row = served.setdefault(kind, dict.fromkeys(SERVED_EVENTS, 0))
+                row[event] += count
             continue
         for table, name in ((tiers, tier), (kinds, kind)):
             if table is kinds and not kind:
@@ -409,6 +424,7 @@ def summary(root: str, *, top: int = TOP) -> dict:
         "tiers": tiers,
         "kinds": kinds,
         "lookups": {"lookups": chain["hits"] + chain["misses"], **chain},
+        "served": served,
         "seconds_saved": saved,
         "top": [
             {"name": n, "kind": k, "hits": s[0], "puts": s[1], "seconds_saved": s[2]}
