@@ -215,7 +215,7 @@ REMOTE_SECONDS = [
 @pytest.mark.parametrize("value", ["1e400", "9" * 400])
 def test_overflowing_timeouts_are_errors_not_forever(monkeypatch, name, value):
     """Issue 35 item 18: `1e400` read as infinity ("forever") for every timeout, while the
-    README says it is rejected."""
+    README (now docs/configuration.md) says it is rejected."""
     monkeypatch.setenv(name, value)
     with pytest.raises(ConfigError) as info:
         settings()

@@ -90,7 +90,7 @@ def test_compile_json_failure_has_the_error_object(cache, tmp_path):
     assert set(failed["error"]) == {"message", "kind"}, failed
     assert "bad.cu" in failed["error"]["message"] and failed["error"]["kind"] == "CompileError"
     assert doc["results"][1]["ok"] is True
-    # the document as a whole has README's failure shape: {"error": {"message", "kind"}}
+    # the document as a whole has docs/cli.md's failure shape: {"error": {"message", "kind"}}
     assert set(doc["error"]) == {"message", "kind"}
     assert doc["error"]["kind"] == "CompileError"
     assert doc["error"]["message"].startswith("1 of 2 failed; ")

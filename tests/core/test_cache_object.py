@@ -231,7 +231,7 @@ def test_a_fresh_process_disk_hit_imports_only_the_warm_path(tmp_path, isolated_
 
 
 def test_every_directory_cuforge_creates_is_private(tmp_path):
-    """README promises a cache dir created 0700; the dirs cuforge makes under it (v1, locks,
+    """README (and docs/trust.md) promise a cache dir created 0700; the dirs cuforge makes under it (v1, locks,
     explain/names, telemetry, ...) must be 0700 too, whoever creates them first."""
     import stat
 

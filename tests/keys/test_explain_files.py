@@ -87,7 +87,7 @@ def test_trim_keeps_newest_records_atomically(tmp_path, monkeypatch):
 
 
 def test_defines_and_include_dirs_are_worded_as_the_readme_says(tmp_path):
-    """README: "define UNROLL added"-style reasons, not the raw option."""
+    """docs/cli.md: "define UNROLL added"-style reasons, not the raw option."""
     cache = str(tmp_path / "cache")
     base = {"source": "sha256:1", "options": ["-O3", "-DUNROLL=4", "-DKEEP=1", "-DGONE"]}
     explain.remember(cache, "d.cu", "key0", base)

@@ -383,7 +383,7 @@ def test_missing_builtin_backend_is_skipped_with_one_warning(tmp_path, monkeypat
 
 
 def test_docstring_plugin_example_works(tmp_path, monkeypatch):
-    """The plug-in example in open_remotes' docstring (copied into README) runs as shown."""
+    """The plug-in example in open_remotes' docstring (copied into docs/remote.md) runs as shown."""
     import re
 
     from cuforge.store import remote
