@@ -19,6 +19,8 @@ __all__ = ["render", "text_summary", "sparkline", "PALETTE"]
 
 #: series colors (systems, kinds), in order; the rest repeat
 PALETTE = ("#2f6fd6", "#e8833a", "#3aa76d", "#c94f7c", "#8a63d2", "#d1b12e", "#3fb4c4", "#7d7d7d")
+#: the hit-rate line's color (none of the palette's, so a screenshot can find it)
+LINE = "#1f3f8f"
 BLOCKS = "▁▂▃▄▅▆▇█"
 
 _CSS = """
@@ -146,7 +148,7 @@ def _rate_chart(report: Report) -> str:
             y = top + plot_h * (1 - rate)
             runs[-1].append((x, y))
             points.append(
-                f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="#2f6fd6"><title>'
+                f'<circle cx="{x:.1f}" cy="{y:.1f}" r="4" fill="{LINE}"><title>'
                 f"{_e(d.date.isoformat())}: {100 * rate:.0f}% of {d.hits + d.misses} "
                 "lookups hit</title></circle>"
             )
@@ -159,7 +161,7 @@ def _rate_chart(report: Report) -> str:
         if len(run) > 1:
             pts = " ".join(f"{x:.1f},{y:.1f}" for x, y in run)
             parts.append(
-                f'<polyline class="line" points="{pts}" fill="none" stroke="#2f6fd6" '
+                f'<polyline class="line" points="{pts}" fill="none" stroke="{LINE}" '
                 'stroke-width="2.5"/>'
             )
     parts.extend(points)
