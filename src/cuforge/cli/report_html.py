@@ -37,7 +37,7 @@ h1{font-size:22px;margin:0 0 4px}h2{font-size:16px;margin:28px 0 8px}
 vertical-align:-1px}
 table{border-collapse:collapse;width:100%;font-size:13px}
 th,td{text-align:left;padding:5px 8px;border-bottom:1px solid #eceff4;vertical-align:top}
-th{color:#5b6575;font-weight:600}td.n{text-align:right;white-space:nowrap}
+th{color:#5b6575;font-weight:600}.n{text-align:right;white-space:nowrap}
 td code{font-size:12px}ul.r{margin:0;padding-left:16px}
 .empty{border:1px dashed #b8c0cc;border-radius:8px;padding:28px;color:#39414f;font-size:15px}
 .note{color:#5b6575;font-size:12px}
@@ -211,9 +211,8 @@ def _missed_table(report: Report) -> str:
             f'<td><ul class="r">{reasons}</ul></td></tr>'
         )
     return (
-        "<table><tr><th>name</th><th>misses</th><th>last</th><th>why (the last miss)</th></tr>"
-        + "".join(rows)
-        + "</table>"
+        "<table><tr><th>name</th><th class=n>misses</th><th class=n>last</th>"
+        "<th>why (the last miss)</th></tr>" + "".join(rows) + "</table>"
     )
 
 
