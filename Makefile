@@ -44,7 +44,7 @@ demo: $(VENV)/.installed
 # .ci/run calls after `make test`: the edit loop stays fast, CI still runs them all.
 INTEGRATION_TESTS := tests/torch tests/cute tests/cccl tests/adapters/triton \
 	tests/aot/test_ray_executor.py tests/aot/test_python_entries.py tests/aot/test_extension.py \
-	tests/core/test_record_systems.py tests/test_docs_integrations.py
+	tests/core/test_record_systems.py tests/test_docs_integrations.py tests/cli/test_report_browser.py
 
 test: $(VENV)/.installed-test
 	$(PY) -m ruff check setup.py src tests bench

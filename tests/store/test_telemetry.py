@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 from cuforge.store import telemetry
 from cuforge.store.base import Entry
@@ -275,3 +276,38 @@ def test_calls_served_per_key_are_counted_per_system_and_kept_out_of_the_tiers(t
     # not a tier, not an entry kind's hits or evictions
     assert telemetry.SERVED not in summ["tiers"] and "cute" not in summ["kinds"]
     assert "cute" not in telemetry.kind_totals(cache.directory)
+
+
+def test_compaction_keeps_one_line_per_day_and_the_totals(tmp_path, monkeypatch):
+    root = str(tmp_path / "cache")
+    now = time.time()
+    for back in (0, 1, 1, 3, 200, 300):  # two lines on day 1; 200 and 300 days: "older"
+        telemetry._append(
+            root,
+            {
+                "v": 1,
+                "t": now - back * telemetry.DAY,
+                "pid": 1,
+                "c": [["disk", "hit", "kernel", 1, 10, float(back)]],
+                "n": [[f"k{back}.cu", "kernel", 1, 0, float(back)]],
+            },
+        )
+    before = telemetry.summary(root)
+    monkeypatch.setattr(telemetry, "MAX_FILE_BYTES", 10)
+    telemetry.record(root, "miss", tier="disk", kind="", name=None)
+    telemetry.flush(root)  # past the cap: compacted
+    lines = telemetry.timeline(root)
+    days = sorted({int(t // telemetry.DAY) for t, _c in lines})
+    assert len(lines) == len(days) == 4  # today, day 1, day 3, and one for the old ones
+    day1 = [
+        c
+        for t, c in lines
+        if int(t // telemetry.DAY) == int((now - telemetry.DAY) // telemetry.DAY)
+    ]
+    assert day1[0][("disk", "hit", "kernel")] == [2, 20, 2.0]
+    after = telemetry.summary(root)
+    assert after["tiers"]["disk"]["hits"] == before["tiers"]["disk"]["hits"] == 6
+    assert after["tiers"]["disk"]["misses"] == 1
+    assert abs(after["seconds_saved"] - before["seconds_saved"]) < 1e-9
+    assert {t["name"] for t in after["top"]} == {t["name"] for t in before["top"]}
+    assert after["since"] == before["since"]

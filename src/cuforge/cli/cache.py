@@ -5,6 +5,7 @@
 ``ls``                      entries, filtered by name, arch, kind and age
 ``show KEY``                one entry: metadata, compiler log, lowered names, key fields
 ``explain``                 the last cache misses and why they missed
+``report [--html FILE]``    what the cache saved per day and system, hit rate, misses
 ``clear``                   remove every entry (asks, or ``--yes``)
 ``prune``                   ``--max-bytes 1G --older-than 30d``
 ``verify [--repair]``       re-check every entry and the index; ``--repair`` fixes them
@@ -33,11 +34,14 @@ import sys
 import time
 from typing import Any
 
+from cuforge.adapters.switch import system_of_kind
 from cuforge.aot.bundle import export_bundle, import_bundle
+from cuforge.base import _fs
 from cuforge.base.config import parse_size, settings
 from cuforge.base.layout import CacheLayout
-from cuforge.cli import output
+from cuforge.cli import output, report_html
 from cuforge.cli.common import cache_root
+from cuforge.core.report import build_report, saved_per_day
 from cuforge.keys.explain import recent_misses
 from cuforge.keys.explain import shown as explain_shown
 from cuforge.store import telemetry
@@ -48,6 +52,9 @@ from cuforge.store.remote import sync
 from cuforge.store.remote.base import redact
 
 __all__ = ["add_parser"]
+
+#: the days ``cache stats``'s sparkline covers
+SPARK_DAYS = 14
 
 # every entry kind, the integrations' included ("cccl": cuda.compute, "cute": CuTe DSL)
 _KINDS = ENTRY_KINDS
@@ -135,6 +142,8 @@ def run_stats(args: argparse.Namespace) -> int:
         "lookups": summ.get("lookups", {"lookups": 0, "hits": 0, "misses": 0, "builds": 0}),
         "served": summ.get("served", {}),
         "seconds_saved": summ.get("seconds_saved", 0.0),
+        # compile seconds saved on each of the last 14 days, oldest first (today last)
+        "saved_per_day": saved_per_day(store.root, SPARK_DAYS),
         "top": summ.get("top", []),
         "telemetry": {
             "enabled": summ.get("enabled", True),
@@ -164,6 +173,11 @@ def run_stats(args: argparse.Namespace) -> int:
     parts.append(f"index, logs and memos {output.human_bytes(doc['other_bytes'])}")
     print(f"dir         {output.human_bytes(doc['dir_bytes'])}: {', '.join(parts)}")
     print(f"time saved  {output.human_seconds(doc['seconds_saved'])} of compiling")
+    spark = doc["saved_per_day"]
+    print(
+        f"last {SPARK_DAYS}d    {report_html.sparkline(spark)} "
+        f"{output.human_seconds(sum(spark))} saved (a block a day, today last)"
+    )
     for r in doc["remotes"]:
         flags = ", ".join(
             f for f in ("read-only" if r["readonly"] else "", "signed" if r["signed"] else "") if f
@@ -241,6 +255,36 @@ def run_stats(args: argparse.Namespace) -> int:
             ],
             right=(2, 3, 4),
         )
+    return 0
+
+
+# -- report ---------------------------------------------------------------------------
+
+
+def run_report(args: argparse.Namespace) -> int:
+    root = cache_root(args)
+    problem = CacheLayout(root).trust_problem() if os.path.isdir(root) else None
+    if problem is not None:
+        output.warn(f"{problem} (until then, compiles do not read or write this cache)")
+    report = build_report(root, days=args.days, system_of=system_of_kind)
+    written = None
+    if args.html:
+        path = os.path.abspath(os.path.expanduser(args.html))
+        page = report_html.render(report)
+        try:
+            # a page to pass around: readable by others, as a file the user makes is
+            _fs.atomic_write(path, page, mode=0o644, makedirs=False)
+        except OSError as exc:
+            output.error(f"could not write the report to {path}: {exc.strerror or exc}")
+            return 1
+        written = path
+    if args.json:
+        output.emit_json({"command": "cache report", "html": written, **report.as_dict()})
+        return 0
+    if written is not None:
+        print(f"wrote {written} ({'empty cache' if report.empty else 'charts'})")
+        return 0
+    print(report_html.text_summary(report))
     return 0
 
 
@@ -939,6 +983,16 @@ def _add_remote_options(p: argparse.ArgumentParser) -> None:
 # -- the parser -----------------------------------------------------------------------
 
 
+def _positive_days(text: str) -> int:
+    try:
+        days = int(text)
+    except ValueError:
+        raise ValueError(f"expected a whole number of days, not {text!r}") from None
+    if not 1 <= days <= 3660:
+        raise ValueError("expected a number of days from 1 to 3660")
+    return days
+
+
 def add_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:
     cache = subparsers.add_parser(
         "cache",
@@ -963,6 +1017,24 @@ def add_parser(subparsers: Any, common: argparse.ArgumentParser) -> None:
         help="how many top entries to list (10; 0: none)",
     )
     p.set_defaults(func=run_stats)
+
+    p = sub.add_parser(
+        "report",
+        parents=[common],
+        help="compile time saved per day and system, hit rate, misses, bytes (--html: a page)",
+        description="What the cache did in the last days, from its own records (telemetry, "
+        "explained misses, the disk index). --html FILE writes one self-contained page "
+        "(inline SVG and CSS, no script, nothing fetched); without it, a short summary.",
+    )
+    p.add_argument("--html", metavar="FILE", help="write the page with the charts to FILE")
+    p.add_argument(
+        "--days",
+        type=output.arg_type(_positive_days),
+        default=14,
+        metavar="N",
+        help="how many days back, today included (14)",
+    )
+    p.set_defaults(func=run_report)
 
     p = sub.add_parser("ls", parents=[common], help="list entries")
     _add_filters(p, hide_manifests=True)

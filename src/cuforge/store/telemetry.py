@@ -23,8 +23,10 @@ How it stays cheap and safe:
   ``O_APPEND`` write, so many processes can flush at once without mixing their lines.
   Appenders hold a shared ``flock`` on ``telemetry/lock``.
 * When the file grows past :data:`MAX_FILE_BYTES`, the flushing process takes that lock
-  exclusively and folds every line into one (keeping the :data:`MAX_NAMES` names that
-  saved the most time; the rest is summed into ``"(other)"``), so the record stays bounded.
+  exclusively and folds the lines into one per day (UTC) for the last :data:`KEEP_DAYS`
+  days and one for everything older (the counts only; the names go on the newest line,
+  keeping the :data:`MAX_NAMES` names that saved the most time; the rest is summed into
+  ``"(other)"``), so the record stays bounded and :func:`timeline` still has its days.
 * ``CUFORGE_TELEMETRY=0`` (``config.settings().telemetry`` False) records nothing and
   writes nothing. Reading a summary never writes either.
 
@@ -58,6 +60,7 @@ __all__ = [
     "record",
     "summary",
     "kind_totals",
+    "timeline",
     "flush",
     "telemetry_dir",
     "CHAIN",
@@ -72,6 +75,9 @@ FLUSH_EVERY = 1024
 FLUSH_SECONDS = 10.0
 MAX_FILE_BYTES = 1 << 20
 MAX_NAMES = 1000
+#: compaction keeps one line per day (UTC) for this many days, then one for the rest
+KEEP_DAYS = 92
+DAY = 86400
 TOP = 20
 #: ``error``: a remote call failed (down, timed out, garbage); ``rejected``: a remote entry
 #: refused by the trust checks (unsigned or badly signed, wrong namespace)
@@ -271,16 +277,39 @@ def _compact(tdir: str, lock: _fs.locked) -> None:
         path = os.path.join(tdir, "events.jsonl")
         if os.path.getsize(path) <= MAX_FILE_BYTES:
             return
-        counts, names, since = _read(path)
+        _counts, names, _since = _read(path)
         names = _bound_names(names, MAX_NAMES)
-        line = {
-            "v": FORMAT_VERSION,
-            "t": since if since is not None else round(time(), 3),
-            "pid": 0,
-            "c": [[t, e, k, c[0], c[1], round(c[2], 6)] for (t, e, k), c in counts.items()],
-            "n": [[n, k, s[0], s[1], round(s[2], 6)] for (n, k), s in names.items()],
-        }
-        _fs.atomic_write(path, _dumps(line) + "\n", makedirs=False)
+        # one line per UTC day of the last KEEP_DAYS days, one for all before: the totals
+        # stay exact and the days stay days (cuforge cache report)
+        oldest_day = int(time() // DAY) - KEEP_DAYS
+        groups: dict[int, list] = {}  # day (or -1: older) -> [first time, counts]
+        for t, counts in _lines(path):
+            day = max(int(t // DAY), oldest_day - 1)
+            group = groups.get(day)
+            if group is None:
+                groups[day] = [t, dict(counts)]
+                continue
+            group[0] = min(group[0], t)
+            for k, c in counts.items():
+                _merge(group[1], k, c)
+        days = sorted(groups)
+        out = []
+        for i, day in enumerate(days):
+            first, counts = groups[day]
+            out.append(
+                {
+                    "v": FORMAT_VERSION,
+                    "t": first,
+                    "pid": 0,
+                    "c": [[t, e, k, c[0], c[1], round(c[2], 6)] for (t, e, k), c in counts.items()],
+                    "n": [[n, k, s[0], s[1], round(s[2], 6)] for (n, k), s in names.items()]
+                    if i == len(days) - 1
+                    else [],
+                }
+            )
+        if not out:
+            out.append({"v": FORMAT_VERSION, "t": round(time(), 3), "pid": 0, "c": [], "n": []})
+        _fs.atomic_write(path, "".join(_dumps(line) + "\n" for line in out), makedirs=False)
     finally:
         lock.release()
 
@@ -300,32 +329,71 @@ def _bound_names(names: dict, limit: int) -> dict:
 
 
 def _read(path: str) -> tuple[dict, dict, float | None]:
-    import json
-
     counts: dict = {}
     names: dict = {}
     since: float | None = None
+    for t, line_counts, line_names in _parsed(path):
+        for k, c in line_counts.items():
+            _merge(counts, k, c)
+        for k, s in line_names.items():
+            _merge(names, k, s)
+        if since is None or t < since:
+            since = t
+    return counts, names, since
+
+
+def _lines(path: str) -> list[tuple[float, dict]]:
+    """``(time, counts)`` of every readable line of the record at ``path``, in file order."""
+    return [(t, c) for t, c, _n in _parsed(path)]
+
+
+def _parsed(path: str) -> list[tuple[float, dict, dict]]:
+    """``(time, counts, names)`` of every line of version :data:`FORMAT_VERSION` with a
+    time; torn or foreign lines are skipped. Nothing (a missing record, or not a regular
+    file) is an empty list."""
+    import json
+
     try:
         raw = _fs.read_bytes(path)
     except OSError:
-        return counts, names, since  # missing, or not a regular file: nothing recorded
+        return []  # missing, or not a regular file: nothing recorded
+    out = []
     for text in raw.split(b"\n"):
         if not text:
             continue
+        counts: dict = {}
+        names: dict = {}
         try:
             line = json.loads(text)
             if line.get("v") != FORMAT_VERSION:
                 continue
             t = line.get("t")
+            if not isinstance(t, (int, float)) or isinstance(t, bool):
+                continue
             for tier, event, kind, count, nbytes, seconds in line.get("c", ()):
                 _merge(counts, (tier, event, kind), (count, nbytes, seconds))
             for name, kind, hits, puts, seconds in line.get("n", ()):
                 _merge(names, (name, kind), (hits, puts, seconds))
         except (ValueError, TypeError, AttributeError):
             continue  # a torn or foreign line: skip it
-        if isinstance(t, (int, float)) and (since is None or t < since):
-            since = float(t)
-    return counts, names, since
+        out.append((float(t), counts, names))
+    return out
+
+
+def timeline(root: str) -> list[tuple[float, dict[tuple[str, str, str], list]]]:
+    """Everything recorded under ``root``, flush by flush: ``[(unix time, {(tier, event,
+    kind): [count, nbytes, seconds_saved]}), ...]`` in file order, this process's unflushed
+    counts last (at the current time). A compacted record has one line per day (UTC) of
+    the last :data:`KEEP_DAYS` days and one for all before. Reads only; never writes."""
+    if _drains and not _draining:
+        _drain_all()
+    out = _lines(os.path.join(telemetry_dir(root), "events.jsonl"))
+    if settings().telemetry:
+        with _lock:
+            agg = _pending.get(root)
+            if agg is not None and agg[0]:
+                out.append((time(), {k: list(c) for k, c in agg[0].items()}))
+    return out
 
 
 def _merge(into: dict, key: tuple, values) -> None:
