@@ -28,6 +28,8 @@ def test_scan_follows_quoted_angle_nested_and_relative_includes(tmp_path):
     assert names == ["a.cuh", "sub/b.cuh", "sub/c.cuh", "d.cuh"]
     assert "cuda_fp16.h" in scan.unresolved
     assert scan.computed
+    # the system header is listed where it is included directly, not followed
+    assert scan.system == [str(sysinc / "toolkit.h")]
 
 
 def test_scan_records_shadowing_probes(tmp_path):

@@ -135,9 +135,11 @@ class IncludeScan:
     directories too.
     ``uncacheable``: why the compile cannot be keyed (None when it can): a computed include
     names a macro the command line defines as something other than a header name.
+    ``system``: the files found under a system root that the scanned files include
+    directly, in discovery order (not followed, not hashed).
     """
 
-    __slots__ = ("headers", "unresolved", "probes", "computed", "uncacheable")
+    __slots__ = ("headers", "unresolved", "probes", "computed", "uncacheable", "system")
 
     def __init__(self) -> None:
         self.headers: list[str] = []
@@ -145,12 +147,13 @@ class IncludeScan:
         self.probes: list[str] = []
         self.computed = False
         self.uncacheable: str | None = None
+        self.system: list[str] = []
 
     def __repr__(self) -> str:
         return (
             f"IncludeScan(headers={self.headers!r}, unresolved={self.unresolved!r}, "
             f"probes={self.probes!r}, computed={self.computed!r}, "
-            f"uncacheable={self.uncacheable!r})"
+            f"uncacheable={self.uncacheable!r}, system={self.system!r})"
         )
 
 
@@ -391,6 +394,7 @@ class _Scanner:
         self.system_roots = [os.path.abspath(d) for d in system_dirs]
         self.max_files = max_files
         self.seen: set[str] = set()
+        self.seen_system: set[str] = set()
         self.unresolved: set[str] = set()
         self.probed: set[str] = set()
         self.stack: list[tuple[str, str | None]] = []
@@ -441,6 +445,9 @@ class _Scanner:
     def header(self, path: str, follow: bool) -> None:
         where = _resolved(path)
         if _under(where, self.system_roots) and not _under(where, self.user_dirs):
+            if path not in self.seen_system:
+                self.seen_system.add(path)
+                self.scan.system.append(path)
             return  # the toolkit: covered by the compiler identity
         if path in self.seen:
             return

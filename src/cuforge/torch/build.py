@@ -16,7 +16,8 @@ Keys (all :class:`cuforge.keys.key.KeyBuilder`):
 
 * TU key = source path (relative to the sources' common root) and content, the exact
   flags, compiler identities (nvcc's and the host compiler's), torch version + git hash
-  + CUDA version, the Python ABI, the archs, the allow-listed environment, cuforge's
+  + CUDA version (a stable-ABI build: the ABI target it declares instead of the version
+  and git hash, :mod:`cuforge.torch.stable_abi`), the Python ABI, the archs, the allow-listed environment, cuforge's
   version. Object key = TU key + every user header the compiler read (from its depfile)
   by content. System headers (torch's, the toolkit's, Python's, the pip CUDA wheels',
   /usr/include) are covered by those identities instead of being hashed one by one.
@@ -55,6 +56,7 @@ from cuforge.store.upkeep import TORCH_BUILD_LOCK
 from cuforge.toolchain import compiler_identity, resolve_archs
 from cuforge.torch import flags as _flags
 from cuforge.torch import ninja_build
+from cuforge.torch import stable_abi as _stable_abi
 from cuforge.torch.jobs import job_count
 
 __all__ = [
@@ -233,6 +235,7 @@ class Plan:
         "jobs_why",
         "target",
         "launcher",
+        "abi_target",
     )
 
 
@@ -291,10 +294,9 @@ def _object_name(source: str, cuda: bool, taken: set[str]) -> str:
 
 def _base_fields(kb: KeyBuilder, p: Plan) -> KeyBuilder:
 
-    env = p.env
-    kb.text("torch", f"{env.torch_version} git={env.torch_git} cuda={env.torch_cuda}")
-    kb.text("python_abi", env.python_abi)
-    kb.text("cxx", _flags.tool_identity(env.cxx))
+    kb.text("torch", _torch_field(p))
+    kb.text("python_abi", p.env.python_abi)
+    kb.text("cxx", _flags.tool_identity(p.env.cxx))
     if p.spec.with_cuda:
         ident = compiler_identity("nvcc")
         kb.text("nvcc", f"{ident['version']} {ident['version_output']}")
@@ -304,6 +306,36 @@ def _base_fields(kb: KeyBuilder, p: Plan) -> KeyBuilder:
     kb.environment()
     kb.cuforge_version()
     return kb
+
+
+def _torch_field(p: Plan, *, cuda: bool = True) -> str:
+    """What a key records of torch: the stable ABI target a stable-ABI build declares
+    (:mod:`cuforge.torch.stable_abi`; the CUDA version too for a CUDA build: the module
+    links that runtime), else the exact version and git hash (and torch's CUDA)."""
+    env = p.env
+    if p.abi_target is not None:
+        text = f"stable-abi={p.abi_target}"
+        return text + f" cuda={env.torch_cuda}" if p.spec.with_cuda else text
+    text = f"{env.torch_version} git={env.torch_git}"
+    return text + f" cuda={env.torch_cuda}" if cuda else text
+
+
+def _abi_target(p: Plan) -> str | None:
+    """The stable ABI target of the plan's build, or None (see :mod:`.stable_abi`)."""
+    env = p.env
+    torch_include = os.path.join(env.torch_dir, "include")
+    torch_dirs = [
+        d
+        for d in env.include_dirs(p.spec.with_cuda)
+        if d == torch_include or d.startswith(torch_include + os.sep)
+    ]
+    return _stable_abi.stable_target(
+        [(tu.source, tu.flags) for tu in p.tus],
+        torch_version=env.torch_version,
+        torch_include=torch_include,
+        torch_dirs=torch_dirs,
+        other_system=env.system_roots,
+    )
 
 
 def _normalizer(p: Plan):
@@ -376,6 +408,9 @@ def plan(spec: BuildSpec) -> Plan:
             raise FileNotFoundError(f"cannot read extension source {source}")
         tu.digest = digest
         p.tus.append(tu)
+    p.abi_target = _abi_target(p)
+    if p.abi_target is not None:
+        _say(spec, f"{spec.name}: stable ABI target {p.abi_target}: keyed by it, not by torch")
     base = _base_fields(KeyBuilder("torch-base"), p)
     for tu in p.tus:
         kb = base.copy()
@@ -819,7 +854,7 @@ def _link_key(p: Plan) -> str:
     kb.items("objects", [t.okey or "" for t in p.tus])
     kb.items("ldflags", [norm(f) for f in p.ldflags])
     kb.text("cxx", _flags.tool_identity(p.env.cxx))
-    kb.text("torch", f"{p.env.torch_version} git={p.env.torch_git}")
+    kb.text("torch", _torch_field(p, cuda=False))
     kb.text("python_abi", p.env.python_abi)
     return kb.hexdigest()
 
