@@ -91,6 +91,7 @@ SYSTEMS = {
     "torch": "torch extension",
     "cccl": "cuda.compute",
     "cute": "CuTe DSL",
+    "flashinfer": "FlashInfer",
 }
 
 
