@@ -6,6 +6,7 @@
 #                    cuda.compute, Ray, Triton): CI runs it after make test
 #   make test-fast   make test without the slow tests: the edit loop
 #   make test-cu12   NVRTC 12 from pip wheels, in a second venv (.venv-cu12, cuforge[cu12])
+#                    (FlashInfer's tests with flashinfer-python in .flashinfer-site)
 #   make test-jax    jax[cpu] in its own folder (.jax-site, pip --target), tests/adapters/jax only
 #   make test-s3     s3:// against a real S3 server (moto), boto3 + moto[server] in .venv-s3
 #   make wheel       the sdist and one manylinux wheel per CPython 3.10-3.13, into dist/
@@ -44,7 +45,8 @@ demo: $(VENV)/.installed
 # .ci/run calls after `make test`: the edit loop stays fast, CI still runs them all.
 INTEGRATION_TESTS := tests/torch tests/cute tests/cccl tests/adapters/triton \
 	tests/aot/test_ray_executor.py tests/aot/test_python_entries.py tests/aot/test_extension.py \
-	tests/core/test_record_systems.py tests/test_docs_integrations.py tests/cli/test_report_browser.py
+	tests/core/test_record_systems.py tests/test_docs_integrations.py tests/cli/test_report_browser.py \
+	tests/adapters/flashinfer
 
 test: $(VENV)/.installed-test
 	$(PY) -m ruff check setup.py src tests bench
@@ -52,8 +54,19 @@ test: $(VENV)/.installed-test
 	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -q $(addprefix --ignore=,$(INTEGRATION_TESTS)) $(PYTEST_ARGS)
 
-test-integrations: $(VENV)/.installed-test
-	$(PY) -m pytest -q $(INTEGRATION_TESTS) $(PYTEST_ARGS)
+# FlashInfer (cuforge.flashinfer): flashinfer-python and apache-tvm-ffi in .flashinfer-site
+# (pip --target, --no-deps: torch, ninja and the rest come from the test venv), on
+# PYTHONPATH for test-integrations only; tests/adapters/flashinfer skip with the reason
+# without it
+FISITE := .flashinfer-site
+
+$(FISITE)/.installed: | $(VENV)/.installed-test
+	$(PIP) install --no-deps --target $(FISITE) "flashinfer-python>=0.7,<0.8" \
+		"apache-tvm-ffi>=0.1.11,<0.2" nvidia-ml-py einops tabulate tqdm
+	touch $@
+
+test-integrations: $(VENV)/.installed-test $(FISITE)/.installed
+	PYTHONPATH=$(abspath $(FISITE)) $(PY) -m pytest -q $(INTEGRATION_TESTS) $(PYTEST_ARGS)
 
 test-fast: $(VENV)/.installed-test
 	$(PY) -m ruff check setup.py src tests bench
@@ -143,5 +156,5 @@ bench: $(VENV)/.installed-test
 	$(PY) bench/compile_cache.py --runs 7
 
 clean:
-	rm -rf $(VENV) $(VENV12) $(S3SITE) $(JAXSITE) $(WHEELVENV) .compat build dist src/*.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VENV12) $(S3SITE) $(JAXSITE) $(WHEELVENV) $(FISITE) .compat build dist src/*.egg-info .pytest_cache .ruff_cache
 	rm -f src/cuforge/runtime/*.so

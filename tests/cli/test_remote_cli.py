@@ -244,6 +244,8 @@ def test_push_and_pull_carry_every_entry_kind(tmp_path, remote_url):
             continue  # a manifest's payload has a schema of its own; pushed by the kernel tests
         key = hashlib.sha256(kind.encode()).hexdigest()
         meta = {"name": kind, "cache": "fx_graph"} if kind == "inductor" else {"name": kind}
+        if kind == "flashinfer":
+            meta["native_module"] = True  # the schema: a flashinfer entry says it is native
         assert source.put(Entry(key, kind, f"payload of {kind}".encode(), meta))
         keys[kind] = key
     pushed = Cli(str(tmp_path / "writer")).json("cache", "push", "--remote", remote_url)

@@ -109,6 +109,13 @@ SYSTEMS: dict[str, System] = {
             extra="cute",
         ),
         System("cccl", peer="cuda.compute", adapter="cuforge.cccl", kinds=("cccl",), extra="cccl"),
+        System(
+            "flashinfer",
+            peer="flashinfer",
+            adapter="cuforge.adapters.flashinfer",
+            kinds=("flashinfer",),
+            extra="flashinfer",
+        ),
     )
 }
 
@@ -169,7 +176,7 @@ def enable(*systems: str, cache: Cache | None = None) -> dict[str, str]:
     (default: :func:`cuforge.default_cache` at each lookup).
 
     Names: ``triton``, ``torch_compile``, ``jax``, ``cupy``, ``cuda_core``, ``cute``,
-    ``cccl`` (and ``all``). An unknown one raises ``ValueError`` before anything changes;
+    ``cccl``, ``flashinfer`` (and ``all``). An unknown one raises ``ValueError`` before anything changes;
     the child processes of this one are not affected (``CUFORGE_ENABLE`` / ``cuforge run``
     are)."""
     from cuforge.core.caching import Cache

@@ -34,7 +34,14 @@ What happens (see docs/triton.md):
   native code loaded into the process: served only as checksummed entries that say they
   are native (``meta.native_module``), and from a remote tier only when it checks
   signatures (or ``CUFORGE_REMOTE_NATIVE=allow``): from an unsigned remote they are a miss,
-  built here (:func:`cuforge.store.schema.is_native`). Autotune results stay in Triton's own cache dir.
+  built here (:func:`cuforge.store.schema.is_native`).
+* Autotune results (``@triton.autotune(..., cache_results=True)``,
+  ``knobs.autotuning.cache``): the ``<kernel>.autotune.json`` file Triton's autotuner puts
+  through this manager outside a group is an entry of kind ``triton`` too, keyed by
+  Triton's key of it (the build, the target, the kernel, the cache-invalidating env, the
+  key arguments' values and dtypes, the configs) plus the GPU model (:func:`gpu_model`):
+  a second machine with the same GPU model skips the benchmark sweep; another model
+  misses. Clocks, power limits and co-tenants also change timings; they are not keyed.
 
 Supported: Triton 3.4 to 3.8 (tested on 3.6.0 on an H100 and on 3.8.0 on the CPU). On another version :func:`enable` warns
 once and leaves Triton's own cache in place; the ``TRITON_CACHE_MANAGER`` route falls back
@@ -87,6 +94,7 @@ __all__ = [
     "build_key",
     "build_key_source",
     "cache_key",
+    "gpu_model",
 ]
 
 #: the Triton versions whose cache-manager protocol this module was written against
@@ -606,7 +614,7 @@ class CacheManager(_TritonCacheManager):
             self.key = key = _rekey_from_compile(key)
         self.ckey, _ = make_key("triton", {"triton_hash": key})
 
-    # Triton's own file cache: debug dirs, launcher .so files, autotune results
+    # Triton's own file cache: debug dirs, other files outside a group
     def _file_cache(self) -> _FileCacheManager:
         if self._files is None:
             self._files = _FileCacheManager(self.key, override=self._override, dump=self._dump)
@@ -620,12 +628,18 @@ class CacheManager(_TritonCacheManager):
             path = self._native_lookup(filename)
             if path is not None:
                 return path
+        if not self._direct and filename.endswith(_AUTOTUNE_SUFFIX):
+            return self._autotune_lookup(filename)
         return self._file_cache().get_file(filename)
 
     def put(self, data: Any, filename: str, binary: bool = True) -> str:
         if self._building is None:
             if not self._direct and _is_native(filename) and isinstance(data, bytes):
                 path = self._native_store(filename, data)
+                if path is not None:
+                    return path
+            if not self._direct and filename.endswith(_AUTOTUNE_SUFFIX):
+                path = self._autotune_store(filename, data)
                 if path is not None:
                     return path
             return self._file_cache().put(data, filename, binary)
@@ -812,6 +826,71 @@ class CacheManager(_TritonCacheManager):
         cache.count("triton:native_built")
         return path
 
+    # autotune results (the autotuner's <kernel>.autotune.json)
+    def _autotune_key(self, filename: str) -> tuple[str, dict[str, str]]:
+        fields = {"autotune_hash": self.key, "file": filename, "gpu": gpu_model()}
+        return make_key("triton", fields)[0], fields
+
+    def _autotune_lookup(self, filename: str) -> str | None:
+        cache = self.cache
+        ckey, _ = self._autotune_key(filename)
+        entry, tier = cache.get_with_tier(ckey, kind="triton")
+        if entry is None:
+            cache.count("triton:autotune_misses")
+            return None
+        source = "remote" if tier and tier.startswith("remote") else tier or "disk"
+        try:
+            files = unpack(entry.payload)
+            if entry.kind != "triton" or list(files) != [filename]:
+                raise ValueError(f"the entry holds {sorted(files)}, not just {filename!r}")
+            path = _materialize(cache, ckey, files)[filename]
+        except Exception as exc:  # noqa: BLE001 - stored bytes that do not load: benchmark
+            cache.count("triton:load_errors")
+            _log.warning(
+                "cuforge: the cached autotune result %r (key %s) could not be used (%s: %s); "
+                "it is deleted and Triton benchmarks again",
+                filename,
+                ckey[:12],
+                type(exc).__name__,
+                exc,
+            )
+            cache.delete(ckey)
+            return None
+        cache.count(f"triton:autotune_{source}")
+        return path
+
+    def _autotune_store(self, filename: str, data: Any) -> str | None:
+        cache = self.cache
+        raw = data if isinstance(data, bytes) else str(data).encode("utf-8")
+        ckey, fields = self._autotune_key(filename)
+        meta = {
+            "name": filename[: -len(_AUTOTUNE_SUFFIX)],
+            "backend": "triton",
+            "autotune": True,
+            "key_fields": fields,
+            "files": {filename: len(raw)},
+            "triton_version": triton.__version__,
+        }
+        try:
+            _check_filename(filename)
+            cache.record_build(
+                f"triton-autotune:{meta['name']}",
+                ckey,
+                fields,
+                [Entry(ckey, "triton", pack({filename: raw}), meta)],
+            )
+            path = _materialize(cache, ckey, {filename: raw})[filename]
+        except (OSError, ValueError) as exc:
+            _log.warning(
+                "cuforge: could not store Triton's autotune result %r (%s); Triton's own "
+                "cache keeps it",
+                filename,
+                exc,
+            )
+            return None
+        cache.count("triton:autotune_stored")
+        return path
+
     def _release(self) -> None:
         flight, self._flight = self._flight, None
         if flight is not None:
@@ -823,6 +902,34 @@ class CacheManager(_TritonCacheManager):
             self._release()
         except Exception:  # noqa: BLE001 - never raise from a finalizer
             pass
+
+
+#: the file name ending of the autotuner's results
+_AUTOTUNE_SUFFIX = ".autotune.json"
+#: a GPU model set by :func:`gpu_model` (tests, a fleet that knows better)
+_gpu_override: list[str] = []
+_gpu_memo: dict[str, str] = {}
+
+
+def gpu_model(override: str | None = None) -> str:
+    """The GPU model autotune results are keyed by: the name of the first visible GPU
+    (the driver's ``cuDeviceGetName``, e.g. ``NVIDIA H200``), ``none`` without one.
+    ``override``: use this name from now on in this process (``""`` clears it)."""
+    if override is not None:
+        _gpu_override[:] = [override] if override else []
+    if _gpu_override:
+        return _gpu_override[0]
+    memo = _gpu_memo.get("gpu")
+    if memo is None:
+        from cuforge.toolchain import gpu
+
+        try:
+            found, _ = gpu.devices()
+        except Exception:  # noqa: BLE001 - no driver: results keyed as "none"
+            found = []
+        memo = str(found[0].get("name")) if found else "none"
+        _gpu_memo["gpu"] = memo
+    return memo
 
 
 def _is_native(filename: str) -> bool:

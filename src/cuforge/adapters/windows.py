@@ -14,6 +14,7 @@ WINDOWS: dict[str, tuple[str, str, tuple[tuple[int, ...], tuple[int, ...]]]] = {
     "torch_compile": ("torch", "torch", ((2, 6), (2, 16))),
     "jax": ("jax", "JAX", ((0, 4, 36), (0, 13))),
     "cupy": ("cupy-cuda13x", "CuPy", ((14, 1), (16, 0))),
+    "flashinfer": ("flashinfer-python", "FlashInfer", ((0, 7), (0, 8))),
 }
 
 

@@ -93,6 +93,7 @@ SYSTEMS = {
     "cccl": "cuda.compute",
     "cute": "CuTe DSL",
     "inductor-cpp": "torch.compile",
+    "flashinfer": "FlashInfer",
 }
 
 #: set while cuforge's Inductor C++ cache (:mod:`cuforge.torch.inductor_cpp`) runs a build

@@ -49,6 +49,7 @@ ENTRY_KINDS = (
     "cuda-core",
     "jax",
     "cupy",
+    "flashinfer",
 )  # = cuforge.store.schema.KINDS
 
 

@@ -36,12 +36,16 @@ The rules (a field marked *typed* may be absent, but when present must have that
   (:mod:`cuforge.jax`, a serialized JAX executable), ``"cupy"`` (:mod:`cuforge.cupy`, a
   CuPy kernel binary): the common rules, and ``output`` (*typed*) is the name of a binary
   format (:data:`_ADAPTER_OUTPUTS`).
+* ``"flashinfer"`` (:mod:`cuforge.flashinfer`, one FlashInfer JIT module's ``.so``): the
+  rules of ``"triton"`` (``files`` *typed*, a non-empty ``name``), and ``native_module``
+  must be true.
 * any other kind is corrupt.
 
 **Native host code** (:func:`is_native`, the one definition): entries whose bytes the
 process links and loads (``dlopen``), i.e. code that runs as the process's user on the host:
 every ``"object"`` and ``"module"`` entry (the torch build's translation units and
 extension modules; :mod:`cuforge.torch.opshim`'s op shim is one such module) and a
+every ``"flashinfer"`` entry (a FlashInfer module), and a
 ``"triton"`` entry whose ``meta.native_module`` is true (a C module Triton builds:
 ``cuda_utils``, its launchers). A remote tier with no signature check refuses them
 (:class:`cuforge.store.remote.tier.RemoteStore`, ``CUFORGE_REMOTE_NATIVE``), and a
@@ -65,7 +69,7 @@ __all__ = ["KINDS", "NATIVE_KINDS", "entry_problem", "is_native"]
 KINDS = ENTRY_KINDS
 
 #: the kinds whose every entry is native host code (see the module doc, :func:`is_native`)
-NATIVE_KINDS = ("object", "module", "inductor-cpp")
+NATIVE_KINDS = ("object", "module", "inductor-cpp", "flashinfer")
 
 
 def is_native(kind: str, meta: Any) -> bool:
@@ -170,10 +174,12 @@ def entry_problem(kind: Any, meta: Any) -> str | None:
         elif not rule[0](value):
             shown = repr(value) if len(repr(value)) <= 60 else type(value).__name__
             return f"meta.{field} is {shown}, not {rule[1]}"
-    if kind == "triton":
+    if kind == "triton" or kind == "flashinfer":
         why = _triton_problem(meta)
         if why is not None:
-            return why
+            return why.replace("a triton entry names its kernel", f"a {kind} entry names it")
+        if kind == "flashinfer" and meta.get("native_module") is not True:
+            return "meta.native_module is not true (a flashinfer entry is a native module)"
     elif kind == "inductor" and not isinstance(meta.get("cache"), str):
         return "meta.cache is not a str (an inductor entry names its Inductor cache)"
     if kind == "manifest":

@@ -426,3 +426,46 @@ def test_an_unsigned_share_serves_no_native_module_it_is_built_here(
     d = machine("d")
     assert c_builds(log) == 3 and d.counters.get("triton:load_errors") == 1, d.counters
     assert d.counters.get("triton:native_built") == 1, d.counters
+
+
+def test_autotune_results_are_shared_by_gpu_model(tmp_path, monkeypatch):
+    """Triton's autotuner stores ``<kernel>.autotune.json`` through
+    ``get_cache_manager(key)`` outside a group (``check_disk_cache``): with cuforge's
+    manager it is an entry, so machine B (own dirs, one file:// remote) reads A's result;
+    another GPU model misses. The result is injected (no GPU benchmark here)."""
+    import json
+
+    import triton
+    from triton.runtime.cache import get_cache_manager
+
+    import cuforge.triton as ct
+    from cuforge.core.caching import Cache
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-own"))
+    key = "c" * 64  # Triton's sha256 of the autotune key parts
+    name = "matmul_kernel.autotune.json"
+    result = json.dumps({"key": [1024, "torch.float16"], "configs_timings": [[{"a": 1}, [0.5]]]})
+    saved = triton.knobs.cache.manager_class
+    try:
+        ct.gpu_model("NVIDIA H200")
+        a = Cache(tmp_path / "a", remotes=[f"file://{shared}"], telemetry=False)
+        ct.enable(a)
+        first = get_cache_manager(key)
+        assert first.get_file(name) is None
+        first.put(result, name, binary=False)
+        assert a.counters["triton:autotune_stored"] == 1
+        b = Cache(tmp_path / "b", remotes=[f"file://{shared}"], telemetry=False)
+        ct.enable(b)
+        path = get_cache_manager(key).get_file(name)
+        assert path is not None and open(path).read() == result
+        assert b.counters["triton:autotune_remote"] == 1
+        assert not (tmp_path / "triton-own").exists()  # nothing in Triton's own dir
+        ct.gpu_model("NVIDIA H100 80GB HBM3")
+        assert get_cache_manager(key).get_file(name) is None
+        assert b.counters["triton:autotune_misses"] == 1
+    finally:
+        ct.gpu_model("")
+        ct.disable()
+        triton.knobs.cache.manager_class = saved
