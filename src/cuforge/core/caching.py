@@ -860,12 +860,18 @@ def default_cache() -> Cache:
         lease_ttl=current.lease_ttl,
     )
     cache._settings = current
-    from cuforge.core.bundle_wheels import load_into  # loaded only here, not on the hit path
-
-    cache._first_miss_bundles = load_into  # installed bundle wheels: added on the first miss
+    cache._first_miss_bundles = _installed_bundle_wheels  # added on the first miss
     cache.call_memo = DEFAULT_CALL_MEMO
     _default = (current, shape, cache)
     return cache
+
+
+def _installed_bundle_wheels(cache: Cache) -> int:
+    """The default cache's first-miss bundles: the installed bundle wheels
+    (:func:`cuforge.core.bundle_wheels.load_into`, imported here: never on a hit)."""
+    from cuforge.core.bundle_wheels import load_into
+
+    return load_into(cache)
 
 
 def current_override() -> Cache | None:
