@@ -19,6 +19,10 @@ from __future__ import annotations
 
 import os
 
+#: the names of the directories pip installs distributions into (site-packages on most
+#: Pythons, dist-packages on Debian's); :mod:`cuforge.toolchain.installed` re-exports it
+SITE_DIR_NAMES = ("site-packages", "dist-packages")
+
 __all__ = ["BASE", "base_dir", "keyed_path", "real_path"]
 
 #: What stands for the base dir in a keyed path.

@@ -36,6 +36,7 @@ import time
 
 from cuforge.base import _fs
 from cuforge.base.config import settings
+from cuforge.base.paths import SITE_DIR_NAMES
 from cuforge.toolchain import memo as _memo
 
 TYPE_CHECKING = False
@@ -67,8 +68,8 @@ __all__ = [
     "reset",
 ]
 
-#: where installers put distributions (a directory of this name is never a source checkout)
-SITE_DIR_NAMES = ("site-packages", "dist-packages")
+#: where installers put distributions (a directory of this name is never a source
+#: checkout): ``cuforge.base.paths.SITE_DIR_NAMES``, imported above
 
 # dist-info dir -> {relative path: (sha256 field, size field)}
 _records: dict[str, dict[str, tuple[str, str]]] = {}

@@ -21,6 +21,7 @@ import sys
 from cuforge.base import _fs
 from cuforge.base.config import raw_env_get, raw_env_key, settings
 from cuforge.base.errors import ToolchainError
+from cuforge.base.paths import SITE_DIR_NAMES
 from cuforge.toolchain import memo as _memo
 
 __all__ = [
@@ -194,11 +195,9 @@ def _site_signature() -> list[list]:
     """(dir, mtime_ns) of every site-packages dir on sys.path. pip adds or removes a
     top-level ``*.dist-info`` on every install, so this changes when a wheel that could
     hold NVRTC (which cuda-pathfinder prefers) comes or goes."""
-    from cuforge.toolchain import installed as _installed  # off the import path (~0.5 ms)
-
     sig: list[list] = []
     for entry in sys.path:
-        if entry and os.path.basename(entry) in _installed.SITE_DIR_NAMES:
+        if entry and os.path.basename(entry) in SITE_DIR_NAMES:
             try:
                 sig.append([entry, os.stat(entry).st_mtime_ns])
             except OSError:
@@ -467,10 +466,8 @@ def nvrtc_wheel_version(library: str) -> tuple[int, int] | None:
     (``nvidia-cuda-nvrtc`` 13.5.x -> ``(13, 5)``), read from the name of its ``.dist-info``
     in the same site-packages dir (one ``listdir``; nothing is loaded), or None when
     ``library`` is not in such a wheel."""
-    from cuforge.toolchain import installed as _installed  # off the import path (~0.5 ms)
-
     d = os.path.dirname(os.path.abspath(library))
-    while os.path.basename(d) not in _installed.SITE_DIR_NAMES:
+    while os.path.basename(d) not in SITE_DIR_NAMES:
         parent = os.path.dirname(d)
         if parent == d:
             return None
