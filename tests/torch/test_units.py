@@ -192,3 +192,27 @@ def test_an_untrusted_cache_dir_is_not_used_for_builds_modules_or_memos(tmp_path
             loose.chmod(0o700)
     with pytest.raises(ValueError, match="not a cuforge key"):
         build.module_dir("../../etc")
+
+
+def test_an_inductor_kernel_keys_the_same_on_two_machines_whose_cache_dirs_differ(tmp_path):
+    """torch 2.6 writes ``#include "<its cache dir>/2r/c2r...h"`` into each C++ kernel, and
+    names the kernel by a hash of that text: the key takes the machine's dirs out of the
+    text and the name out of the command, and still follows the included header's content."""
+    from cuforge.torch.inductor_cpp import _content_digest, _unnamed
+
+    def machine(label: str, header_text: str) -> str:
+        root = tmp_path / label / "inductor"
+        (root / "2r").mkdir(parents=True)
+        header = root / "2r" / "c2rprefix.h"
+        header.write_text(header_text)
+        source = root / "4r" / "kernel.cpp"
+        source.parent.mkdir()
+        source.write_text(f'#include "{header}"\nextern "C" void kernel() {{}}\n')
+        return _content_digest(str(source), [(str(root), "${INDUCTOR}")])
+
+    a = machine("a", "#define X 1\n")
+    assert machine("b", "#define X 1\n") == a
+    assert machine("c", "#define X 2\n") != a
+    stem = "c4r3h7sehv4ymvhuk2fh5iyn35dwaqw7mq"
+    assert _unnamed(f"${{OUT}}/{stem}.so", stem) == "${OUT}/${NAME}.so"
+    assert _unnamed(f"-DNAME={stem}", stem) == f"-DNAME={stem}"  # not a path: kept

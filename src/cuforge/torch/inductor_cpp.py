@@ -33,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -216,10 +217,11 @@ def key_fields(builder: Any) -> dict[str, str]:
         earlier = words[i - 1] if i else ""
         if earlier == "-include" or word.endswith((".cpp", ".cc", ".c", ".cxx", ".h", ".hpp")):
             files.append(word)
+    stem = os.path.basename(target).split(".", 1)[0]
     for n, path in enumerate(files):
-        with open(path, "rb") as f:
-            fields[f"file{n}:{_portable(path, roots)}"] = hashlib.sha256(f.read()).hexdigest()
-    fields["command"] = " ".join(_portable(w, roots) for w in words[1:])
+        name = _unnamed(_portable(path, roots), stem)
+        fields[f"file{n}:{name}"] = _content_digest(path, roots)
+    fields["command"] = " ".join(_unnamed(_portable(w, roots), stem) for w in words[1:])
     fields["compiler"] = _compiler_identity(words[0])
     fields["torch"] = f"{torch.__version__} {getattr(torch.version, 'git_version', '')}"
     fields["python"] = sys.version.split()[0]
@@ -251,6 +253,41 @@ def _roots(out_dir: str) -> list[tuple[str, str]]:
             found.append((path, f"${{PYTHON_{name.upper()}}}"))
     found.append((sys.base_prefix, "${PYTHON}"))
     return sorted(((os.path.abspath(p), tag) for p, tag in found if p), key=lambda r: -len(r[0]))
+
+
+#: ``#include "/abs/path"``: torch 2.6 includes its prefix header by its path in the cache dir
+_ABS_INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*"(/[^"]+)"', re.MULTILINE)
+
+
+def _content_digest(path: str, roots: list[tuple[str, str]], seen: set[str] | None = None) -> str:
+    """The sha256 of a source file with the machine's dirs taken out of its text, and of
+    every file it includes by an absolute path (torch 2.6 writes
+    ``#include "<inductor cache dir>/2r/c2r...h"`` into each kernel: the same kernel on
+    two machines differs only there)."""
+    seen = set() if seen is None else seen
+    seen.add(path)
+    with open(path, "rb") as f:
+        text = f.read()
+    included = [m.decode(errors="surrogateescape") for m in _ABS_INCLUDE.findall(text)]
+    for root, tag in roots:
+        text = text.replace(root.encode(), tag.encode())
+    digest = hashlib.sha256(text)
+    for header in included:
+        if header not in seen and os.path.isfile(header):
+            digest.update(b"\0" + _content_digest(header, roots, seen).encode())
+    return digest.hexdigest()
+
+
+def _unnamed(word: str, stem: str) -> str:
+    """A path word with the build's own file name (Inductor's hash of the source text,
+    machine paths included) as ``${NAME}``: the content is in the key instead. Only path
+    words: a ``-D`` that names the module keeps it."""
+    if len(stem) < 16 or os.sep not in word:
+        return word
+    head, _, base = word.rpartition(os.sep)
+    if not base.startswith(stem):
+        return word
+    return f"{head}{os.sep}${{NAME}}{base[len(stem) :]}"
 
 
 def _portable(word: str, roots: list[tuple[str, str]]) -> str:
