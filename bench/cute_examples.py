@@ -27,13 +27,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SRC = os.path.join(os.path.dirname(HERE), "src")
+from _cute_child import PIPELINE_COUNTER, run_child
 
 #: the CUTLASS commit the figures in docs/cute.md were taken at
 CUTLASS_COMMIT = "7107b05535f8977f5ecb9d01ee203205b1fd9bc4"
@@ -119,37 +116,17 @@ def locate(cutlass_dir: str, examples: list[str]) -> dict[str, str]:
     return paths
 
 
-CHILD = r"""
+CHILD = (
+    r"""
 import json, os, runpy, sys, time
 t0 = time.perf_counter()
 import cuforge.cute
 cuforge.cute.enable()
 from cuforge.cute.cache import counters
 import cutlass.cute  # noqa: F401
-from cutlass.base_dsl import dsl as _dsl_mod
-
-pipeline = {"n": 0, "depth": 0}
-def _count(cls):
-    original = cls.__dict__.get("compile_and_cache")
-    if original is None:
-        return
-    def wrapper(self, *a, **k):
-        # count the outermost call only (an override calls its base's through super())
-        pipeline["depth"] += 1
-        if pipeline["depth"] == 1:
-            pipeline["n"] += 1
-        try:
-            return original(self, *a, **k)
-        finally:
-            pipeline["depth"] -= 1
-    cls.compile_and_cache = wrapper
-def _walk(cls):
-    _count(cls)
-    for sub in cls.__subclasses__():
-        _walk(sub)
-import cutlass.cutlass_dsl  # noqa: F401  (the DSL classes, so that they are all walked)
-_walk(_dsl_mod.BaseDSL)
-
+"""
+    + PIPELINE_COUNTER
+    + r"""
 path, argv, out = sys.argv[1], sys.argv[2:-1], sys.argv[-1]
 sys.argv = [path, *argv]
 sys.path.insert(0, os.path.dirname(path))
@@ -166,39 +143,14 @@ with open(out, "w") as f:
                "loads": counters["load"], "pipeline": pipeline["n"],
                "seconds": time.perf_counter() - t0}, f)
 """
+)
 
 
 def run_one(path: str, args: list[str], cache_dir: str, timeout: float) -> dict:
     """Run the script ``path`` (with ``args``) in a fresh child under cuforge.cute.enable()
     on ``cache_dir``; the child's counters, its exit and the tail of its stderr."""
-    env = dict(os.environ)
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
-    env.pop("PYTHONPYCACHEPREFIX", None)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (SRC, env.get("PYTHONPATH", "")) if p)
-    env["CUFORGE_CACHE_DIR"] = cache_dir
-    fd, out = tempfile.mkstemp(suffix=".json")
-    os.close(fd)
-    started = time.perf_counter()
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-c", CHILD, path, *args, out],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-        try:
-            with open(out) as f:
-                result = json.load(f)
-        except (OSError, ValueError):
-            result = {"ok": False, "error": f"no result (exit {proc.returncode})"}
-        result["returncode"] = proc.returncode
-        result["stderr_tail"] = proc.stderr[-3000:]
-    except subprocess.TimeoutExpired:
-        result = {"ok": False, "error": f"timed out after {timeout:.0f} s"}
-    finally:
-        os.unlink(out)
-    result["wall_s"] = round(time.perf_counter() - started, 3)
+    result = run_child(CHILD, [path, *args], {"CUFORGE_CACHE_DIR": cache_dir}, timeout)
+    result["stderr_tail"] = result.pop("stderr")[-3000:]
     return result
 
 

@@ -37,13 +37,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-SRC = os.path.join(os.path.dirname(HERE), "src")
+from _cute_child import HERE, PIPELINE_COUNTER, run_child
 
 
 def _flash_attn_cute() -> dict:
@@ -127,7 +124,8 @@ def _kernels(driver: str) -> dict:
     return found
 
 
-CHILD = r"""
+CHILD = (
+    r"""
 import json, os, sys, time
 driver, name, mode, out, ref = sys.argv[1:6]
 sys.path.insert(0, os.environ["CF_BENCH_LIBRARY"])
@@ -136,27 +134,9 @@ t0 = time.perf_counter()
 if mode != "baseline":
     import cuforge.cute
     cuforge.cute.enable()
-import cutlass.cutlass_dsl  # noqa: F401
-from cutlass.base_dsl import dsl as _dsl_mod
-pipeline = {"n": 0, "depth": 0}
-def _count(cls):
-    original = cls.__dict__.get("compile_and_cache")
-    if original is None:
-        return
-    def wrapper(self, *a, **k):
-        pipeline["depth"] += 1
-        if pipeline["depth"] == 1:
-            pipeline["n"] += 1
-        try:
-            return original(self, *a, **k)
-        finally:
-            pipeline["depth"] -= 1
-    cls.compile_and_cache = wrapper
-def _walk(cls):
-    _count(cls)
-    for sub in cls.__subclasses__():
-        _walk(sub)
-_walk(_dsl_mod.BaseDSL)
+"""
+    + PIPELINE_COUNTER
+    + r"""
 import torch
 from cute_real_libraries import _kernels
 result = {"ok": True, "error": None, "same_as_baseline": None}
@@ -184,44 +164,24 @@ if mode != "baseline":
 with open(out, "w") as f:
     json.dump(result, f)
 """
+)
 
 
 def _run(opts: argparse.Namespace, name: str, mode: str, cache_dir: str, ref: str) -> dict:
-    env = dict(os.environ)
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (SRC, env.get("PYTHONPATH", "")) if p)
-    env["CUFORGE_CACHE_DIR"] = cache_dir
-    env["CF_BENCH_LIBRARY"] = os.path.abspath(opts.library)
-    env["CF_BENCH_HERE"] = HERE
-    env["CF_BENCH_ATOL"] = str(opts.atol)
-    env.setdefault("QUACK_CACHE_ENABLED", "0")  # cuforge (or nothing) is the only cache
-    fd, out = tempfile.mkstemp(suffix=".json")
-    os.close(fd)
-    started = time.perf_counter()
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-c", CHILD, opts.driver, name, mode, out, ref],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=opts.timeout,
-        )
-        try:
-            with open(out) as f:
-                result = json.load(f)
-        except (OSError, ValueError):
-            result = {"ok": False, "error": f"no result (exit {proc.returncode})"}
-        stderr = proc.stderr
-        result["not_keyed_before_tracing"] = stderr.count("cannot be keyed before tracing")
-        result["uncached_warnings"] = stderr.count("runs uncached") + stderr.count(
-            "built but not cached"
-        )
-        result["stderr_tail"] = stderr[-3000:]
-    except subprocess.TimeoutExpired:
-        result = {"ok": False, "error": f"timed out after {opts.timeout:.0f} s"}
-    finally:
-        os.unlink(out)
-    result["wall_s"] = round(time.perf_counter() - started, 3)
+    env = {
+        "CUFORGE_CACHE_DIR": cache_dir,
+        "CF_BENCH_LIBRARY": os.path.abspath(opts.library),
+        "CF_BENCH_HERE": HERE,
+        "CF_BENCH_ATOL": str(opts.atol),
+        "QUACK_CACHE_ENABLED": os.environ.get("QUACK_CACHE_ENABLED", "0"),  # the only cache
+    }
+    result = run_child(CHILD, [opts.driver, name, mode], env, opts.timeout)
+    stderr = result.pop("stderr")
+    result["not_keyed_before_tracing"] = stderr.count("cannot be keyed before tracing")
+    result["uncached_warnings"] = stderr.count("runs uncached") + stderr.count(
+        "built but not cached"
+    )
+    result["stderr_tail"] = stderr[-3000:]
     return result
 
 
