@@ -35,7 +35,10 @@ def test_stats_json_counts_entries_bytes_tiers_and_top(cli, cache):
     assert doc["kinds"]["manifest"]["entries"] == 4
     assert doc["max_bytes"] > 0
     disk = doc["tiers"]["disk"]
-    assert disk["puts"] == 8 and disk["misses"] >= 4
+    assert disk["puts"] == 8 and disk["not_found"] >= 4
+    assert doc["lookups"]["misses"] >= 4 and doc["lookups"]["hits"] == sum(
+        t["hits"] for t in doc["tiers"].values()
+    )
     assert isinstance(doc["seconds_saved"], float)
     assert doc["telemetry"]["enabled"] is True
 
@@ -295,7 +298,8 @@ def test_stats_prune_and_clear_cover_the_torch_dirs(cli, cache):
     doc = cli.json("cache", "stats")
     walked = _walk_bytes(root)
     assert abs(doc["dir_bytes"] - walked) <= 0.05 * walked  # as du counts the dir
-    assert doc["bytes"] >= 2 << 20  # the cap holds the torch dirs
+    assert doc["cap_bytes"] >= 2 << 20  # the cap holds the torch dirs
+    assert doc["bytes"] == sum(k["bytes"] for k in doc["kinds"].values())  # entries only
     assert doc["outside"]["torch build dirs"] == {"dirs": 1, "bytes": 1 << 20}
     human = cli("cache", "stats")
     assert "torch module dirs 1.0 MiB (1)" in human.stdout, human.stdout

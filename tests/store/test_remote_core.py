@@ -353,7 +353,7 @@ def test_default_store_read_through_and_backfill(tmp_path, monkeypatch):
     assert st.extra["tiers"]["remote"]["hits"] == 1
     assert st.extra["tiers"]["remote"]["extra"]["url"].startswith("file://")
     tiers = telemetry.summary(str(tmp_path / "b"))["tiers"]
-    assert tiers["remote"]["hits"] == 1 and tiers["remote"]["misses"] == 0
+    assert tiers["remote"]["hits"] == 1 and tiers["remote"]["not_found"] == 0
 
 
 def test_default_store_remotes_without_disk(tmp_path, monkeypatch):

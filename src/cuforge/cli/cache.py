@@ -1,7 +1,7 @@
 """``cuforge cache``: look into, trim, check and move the disk cache.
 
 =========================== ===========================================================
-``stats``                   entries, bytes, hits/misses per tier, compile time saved, top
+``stats``                   entries, bytes, hits per tier and misses, compile time saved, top
 ``ls``                      entries, filtered by name, arch, kind and age
 ``show KEY``                one entry: metadata, compiler log, lowered names, key fields
 ``explain``                 the last cache misses and why they missed
@@ -129,7 +129,11 @@ def run_stats(args: argparse.Namespace) -> int:
         "cache_dir": store.root,
         "format_version": stats.extra.get("format_version"),
         "entries": stats.entries,
-        "bytes": stats.bytes,
+        # the one size: the bytes of the entry files, each its st_size (what `ls -l` and
+        # `cache ls` show), summed; the same in "kinds"
+        "bytes": stats.extra.get("entry_bytes", stats.bytes),
+        # what the cap holds (the entries and the torch extension dirs)
+        "cap_bytes": stats.bytes,
         "max_bytes": store.max_bytes,
         "kinds": kinds,
         # what the cap does not hold, and all of the dir (as `du -sb` counts it)
@@ -139,7 +143,11 @@ def run_stats(args: argparse.Namespace) -> int:
         # why the index was out of date with the entry files on disk (rebuilt), or None
         "index_rebuilt": stats.extra.get("index_rebuilt"),
         "tiers": summ.get("tiers", {}),
+        # the one definition of a hit (telemetry.tally): once, at the tier that answered;
+        # lookups["hits"] is the sum of the tiers' hits, lookups["misses"] the lookups no
+        # tier answered, hit_rate hits / (hits + misses)
         "lookups": summ.get("lookups", {"lookups": 0, "hits": 0, "misses": 0, "builds": 0}),
+        "hit_rate": summ.get("hit_rate"),
         "served": summ.get("served", {}),
         "seconds_saved": summ.get("seconds_saved", 0.0),
         # compile seconds saved on each of the last 14 days, oldest first (today last)
@@ -157,7 +165,7 @@ def run_stats(args: argparse.Namespace) -> int:
         output.emit_json(doc)
         return 0
     cap = store.max_bytes
-    share = f" ({100 * stats.bytes / cap:.1f}% of {output.human_bytes(cap)})" if cap > 0 else ""
+    size = doc["bytes"]
     by_kind = ", ".join(
         f"{k} {v['entries']}" for k, v in sorted(kinds.items(), key=lambda kv: -kv[1]["entries"])
     )
@@ -165,8 +173,17 @@ def run_stats(args: argparse.Namespace) -> int:
     if doc["index_rebuilt"]:
         print(f"index       was out of date ({doc['index_rebuilt']}): rebuilt from the entry files")
     print(f"entries     {stats.entries}" + (f" ({by_kind})" if by_kind else ""))
-    print(f"size        {output.human_bytes(stats.bytes)}{share}")
-    parts = [f"entries {output.human_bytes(stats.extra.get('entry_bytes', stats.bytes))}"]
+    print(
+        f"size        {output.human_bytes(size)} ({size} bytes: the entry files' sizes, "
+        "as `ls -l` and `cuforge cache ls` show them)"
+    )
+    if cap > 0:
+        held = doc["cap_bytes"]
+        print(
+            f"cap         {output.human_bytes(held)} of {output.human_bytes(cap)} "
+            f"({100 * held / cap:.1f}%; the entries and the torch extension dirs)"
+        )
+    parts = [f"entries {output.human_bytes(size)}"]
     for what, row in doc["outside"].items():
         if row["dirs"]:
             parts.append(f"{what} {output.human_bytes(row['bytes'])} ({row['dirs']})")
@@ -189,11 +206,12 @@ def run_stats(args: argparse.Namespace) -> int:
         print(f"counting    since {output.human_time(doc['telemetry']['since'])}")
     chain = doc["lookups"]
     if chain["lookups"] or chain["builds"]:
-        # each lookup of the whole chain once (a miss: every tier missed), each build once
-        rate = f" ({100 * chain['hits'] / chain['lookups']:.0f}%)" if chain["lookups"] else ""
+        # telemetry.tally's counts: a hit once, at the tier that answered; a miss: no tier
+        rate = doc["hit_rate"]
+        shown = f" ({100 * rate:.0f}%)" if rate is not None else ""
         print(
             f"lookups     {chain['lookups']}: {chain['hits']} hit{'s' * (chain['hits'] != 1)}"
-            f"{rate}, {chain['misses']} miss{'es' * (chain['misses'] != 1)}; "
+            f"{shown}, {chain['misses']} miss{'es' * (chain['misses'] != 1)}; "
             f"{chain['builds']} build{'s' * (chain['builds'] != 1)}"
         )
     for kind, row in sorted(doc["served"].items()):
@@ -213,30 +231,38 @@ def run_stats(args: argparse.Namespace) -> int:
             or any(t.startswith("remote") for t in tiers)
             or any(t.get("errors") or t.get("rejected") for t in tiers.values())
         )
+        hits = chain["hits"]
         rows = []
         for tier in sorted(tiers, key=_tier_order):
             t = tiers[tier]
-            lookups = t.get("hits", 0) + t.get("misses", 0)
-            rate = f"{100 * t.get('hits', 0) / lookups:.0f}%" if lookups else "-"
             row = [
                 tier,
                 t.get("hits", 0),
-                t.get("misses", 0),
-                rate,
+                f"{100 * t.get('hits', 0) / hits:.0f}%" if hits else "-",
                 t.get("puts", 0),
                 t.get("evictions", 0),
                 t.get("corrupt", 0),
                 output.human_seconds(t.get("seconds_saved", 0.0)),
             ]
             if with_errors:
-                row[7:7] = [t.get("errors", 0), t.get("rejected", 0)]
+                row[6:6] = [t.get("errors", 0), t.get("rejected", 0)]
             rows.append(tuple(row))
-        headers = ["tier", "hits", "misses", "hit rate", "puts", "evicted", "corrupt", "saved"]
+        total = ["total", hits, "100%" if hits else "-", "", "", ""]
+        total.append(output.human_seconds(doc["seconds_saved"]))
         if with_errors:
-            headers[7:7] = ["errors", "rejected"]
+            total[6:6] = ["", ""]
+        rows.append(tuple(total))
+        miss = ["missed", chain["misses"], "", "", "", "", ""]
+        if with_errors:
+            miss[6:6] = ["", ""]
+        rows.append(tuple(miss))
+        headers = ["tier", "hits", "of hits", "puts", "evicted", "corrupt", "saved"]
+        if with_errors:
+            headers[6:6] = ["errors", "rejected"]
         print()
         print(
-            "per tier (a lookup counts in every tier it reached, a build in every tier it was stored in):"
+            "per tier: a hit counts once, at the tier that answered it; missed: no tier had "
+            "it; a put counts in every tier it was stored in"
         )
         output.table(headers, rows, right=tuple(range(1, len(headers))))
     if doc["top"]:
@@ -322,6 +348,8 @@ def run_ls(args: argparse.Namespace) -> int:
     items = [i for i in store.iterate_index() if match(i)]
     items.sort(key=_SORTS[args.sort])
     total = len(items)
+    # the one size (as `cache stats` counts it): the entry files' sizes, summed
+    matched_bytes = sum(i.size for i in items)
     if args.limit and args.limit > 0:
         items = items[: args.limit]
     if args.json:
@@ -330,6 +358,7 @@ def run_ls(args: argparse.Namespace) -> int:
                 "command": "cache ls",
                 "cache_dir": store.root,
                 "matched": total,
+                "bytes": matched_bytes,
                 "entries": [
                     {
                         "key": i.key,
@@ -366,6 +395,10 @@ def run_ls(args: argparse.Namespace) -> int:
     )
     if total > len(items):
         print(f"... {total - len(items)} more (use --limit 0 for all)")
+    print(
+        f"{total} entr{'ies' if total != 1 else 'y'}, {output.human_bytes(matched_bytes)} "
+        "(the entry files' sizes, as `ls -l` shows them and `cache stats` counts them)"
+    )
     return 0
 
 

@@ -7,10 +7,10 @@ Read from the cache's own records only, never written:
 * the explained misses (:func:`cuforge.keys.explain.recent_misses`);
 * the disk tier's index: the bytes it holds per kind.
 
-A day is a local calendar day. Seconds saved are those of the hits of every tier (one
-lookup hits one tier); the hit rate is the whole chain's, as ``cuforge cache stats``
-counts it (each lookup once: under direct mode, a cold compile is one manifest miss, a
-warm one one kernel hit).
+A day is a local calendar day. Hits, misses, the hit rate and the seconds saved are
+counted by :func:`cuforge.store.telemetry.tally`, as ``cuforge cache stats`` counts them:
+a hit once, at the tier that answered it; a miss, a lookup no tier answered (under direct
+mode, a cold compile is one manifest miss, a warm one one kernel hit).
 Systems are named by the caller (``system_of``: entry kind -> system, such as
 ``cuforge.adapters.switch.system_of_kind``; this layer does not know the adapters);
 cuforge's own kinds are :data:`OWN`.
@@ -192,9 +192,7 @@ def saved_per_day(cache_dir: str, days: int = 14, *, now: float | None = None) -
         i = index.get(datetime.fromtimestamp(t).date())
         if i is None:
             continue
-        for (tier, event, kind), (_count, _nbytes, seconds) in counts.items():
-            if event == "hit" and tier != telemetry.CHAIN and kind != "manifest":
-                out[i] += seconds
+        out[i] += telemetry.tally(counts)["seconds_saved"]
     return out
 
 
@@ -221,15 +219,20 @@ def build_report(
         if i is None:
             continue
         row = rows[i]
-        for (tier, event, kind), (count, nbytes, seconds) in counts.items():
-            if tier == telemetry.CHAIN:
-                slot = {"hit": "hits", "miss": "misses", "build": "builds"}.get(event)
-                if slot is not None:
-                    row[slot] += count
-            elif event == "hit" and seconds > 0:
+        # hits, misses and seconds saved: the one definition (telemetry.tally)
+        counted = telemetry.tally(counts)
+        row["hits"] += counted["hits"]
+        row["misses"] += counted["misses"]
+        for kind, hit in counted["kinds"].items():
+            seconds = hit["seconds_saved"]
+            if seconds > 0:
                 system = _system(kind, system_of)
                 row["saved"][system] = row["saved"].get(system, 0.0) + seconds
                 systems[system] = systems.get(system, 0.0) + seconds
+        for (tier, event, kind), (count, nbytes, _seconds) in counts.items():
+            if tier == telemetry.CHAIN:
+                if event == "build":
+                    row["builds"] += count
             elif event == "put" and kind and tier != "memory":
                 slot = written.setdefault((tier, kind), [0, 0])
                 slot[0] += nbytes

@@ -877,7 +877,10 @@ class DiskStore(Store):
             from cuforge.base.config import settings
 
             if settings().telemetry:
-                shared = _telemetry.summary(self.root)["tiers"].get("disk", {})
+                row = _telemetry.summary(self.root)["tiers"].get("disk", {})
+                # hits: the lookups this tier answered (telemetry.tally); misses: the
+                # lookups that reached it and that it did not have
+                shared = {**row, "misses": row.get("not_found", 0)}
         counters = process if shared is None else shared
         entry_bytes = sum(row["bytes"] for row in kinds.values())
         outside = {

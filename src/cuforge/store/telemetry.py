@@ -3,16 +3,22 @@
 Counted per tier, per entry kind and per entry name, by the stores themselves. Nothing
 ever leaves the machine: the record is a file under ``<cache root>/telemetry/``.
 
-Two views of the same lookups:
+What is recorded, and how it is counted:
 
-* **Per tier** (tier ``"memory"``, ``"disk"``, ``"remote"``...): each tier counts the
-  lookups that reached it, so one lookup that misses three tiers is a miss in each, and
-  one stored entry is a put in each.
+* **Per tier** (tier ``"memory"``, ``"disk"``, ``"remote"``...): each tier records the
+  lookups that reached it (a ``hit`` when it had the entry, a ``miss`` when not) and
+  what was stored in it (a ``put`` in each tier an entry is stored in).
 * **The whole chain** (tier :data:`CHAIN`, recorded by
-  :class:`~cuforge.store.tiered.TieredStore`): one ``hit`` or ``miss`` per lookup of the
-  chain (a miss: every tier missed), one ``build`` per entry built and stored, whatever
-  the number of tiers. :func:`summary` reports it as ``"lookups"``; the names' ``puts``
-  (``builds`` in ``cuforge cache stats``) count builds.
+  :class:`~cuforge.store.tiered.TieredStore`): one ``miss`` per lookup every tier missed,
+  one ``build`` per entry built and stored, whatever the number of tiers (and a ``hit``
+  per lookup some tier answered, kept for older readers of the record).
+
+Every reader counts hits and misses through :func:`tally`, the one definition: a hit is
+a lookup answered by a tier, counted once at the tier that answered it (the first one
+that had it); a miss is a lookup no tier answered; the total of hits is the sum of the
+tiers' hits and the hit rate is hits / (hits + misses). A tier's own ``miss`` events
+(``not_found`` in :func:`summary`) are not misses of the cache. The names' ``puts``
+(``builds`` in ``cuforge cache stats``) count builds.
 
 How it stays cheap and safe:
 
@@ -60,6 +66,7 @@ __all__ = [
     "record",
     "summary",
     "kind_totals",
+    "tally",
     "timeline",
     "flush",
     "telemetry_dir",
@@ -408,15 +415,21 @@ def _merge(into: dict, key: tuple, values) -> None:
 def summary(root: str, *, top: int = TOP) -> dict:
     """Everything recorded under ``root`` (all processes, plus this one's unflushed counts).
 
-    ``{"tiers": {tier: {"hits", "misses", "puts", "corrupt", "evictions", "errors",
-    "rejected", "bytes_hit", "bytes_put", "seconds_saved"}}, "kinds": {kind: {...same...}},
-    "lookups": {"lookups", "hits", "misses", "builds"}, "served": {kind: {"pretrace", "ir",
-    "uncached"}} (calls of an integration by the key that served them), "seconds_saved": float,
-    "top": [{"name", "kind", "hits", "puts", "seconds_saved"}, ...], "since": unix time or
-    None, "enabled": bool, "file": path, "file_bytes": int}``. Per-tier misses carry kind
-    ``""`` (a lookup by key does not know what it looks for). ``tiers`` and ``kinds`` are
-    per tier; ``lookups`` counts each lookup of the whole chain once (``misses``: every
-    tier missed) and each build once (see the module doc); ``top``'s ``puts`` are builds.
+    ``{"tiers": {tier: {"hits", "not_found", "puts", "corrupt", "evictions", "errors",
+    "rejected", "bytes_hit", "bytes_put", "seconds_saved"}}, "kinds": {kind: {...same...,
+    "misses"}}, "lookups": {"lookups", "hits", "misses", "builds"}, "hit_rate": float or
+    None, "served": {kind: {"pretrace", "ir", "uncached"}} (calls of an integration by the
+    key that served them), "seconds_saved": float, "top": [{"name", "kind", "hits", "puts",
+    "seconds_saved"}, ...], "since": unix time or None, "enabled": bool, "file": path,
+    "file_bytes": int}``.
+
+    Hits, misses, the hit rate and the seconds saved are :func:`tally`'s (the one
+    definition): a tier's ``hits`` are the lookups it answered, ``lookups["hits"]`` is the
+    sum of the tiers' hits and ``lookups["misses"]`` the lookups no tier answered. A
+    tier's ``not_found`` counts the lookups that reached it and that it did not have (a
+    lookup answered by a slower tier included): not misses of the cache. ``puts`` are per
+    tier (an entry stored in two tiers is a put in each); ``lookups["builds"]`` and
+    ``top``'s ``puts`` count each build once.
     """
     if _drains and not _draining:
         _drain_all()
@@ -430,55 +443,69 @@ def summary(root: str, *, top: int = TOP) -> dict:
                 _merge(counts, k, c)
             for k, s in agg[1].items():
                 _merge(names, k, s)
+    counted = tally(counts)
     tiers: dict[str, dict] = {}
     kinds: dict[str, dict] = {}
-    saved = 0.0
-    chain = {"hits": 0, "misses": 0, "builds": 0}
+    builds = 0
+    # the events that are not hits or misses, per tier and per kind
     field = {
-        "hit": "hits",
-        "miss": "misses",
+        "miss": "not_found",
         "put": "puts",
         "corrupt": "corrupt",
         "error": "errors",
         "rejected": "rejected",
+        "evict": "evictions",
     }
     served: dict[str, dict[str, int]] = {}
-    for (tier, event, kind), (count, nbytes, seconds) in counts.items():
+
+    def row_of(table: dict, name: str) -> dict:
+        row = table.get(name)
+        if row is None:
+            row = table[name] = {
+                "hits": 0,
+                "not_found": 0,
+                "puts": 0,
+                "corrupt": 0,
+                "evictions": 0,
+                "errors": 0,
+                "rejected": 0,
+                "bytes_hit": 0,
+                "bytes_put": 0,
+                "seconds_saved": 0.0,
+            }
+        return row
+
+    for (tier, event, kind), (count, nbytes, _seconds) in counts.items():
         if tier == CHAIN:
-            slot = {"hit": "hits", "miss": "misses", "build": "builds"}.get(event)
-            if slot is not None:
-                chain[slot] += count
+            if event == "build":
+                builds += count
             continue
         if tier == SERVED:
             if event in SERVED_EVENTS and kind:
-                row = served.setdefault(kind, dict.fromkeys(SERVED_EVENTS, 0))
-                row[event] += count
+                srow = served.setdefault(kind, dict.fromkeys(SERVED_EVENTS, 0))
+                srow[event] += count
             continue
+        slot = field.get(event)
+        if slot is None and event != "hit":
+            slot = "evictions"  # an event of a newer version: as before
         for table, name in ((tiers, tier), (kinds, kind)):
             if table is kinds and not kind:
                 continue
-            row = table.get(name)
-            if row is None:
-                row = table[name] = {
-                    "hits": 0,
-                    "misses": 0,
-                    "puts": 0,
-                    "corrupt": 0,
-                    "evictions": 0,
-                    "errors": 0,
-                    "rejected": 0,
-                    "bytes_hit": 0,
-                    "bytes_put": 0,
-                    "seconds_saved": 0.0,
-                }
-            row[field.get(event, "evictions")] += count
-            if event == "hit":
-                row["bytes_hit"] += nbytes
-                row["seconds_saved"] += seconds
-            elif event == "put":
+            row = row_of(table, name)
+            if slot is not None:
+                row[slot] += count
+            if event == "put":
                 row["bytes_put"] += nbytes
-        if event == "hit":
-            saved += seconds
+    for tier, hit in counted["tiers"].items():
+        row_of(tiers, tier).update(hit)
+    for kind, hit in counted["kinds"].items():
+        if kind:
+            row = row_of(kinds, kind)
+            row["hits"] = hit["hits"]
+            row["seconds_saved"] = hit["seconds_saved"]
+            row["misses"] = hit["misses"]
+    for row in kinds.values():
+        row.setdefault("misses", 0)
     ranked = sorted(
         (kv for kv in names.items() if kv[0][0] != OTHER),
         key=lambda kv: (kv[1][2], kv[1][0]),
@@ -491,9 +518,15 @@ def summary(root: str, *, top: int = TOP) -> dict:
     return {
         "tiers": tiers,
         "kinds": kinds,
-        "lookups": {"lookups": chain["hits"] + chain["misses"], **chain},
+        "lookups": {
+            "lookups": counted["lookups"],
+            "hits": counted["hits"],
+            "misses": counted["misses"],
+            "builds": builds,
+        },
+        "hit_rate": counted["hit_rate"],
         "served": served,
-        "seconds_saved": saved,
+        "seconds_saved": counted["seconds_saved"],
         "top": [
             {"name": n, "kind": k, "hits": s[0], "puts": s[1], "seconds_saved": s[2]}
             for (n, k), s in ranked[:top]
@@ -505,31 +538,86 @@ def summary(root: str, *, top: int = TOP) -> dict:
     }
 
 
+def tally(counts: dict) -> dict:
+    """THE one definition of a hit and of a miss, for every reader of the record:
+    ``cuforge cache stats`` (text and ``--json``), :func:`summary`, :func:`kind_totals`
+    (``cuforge run``), ``cuforge cache report`` and ``cuforge doctor`` all count through
+    this function, and nothing else counts them.
+
+    * A **hit** is a lookup answered by a tier, counted once, at the tier that answered it:
+      the first tier that had the entry (a tier is asked only after every faster one did
+      not have it, and copying a remote hit down into the local tiers is a put there, not
+      a hit). A found direct-mode manifest is not a hit: it leads to the lookup of the
+      entry it names, and that lookup is the one that counts.
+    * A **miss** is a lookup no tier answered (the chain's ``miss``, :data:`CHAIN`, once
+      per lookup, whatever the number of tiers).
+
+    ``counts``: ``{(tier, event, kind): [count, nbytes, seconds_saved]}`` (one flush line
+    of :func:`timeline`, or everything). Returns ``{"tiers": {tier: {"hits", "bytes_hit",
+    "seconds_saved"}}, "kinds": {kind: {"hits", "misses", "seconds_saved"}}, "hits",
+    "misses", "lookups", "hit_rate", "seconds_saved"}``: ``hits`` is the sum of the tiers'
+    rows, ``lookups`` is ``hits + misses`` and ``hit_rate`` ``hits / lookups`` (None
+    without lookups); ``seconds_saved`` are the compile seconds of the hits counted."""
+    tiers: dict[str, dict] = {}
+    kinds: dict[str, dict] = {}
+    misses = 0
+    for (tier, event, kind), (count, nbytes, seconds) in counts.items():
+        if tier == CHAIN:
+            if event == "miss":
+                misses += count
+                row = kinds.get(kind)
+                if row is None:
+                    row = kinds[kind] = {"hits": 0, "misses": 0, "seconds_saved": 0.0}
+                row["misses"] += count
+            continue
+        if event != "hit" or tier == SERVED or kind == "manifest":
+            continue
+        row = tiers.get(tier)
+        if row is None:
+            row = tiers[tier] = {"hits": 0, "bytes_hit": 0, "seconds_saved": 0.0}
+        row["hits"] += count
+        row["bytes_hit"] += nbytes
+        row["seconds_saved"] += seconds
+        row = kinds.get(kind)
+        if row is None:
+            row = kinds[kind] = {"hits": 0, "misses": 0, "seconds_saved": 0.0}
+        row["hits"] += count
+        row["seconds_saved"] += seconds
+    hits = sum(row["hits"] for row in tiers.values())
+    lookups = hits + misses
+    return {
+        "tiers": tiers,
+        "kinds": kinds,
+        "hits": hits,
+        "misses": misses,
+        "lookups": lookups,
+        "hit_rate": hits / lookups if lookups else None,
+        "seconds_saved": float(sum(row["seconds_saved"] for row in tiers.values())),
+    }
+
+
 def kind_totals(root: str) -> dict[str, dict[str, float]]:
     """Per entry kind, everything recorded under ``root`` so far (all processes, flushed):
-    ``{kind: {"hits", "misses", "builds", "seconds_saved"}}``. Hits, misses and builds are
-    the whole chain's (once per lookup, :data:`CHAIN`); seconds saved are the compile
-    seconds of the entries hit, from every tier. Manifests are left out. Two calls around
-    a run give what the run did (``cuforge run``). Reads only; never writes."""
+    ``{kind: {"hits", "misses", "builds", "seconds_saved"}}``. Hits, misses and seconds
+    saved are :func:`tally`'s (a hit once, at the tier that answered it; a miss: no tier
+    answered); builds are the chain's, once each. Manifests and lookups of no kind are
+    left out. Two calls around a run give what the run did (``cuforge run``). Reads only;
+    never writes."""
     counts, _names, _since = _read(os.path.join(telemetry_dir(root), "events.jsonl"))
     totals: dict[str, dict[str, float]] = {}
-    field = {"hit": "hits", "miss": "misses", "build": "builds"}
-    for (tier, event, kind), (count, _nbytes, seconds) in counts.items():
-        if not kind or kind == "manifest":
-            continue
-        if tier == CHAIN:
-            name = field.get(event)
-            if name is None:
-                continue
-            row = totals.setdefault(
-                kind, {"hits": 0, "misses": 0, "builds": 0, "seconds_saved": 0.0}
-            )
-            row[name] += count
-        elif event == "hit":
-            row = totals.setdefault(
-                kind, {"hits": 0, "misses": 0, "builds": 0, "seconds_saved": 0.0}
-            )
-            row["seconds_saved"] += seconds
+
+    def row_of(kind: str) -> dict[str, float]:
+        return totals.setdefault(kind, {"hits": 0, "misses": 0, "builds": 0, "seconds_saved": 0.0})
+
+    for kind, row in tally(counts)["kinds"].items():
+        if kind and kind != "manifest":
+            out = row_of(kind)
+            out["hits"] = row["hits"]
+            out["misses"] = row["misses"]
+            out["seconds_saved"] = row["seconds_saved"]
+    for (tier, event, kind), (count, _nbytes, _seconds) in counts.items():
+        if tier == CHAIN and event == "build" and kind and kind != "manifest":
+            row_of(kind)["builds"] += count
     return totals
 
 

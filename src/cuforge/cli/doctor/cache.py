@@ -160,8 +160,8 @@ def check_cache(p: Probe) -> list[Check]:
 
     row = row_maker("cache.hits", "cache hit rate")
     summ = telemetry.summary(root)
-    # the one definition of a hit, as `cuforge cache stats` counts it: each lookup of the
-    # whole chain once (a hit: some tier answered it; a miss: every tier missed)
+    # the one definition of a hit, as `cuforge cache stats` counts it (telemetry.tally):
+    # once, at the tier that answered it; a miss: no tier answered it
     chain = summ.get("lookups", {})
     hits, misses = chain.get("hits", 0), chain.get("misses", 0)
     lookups = chain.get("lookups", hits + misses)
@@ -171,7 +171,7 @@ def check_cache(p: Probe) -> list[Check]:
     elif lookups == 0:
         rows.append(row("PASS", "no lookups recorded yet", **data))
     else:
-        rate = hits / lookups
+        rate = summ.get("hit_rate") or hits / lookups
         saved = output.human_seconds(summ.get("seconds_saved", 0.0))
         rows.append(
             row(
