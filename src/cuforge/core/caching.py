@@ -409,11 +409,27 @@ class Cache:
     ) -> tuple[Entry | None, str | None]:
         """``(entry, tier name)`` from the first tier that has ``key``: ``"memory"``,
         ``"disk"``, ``"remote"`` (or ``"remote#2"``...), ``"bundle"``; ``(None, None)``."""
-        for where in self.chain:
-            entry, tier = where.get_with_tier(key, kind=kind)
+        store = self.store
+        if store is None:
+            return None, None
+        if not self._bundles:
+            return store.get_with_tier(key, kind=kind)
+        # the writable chain's miss is counted once the bundles have been asked too: a
+        # bundle's answer is a hit of that tier, not a miss (cuforge.store.telemetry.tally)
+        note = getattr(store, "note_other_tier", None)
+        if note is None:
+            entry, tier = store.get_with_tier(key, kind=kind)
+        else:
+            entry, tier = store.get_with_tier(key, kind=kind, count_miss=False)
+        if entry is not None:
+            return entry, tier
+        for bundle in self._bundles:
+            entry, tier = bundle.get_with_tier(key, kind=kind)
             if entry is not None:
-                return entry, tier
-        return None, None
+                break
+        if note is not None:
+            note(key, kind, entry, tier or "bundle")
+        return (entry, tier) if entry is not None else (None, None)
 
     def get(self, key: str, *, kind: str | None = None) -> Entry | None:
         return self.get_with_tier(key, kind=kind)[0]

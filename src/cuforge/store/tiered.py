@@ -77,10 +77,11 @@ class TieredStore(Store):
         return self.get_with_tier(key, kind=kind)[0]
 
     def get_with_tier(
-        self, key: str, *, kind: str | None = None
+        self, key: str, *, kind: str | None = None, count_miss: bool = True
     ) -> tuple[Entry | None, str | None]:
         """(entry, name of the tier that had it) or (None, None). Copies a hit into every
-        faster local tier."""
+        faster local tier. ``count_miss=False``: a miss here is not counted yet (the caller
+        asks read-only tiers next and counts with :meth:`note_other_tier`)."""
         record = self._root is not None
         tiers = self.tiers
         for i, tier in enumerate(tiers):
@@ -105,14 +106,38 @@ class TieredStore(Store):
                     self._chain("hit", entry.kind)
                 return entry, tier.tier
         self.misses += 1
-        if record:
-            missed = self._missed
-            if (kind, key) not in missed:
-                if len(missed) >= _MISSED_MAX:
-                    missed.clear()
-                missed.add((kind, key))
-                self._chain("miss", kind or "")
+        if record and count_miss:
+            self._note_miss(kind, key)
         return None, None
+
+    def note_other_tier(self, key: str, kind: str | None, entry: Entry | None, tier: str) -> None:
+        """Count a lookup that this chain missed (``count_miss=False``) and a read-only tier
+        outside it (a bundle: ``tier``) answered with ``entry``, or nobody (None): a hit of
+        that tier or one miss, by the one definition (:func:`cuforge.store.telemetry.tally`)."""
+        root = self._root
+        if root is None:
+            return
+        if entry is None:
+            self._note_miss(kind, key)
+        elif entry.kind != "manifest":
+            _telemetry.record(
+                root,
+                "hit",
+                tier=tier,
+                kind=entry.kind,
+                name=entry.meta.get("name"),
+                nbytes=len(entry.payload),
+                seconds_saved=entry.meta.get("compile_seconds", 0),
+            )
+            self._chain("hit", entry.kind)
+
+    def _note_miss(self, kind: str | None, key: str) -> None:
+        missed = self._missed
+        if (kind, key) not in missed:
+            if len(missed) >= _MISSED_MAX:
+                missed.clear()
+            missed.add((kind, key))
+            self._chain("miss", kind or "")
 
     def _chain(self, event: str, kind: str, name: object = None) -> None:
         _telemetry.record(
