@@ -109,8 +109,10 @@ class TieredStore(Store):
                     if len(hits) >= _BUFFER:
                         self._drain()
             if entry is not None:
-                if self._kept[i] and "signer_kid" in entry.meta and self._refuse(tier, entry):
-                    continue  # a copy its signer's revocation took back: a miss here
+                if self._kept[i]:
+                    kid = entry.meta.get("signer_kid")
+                    if kid is not None and self._refuse(tier, entry, kid):
+                        continue  # a copy its signer's revocation took back: a miss here
                 # a copy of what a slower tier keeps: losing it costs one fetch, so the
                 # disk tier skips fsync (~1 ms of a ~3 ms remote hit)
                 for faster in tiers[:i]:
@@ -131,7 +133,7 @@ class TieredStore(Store):
                 self._chain("miss", kind or "")
         return None, None
 
-    def _refuse(self, tier: Store, entry: Entry) -> bool:
+    def _refuse(self, tier: Store, entry: Entry, kid: object) -> bool:
         """Whether ``entry``, a hit of the local ``tier``, was signed by a key the current
         keyring revokes (then it is deleted from ``tier`` and warned about once per key).
         A lookup by key id: no signature is verified. Raises ConfigError for a keyring that
@@ -139,8 +141,7 @@ class TieredStore(Store):
         revoked = self._revoked
         if revoked is None:
             revoked = self._revoked = _revoked_keys()
-        kid = entry.meta.get("signer_kid")
-        if not revoked or not isinstance(kid, str) or kid not in revoked:
+        if not revoked or type(kid) is not str or kid not in revoked:
             return False
         tier.delete(entry.key)
         self.refused_revoked += 1

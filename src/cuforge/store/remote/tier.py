@@ -278,7 +278,8 @@ class RemoteStore(Store):
                 self.verified += 1
             else:
                 self.vouched += 1
-            _remember(self._digests, key, seen["sha256"])
+            if self.signer is not None:  # (only a manifest this tier signs names it)
+                _remember(self._digests, key, seen["sha256"])
             if sealed is not None:
                 self._vouch(sealed, meta)
         if self.secret is None and self.keyring is None:
