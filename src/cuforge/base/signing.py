@@ -23,10 +23,15 @@ Signatures are canonical: 128 lowercase hex digits, nothing else.
 
 What is signed: for a remote entry, the length-prefixed ``(domain, namespace, kind, key,
 SHA-256 of the entry bytes)``, so a signature is valid for exactly one ``(kind, key)``
-and one payload (a signed entry replayed under another key is refused); for a bundle, the
-SHA-256 of its canonical index without the signature (which lists every payload's SHA-256
-and meta). A signature names its key by ``kid`` (the first 16 hex digits of the SHA-256 of
+and one payload (a signed entry replayed under another key is refused; a signed
+direct-mode manifest names the SHA-256 of the entries it leads to, so a remote hit of a
+kernel verifies one signature, the manifest's: :mod:`cuforge.store.remote.tier`); for a
+bundle, the SHA-256 of its canonical index without the signature (which lists every
+payload's SHA-256 and meta). A signature names its key by ``kid`` (the first 16 hex digits of the SHA-256 of
 the public key); the signer's *name* a reader reports is the one in its own keyring.
+A verified entry copied into the local cache records both (``meta["signer"]``,
+``meta["signer_kid"]``); a local hit verifies nothing, and refuses the copy when the current
+keyring revokes that kid (a lookup, :class:`cuforge.store.tiered.TieredStore`).
 
 ``cryptography`` (``pip install 'cuforge[sign]'``) is imported on the first signature
 made or checked, never by ``import cuforge`` nor by a process without a keyring.

@@ -150,12 +150,24 @@ def run_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _drop_local(args: argparse.Namespace, name: str) -> int:
-    """Delete the local cache's entries ``name`` signed; how many."""
+def _drop_local(args: argparse.Namespace, name: str, path: str) -> int:
+    """Delete the local cache's entries the key ``name`` (a name or a kid of the keyring
+    at ``path``) signed, found by the signer's kid they recorded (or, for entries copied
+    before kids were recorded, by its name); how many."""
+    from cuforge.base.signing import load_keyring_text, parse_keyring
     from cuforge.cli.cache import _store
 
+    ring = parse_keyring(load_keyring_text(path), path)
+    kids = {k.kid for k in ring.keys if k.name == name or k.kid == name}
+    names = {k.name for k in ring.keys if k.kid in kids}
     store = _store(args)
-    doomed = [i.key for i in store.iterate() if (i.meta or {}).get("signer") == name]
+    doomed = []
+    for info in store.iterate():
+        meta = info.meta or {}
+        kid = meta.get("signer_kid")
+        signed_by_it = kid in kids if isinstance(kid, str) else meta.get("signer") in names
+        if signed_by_it:
+            doomed.append(info.key)
     return sum(1 for key in doomed if store.delete(key))
 
 
@@ -169,7 +181,7 @@ def run_revoke(args: argparse.Namespace) -> int:
     if not changed:
         output.error(f"{path} has no trusted key named {args.name!r} (`cuforge keys list`)")
         return 1
-    dropped = 0 if args.keep_local else _drop_local(args, args.name)
+    dropped = 0 if args.keep_local else _drop_local(args, args.name, path)
     if args.json:
         output.emit_json(
             {"command": "keys revoke", "name": args.name, "keyring": path, "dropped": dropped}

@@ -26,6 +26,10 @@ payload and this meta::
      "variants": [{"headers": {path: digest}, "probes": [path, ...], "for": target,
                    "digest": payload digest (only when recorded)}, ...]}
 
+A signing remote tier adds ``"sealed": {target: sha256}`` to the copy it signs (the
+digest of each target's remote entry, so that one verified signature covers the manifest
+and the entry it leads to: :mod:`cuforge.store.remote.tier`); readers drop it.
+
 The meta is validated when read: an entry of any other shape counts as no manifest (a
 miss, then a compile that writes a good one), never as an error.
 

@@ -382,6 +382,7 @@ class BundleStore(Store):
     def _check_signature(self, doc: dict[str, Any], rows: dict[str, dict[str, Any]]) -> None:
         """Refuse a bundle the keyring does not accept; name the signer in every row."""
         keyring = self._keyring
+        kid = None
         if keyring is not None:
             from cuforge.base.signing import Untrusted, bundle_message
 
@@ -397,10 +398,13 @@ class BundleStore(Store):
                     "(CUFORGE_TRUSTED_KEYS). Sign it with `CUFORGE_SIGNING_KEY=KEYFILE "
                     "cuforge build --bundle` using a key the keyring trusts"
                 ) from None
+            kid = sig.get("kid")
         for row in rows.values():
             row["meta"].pop("signer", None)  # only a checked signature names a writer
+            row["meta"].pop("signer_kid", None)
             if self.signer is not None:
                 row["meta"]["signer"] = self.signer
+                row["meta"]["signer_kid"] = kid
 
     def _read(self, key: str) -> bytes:
         """The payload of ``key``, copied out of the file and then checked: the bytes

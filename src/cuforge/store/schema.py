@@ -10,9 +10,10 @@ deleted and rebuilt, ``verify`` reports it and ``verify --repair`` removes it.
 The rules (a field marked *typed* may be absent, but when present must have that type):
 
 * every kind: ``meta`` is a JSON object with string keys; ``name`` (str), ``arch`` (str),
-  ``backend`` (str), ``output`` (str), ``log`` (str), ``compile_seconds`` (a finite
-  number >= 0, not a bool), ``lowered_names`` (object of str -> str), ``key_fields``
-  (object), ``header_paths`` (list of str) are *typed*.
+  ``backend`` (str), ``output`` (str), ``log`` (str), ``signer`` and ``signer_kid`` (str:
+  the name and key id of the key that verified an entry a remote or bundle delivered),
+  ``compile_seconds`` (a finite number >= 0, not a bool), ``lowered_names`` (object of
+  str -> str), ``key_fields`` (object), ``header_paths`` (list of str) are *typed*.
 * ``"kernel"``: the above (the pipeline writes all of them).
 * ``"manifest"`` (the shared format of :mod:`cuforge.core.direct_mode`): ``variants``
   (*typed*): a list of variant objects, each with ``headers`` (object of str -> str),
@@ -81,7 +82,7 @@ def is_native(kind: str, meta: Any) -> bool:
     return kind == "triton" and isinstance(meta, dict) and bool(meta.get("native_module"))
 
 
-_STR_FIELDS = ("name", "arch", "backend", "output", "log")
+_STR_FIELDS = ("name", "arch", "backend", "output", "log", "signer", "signer_kid")
 
 
 def _is_str_map(value: Any) -> bool:

@@ -45,6 +45,14 @@ class TieredStore(Store):
 
     So one cold process (compile and store) and one warm one (served from the cache) read
     2 lookups, 1 hit, 1 build.
+
+    Revoked signers: an entry a remote delivered after checking its signature carries the
+    signer's key id (``meta["signer_kid"]``) into the local tiers. A hit of such an entry
+    in a local tier other than memory (the disk; memory holds only what this process
+    already checked) looks the key id up among the keys ``CUFORGE_TRUSTED_KEYS`` revokes
+    (read on the first such hit, once per store: no signature is verified); a revoked one
+    is refused: deleted from that tier, counted (``refused_revoked``), one warning per key
+    and process, and the lookup goes on to the slower tiers (a miss, then a build).
     """
 
     tier = "tiered"
@@ -70,6 +78,13 @@ class TieredStore(Store):
         # (kind, key) that missed the whole chain and were not stored since (counted once)
         self._missed: set[tuple[str | None, str]] = set()
         self._pid = os.getpid()
+        #: per tier: whether its hits are checked against revoked signers (local tiers
+        #: that outlive the process: not memory, not a remote, not a bundle)
+        self._kept = tuple(t.tier not in ("memory", "remote", "bundle") for t in self.tiers)
+        #: kid -> name of the keys the current keyring revokes (None: not read yet)
+        self._revoked: dict[str, str] | None = None
+        #: local entries refused because their recorded signer is revoked
+        self.refused_revoked = 0
         if self._root is not None:
             _telemetry.add_drain(self._drain)
 
@@ -95,6 +110,10 @@ class TieredStore(Store):
                     if len(hits) >= _BUFFER:
                         self._drain()
             if entry is not None:
+                if self._kept[i]:
+                    kid = entry.meta.get("signer_kid")
+                    if kid is not None and self._refuse(tier, entry, kid):
+                        continue  # a copy its signer's revocation took back: a miss here
                 # a copy of what a slower tier keeps: losing it costs one fetch, so the
                 # disk tier skips fsync (~1 ms of a ~3 ms remote hit)
                 for faster in tiers[:i]:
@@ -138,6 +157,38 @@ class TieredStore(Store):
                 missed.clear()
             missed.add((kind, key))
             self._chain("miss", kind or "")
+
+    def _refuse(self, tier: Store, entry: Entry, kid: object) -> bool:
+        """Whether ``entry``, a hit of the local ``tier``, was signed by a key the current
+        keyring revokes (then it is deleted from ``tier`` and warned about once per key).
+        A lookup by key id: no signature is verified. Raises ConfigError for a keyring that
+        cannot be read or trusted (as a remote or a bundle opened with it would)."""
+        revoked = self._revoked
+        if revoked is None:
+            revoked = self._revoked = _revoked_keys()
+        if not revoked or type(kid) is not str or kid not in revoked:
+            return False
+        tier.delete(entry.key)
+        self.refused_revoked += 1
+        if self._root is not None:
+            _telemetry.record(self._root, "rejected", tier=tier.tier, kind=entry.kind, name=None)
+        if kid not in _warned_revoked:
+            _warned_revoked.add(kid)
+            import logging
+
+            name = entry.meta.get("name")
+            logging.getLogger("cuforge").warning(
+                "cuforge: refused the local copy of %s %r (key %s...): it was signed by %r "
+                "(kid %s), a key CUFORGE_TRUSTED_KEYS revokes; it is deleted and counts as a "
+                "miss (rebuilt or fetched again). Entries of that key are refused the same "
+                "way; shown once per process.",
+                entry.kind,
+                name if isinstance(name, str) else "?",
+                entry.key[:16],
+                revoked[kid],
+                kid,
+            )
+        return True
 
     def _chain(self, event: str, kind: str, name: object = None) -> None:
         _telemetry.record(
@@ -208,7 +259,7 @@ class TieredStore(Store):
             puts=self.puts,
             evictions=sum(s.evictions for s in per),
             corrupt=sum(s.corrupt for s in per),
-            extra={"tiers": named},
+            extra={"tiers": named, "refused_revoked": self.refused_revoked},
         )
 
     def _drain(self) -> None:
@@ -255,3 +306,18 @@ class TieredStore(Store):
 _BUFFER = 1024
 #: missed keys remembered (so a re-check does not count twice) before starting over
 _MISSED_MAX = 4096
+
+#: the revoked key ids already warned about in this process
+_warned_revoked: set[str] = set()
+
+
+def _revoked_keys() -> dict[str, str]:
+    """kid -> name of every key ``CUFORGE_TRUSTED_KEYS`` revokes ({} when it is unset)."""
+    from cuforge.base.config import settings
+
+    path = settings().trusted_keys
+    if not path:
+        return {}
+    from cuforge.base.signing import configured_keyring
+
+    return {k.kid: k.name for k in configured_keyring(path).keys if k.revoked}

@@ -25,7 +25,15 @@ HMAC signature (when a key is set: unsigned or badly signed values are refused; 
 key a signature is not checked, the digest still is), the Ed25519 signature (when a keyring
 is given: unsigned, unknown-key, revoked-key and bad signatures are refused), then the
 entry's own checksum and schema. With a keyring, the entry's ``meta["signer"]`` is the
-trusted name of its signer (a ``signer`` the writer put there is never kept).
+trusted name of its signer and ``meta["signer_kid"]`` its key id (a ``signer`` or
+``signer_kid`` the writer put there is never kept).
+
+One signature per direct-mode hit: a signed manifest's meta may carry ``"sealed"``,
+``{target key: sha256 of its envelope's entry bytes}`` (written by the remote tier for the
+entries it sealed or verified, :class:`~cuforge.store.remote.tier.RemoteStore`). Once the
+manifest's own signature is verified, an entry whose bytes have exactly that digest is
+covered by it (``open_envelope(..., vouched=...)``): the Ed25519 check is not repeated.
+Bytes with any other digest are checked as usual, so nothing unsigned is served.
 :attr:`Rejected.trust` tells trust failures (namespace, signature) from damage.
 """
 
@@ -51,6 +59,7 @@ __all__ = [
     "Rejected",
     "namespace",
     "seal",
+    "seal_with_digest",
     "open_envelope",
     "signature",
 ]
@@ -95,6 +104,15 @@ def seal(
 ) -> bytes:
     """The envelope holding ``entry`` (HMAC-signed when ``secret`` is given, Ed25519-signed
     when ``signer`` is)."""
+    return seal_with_digest(entry, ns, secret, signer)[0]
+
+
+def seal_with_digest(
+    entry: Entry, ns: str, secret: bytes | None = None, signer: SigningKey | None = None
+) -> tuple[bytes, str]:
+    """:func:`seal`, and the header's ``sha256`` (the hex SHA-256 of the entry bytes): what
+    a signed manifest names to vouch for this envelope (:func:`open_envelope`'s
+    ``vouched``)."""
     import hashlib
     import json
 
@@ -111,7 +129,8 @@ def seal(
         header["ed25519"] = signer.sign(entry_message(ns, entry.kind, entry.key, digest))
         header["kid"] = signer.kid
     raw = json.dumps(header, separators=(",", ":")).encode()
-    return b"".join((MAGIC, bytes((VERSION,)), len(raw).to_bytes(4, "little"), raw, body))
+    data = b"".join((MAGIC, bytes((VERSION,)), len(raw).to_bytes(4, "little"), raw, body))
+    return data, digest
 
 
 def _check_prefix(head, total: int, max_bytes: int) -> int:
@@ -188,10 +207,18 @@ def open_envelope(
     secret: bytes | None = None,
     max_bytes: int | None = None,
     keyring: Keyring | None = None,
+    vouched: tuple[str, str, str] | None = None,
+    seen: dict | None = None,
 ) -> tuple[dict, bytes]:
     """``(entry header {"key", "kind", "meta", "created"}, payload)`` of a value read for
     ``(kind, key)``. Raises :class:`Rejected` (see the module doc for the checks). Copies
-    nothing but the payload it returns (``data`` may be a bytearray or memoryview)."""
+    nothing but the payload it returns (``data`` may be a bytearray or memoryview).
+
+    ``vouched``: ``(sha256, signer name, signer kid)`` that a manifest verified with
+    ``keyring`` names for this ``key``; when the entry's SHA-256 (computed here) is that
+    one, the manifest's signature covers these bytes and the Ed25519 check is not made
+    again (any other bytes are checked as usual). ``seen``: a dict that gets ``sha256``
+    (the entry's digest) and ``verified`` (whether an Ed25519 signature was verified)."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise Rejected(f"the backend returned {type(data).__name__}, not bytes")
     view = memoryview(data).cast("B")
@@ -212,17 +239,24 @@ def open_envelope(
             raise Rejected("unsigned, and CUFORGE_REMOTE_KEY requires signed entries", trust=True)
         if not hmac.compare_digest(sig, signature(secret, ns, kind, key, digest)):
             raise Rejected("bad signature (written with another key?)", trust=True)
-    signer = None
+    signer = kid = None
+    verified = False
     if keyring is not None:
-        signing = _signing or _load_signing()
-        try:
-            signer = keyring.check(
-                header.get("ed25519"),
-                header.get("kid"),
-                signing.entry_message(ns, kind, key, digest),
-            )
-        except signing.Untrusted as exc:
-            raise Rejected(exc.reason, trust=True) from None
+        if vouched is not None and hmac.compare_digest(digest, vouched[0]):
+            _, signer, kid = vouched  # these exact bytes are named by a verified signature
+        else:
+            signing = _signing or _load_signing()
+            kid = header.get("kid")
+            try:
+                signer = keyring.check(
+                    header.get("ed25519"), kid, signing.entry_message(ns, kind, key, digest)
+                )
+            except signing.Untrusted as exc:
+                raise Rejected(exc.reason, trust=True) from None
+            verified = True
+    if seen is not None:
+        seen["sha256"] = digest
+        seen["verified"] = verified
     from cuforge.store.disk import CorruptEntry, decode_entry
 
     try:
@@ -233,8 +267,11 @@ def open_envelope(
         raise Rejected("the entry inside names another key or kind")
     meta = obj.get("meta")
     if isinstance(meta, dict):
-        # provenance: only a signature this reader checked names a writer
+        # provenance: only a signature this reader checked names a writer (by the name
+        # of its own keyring, and by key id: a local hit refuses a key revoked since)
         meta.pop("signer", None)
+        meta.pop("signer_kid", None)
         if signer is not None:
             meta["signer"] = signer
+            meta["signer_kid"] = kid
     return obj, payload

@@ -27,6 +27,12 @@ What it adds to the backend, in one place:
   a miss, counted as ``rejected`` and ``refused_native``, one warning per tier, a line per
   refusal under ``CUFORGE_VERBOSE`` / ``CUFORGE_EXPLAIN``; the caller builds it locally.
   ``CUFORGE_REMOTE_NATIVE=allow`` serves them anyway. Signed tiers serve them.
+* **One signature per direct-mode hit**: a manifest this tier signs carries ``sealed``, the
+  SHA-256 of the entry bytes of each variant's target this tier sealed (or read and
+  verified) in this process; once a manifest's signature is verified with the keyring, a
+  target whose bytes have exactly that digest is covered by it and not verified again
+  (counted as ``vouched``; ``verified`` counts the signatures checked). Bytes with any
+  other digest are checked as usual. ``sealed`` is dropped from the meta a reader returns.
 * **Lazy**: building the tier checks the URL only; the backend imports its client library
   and connects on the first ``get`` / ``put`` (a process that hits a local tier never
   pays for the remote). A client library found missing or broken then
@@ -117,6 +123,14 @@ class RemoteStore(Store):
         self.errors = self.rejected = 0
         #: native host code entries refused because this tier checks no signature
         self.refused_native = 0
+        #: Ed25519 signatures verified (one per checked value), and values a verified
+        #: manifest's signature covered (no second verification: see _vouch)
+        self.verified = self.vouched = 0
+        #: key -> SHA-256 of envelope bytes known good here: sealed by this tier's signing
+        #: key, or read and checked with its keyring (what a manifest it signs may name)
+        self._digests: dict[str, str] = {}
+        #: key -> (SHA-256, signer name, kid) named by a manifest verified with the keyring
+        self._vouches: dict[str, tuple[str, str, str]] = {}
         #: calls not made because the breaker was open
         self.skipped = 0
         self.last_error: str | None = None
@@ -232,6 +246,8 @@ class RemoteStore(Store):
             return None
         from cuforge.store.remote.envelope import Rejected, open_envelope
 
+        keyring = self.keyring
+        seen: dict = {}
         try:
             obj, payload = open_envelope(
                 data,
@@ -240,7 +256,9 @@ class RemoteStore(Store):
                 key=key,
                 secret=self.secret,
                 max_bytes=self.max_bytes,
-                keyring=self.keyring,
+                keyring=keyring,
+                vouched=self._vouches.get(key) if keyring is not None else None,
+                seen=seen,
             )
             meta = obj["meta"]
         except Rejected as exc:
@@ -254,6 +272,16 @@ class RemoteStore(Store):
         finally:
             del data  # the remote's buffer: the payload is a copy
         self.breaker.success(seconds)
+        sealed = meta.pop("sealed", None) if kind == "manifest" else None
+        if keyring is not None:
+            if seen.get("verified"):
+                self.verified += 1
+            else:
+                self.vouched += 1
+            if self.signer is not None:  # (only a manifest this tier signs names it)
+                _remember(self._digests, key, seen["sha256"])
+            if sealed is not None:
+                self._vouch(sealed, meta)
         if self.secret is None and self.keyring is None:
             if _is_native(kind, meta) and not _settings().remote_native:
                 self._refused_native(kind, key, meta)
@@ -264,6 +292,37 @@ class RemoteStore(Store):
         self.hits += 1
         self._record("hit", kind, meta.get("name"), len(payload), meta.get("compile_seconds", 0.0))
         return Entry(key, kind, payload, meta)
+
+    def _vouch(self, sealed: object, meta: dict) -> None:
+        """Remember what the verified manifest whose meta is ``meta`` vouches for:
+        ``sealed`` maps an entry key to the SHA-256 of its envelope's entry bytes; a later
+        read of one of those keys whose bytes have that digest is covered by the manifest's
+        signature (one verification per direct-mode hit, not two). Malformed: ignored."""
+        if not isinstance(sealed, dict) or len(sealed) > _MAX_SEALED:
+            return
+        signer, kid = meta.get("signer"), meta.get("signer_kid")
+        if not isinstance(signer, str) or not isinstance(kid, str):
+            return
+        for target, digest in sealed.items():
+            if isinstance(target, str) and isinstance(digest, str) and len(digest) == 64:
+                _remember(self._vouches, target, (digest, signer, kid))
+
+    def _sealed_manifest(self, entry: Entry) -> Entry:
+        """``entry`` (a manifest this tier signs) with ``meta["sealed"]``: the digest of
+        each variant's target this tier knows the good bytes of (a copy; the local tiers
+        keep the manifest as written)."""
+        variants = entry.meta.get("variants")
+        if not isinstance(variants, list) or not self._digests:
+            return entry
+        known = self._digests
+        sealed = {}
+        for v in variants[:_MAX_SEALED]:
+            target = v.get("for") if isinstance(v, dict) else None
+            if isinstance(target, str) and target in known:
+                sealed[target] = known[target]
+        if not sealed:
+            return entry
+        return Entry(entry.key, entry.kind, entry.payload, {**entry.meta, "sealed": sealed})
 
     def _refused_native(self, kind: str, key: str, meta: dict) -> None:
         """An entry of native host code from this unsigned tier: not served (the caller
@@ -358,10 +417,13 @@ class RemoteStore(Store):
             return False  # (a keyring without a signing key: readers would refuse it)
         if not self._allow():
             return False
-        from cuforge.store.remote.envelope import seal
+        from cuforge.store.remote.envelope import seal_with_digest
 
+        signer = self.signer
+        if signer is not None and entry.kind == "manifest":
+            entry = self._sealed_manifest(entry)
         try:
-            data = seal(entry, self.namespace, self.secret, self.signer)
+            data, digest = seal_with_digest(entry, self.namespace, self.secret, signer)
         except (TypeError, ValueError) as exc:  # meta that is not JSON: the disk tier's bug too
             self._failed("put", exc)
             return False
@@ -375,6 +437,8 @@ class RemoteStore(Store):
             return False
         self.breaker.success(monotonic() - start)
         self.puts += 1
+        if signer is not None:
+            _remember(self._digests, entry.key, digest)
         self._record("put", entry.kind, entry.meta.get("name"), len(entry.payload))
         return True
 
@@ -455,6 +519,8 @@ class RemoteStore(Store):
                 "breaker": self.breaker.state(),
                 "skipped": self.skipped,
                 "refused_native": self.refused_native,
+                "verified": self.verified,
+                "vouched": self.vouched,
                 "last_error": self.last_error,
                 "unavailable": self.unavailable,
             },
@@ -469,3 +535,15 @@ class RemoteStore(Store):
 
     def __repr__(self) -> str:
         return f"RemoteStore({self.url!r}{', read-only' if self.readonly else ''})"
+
+
+#: the most targets a manifest's ``sealed`` map names (a manifest has at most 8 variants)
+_MAX_SEALED = 64
+#: entries remembered per map (_digests, _vouches) before it starts over
+_REMEMBERED = 16384
+
+
+def _remember(table: dict, key: str, value) -> None:
+    if len(table) >= _REMEMBERED and key not in table:
+        table.clear()
+    table[key] = value
