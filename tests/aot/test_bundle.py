@@ -68,6 +68,12 @@ def test_load_bundle_serves_in_place_without_copying(project, bundle, tmp_path):
     # nothing was copied into the cache dir
     entries = os.path.join(cache, "v1", "entries")
     assert not os.path.isdir(entries) or not any(files for _, _, files in os.walk(entries))
+    # each lookup the bundle answered is one hit of tier "bundle", never a miss (issue 36)
+    done = cli(project, "cache", "stats", "--json", CUFORGE_CACHE_DIR=cache)
+    assert done.returncode == 0, done.stderr
+    stats = json.loads(done.stdout)
+    assert stats["tiers"].get("bundle", {}).get("hits") == 8, (stats["tiers"], stats["lookups"])
+    assert (stats["lookups"]["hits"], stats["lookups"]["misses"]) == (8, 0), stats["lookups"]
 
 
 def test_strict_mode_with_a_bundle_names_the_missing_variant(project, bundle, tmp_path):

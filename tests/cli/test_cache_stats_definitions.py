@@ -111,3 +111,20 @@ def test_stats_size_is_the_sum_of_the_entry_files_st_size(tmp_path):
     assert sum(e["size"] for e in listed["entries"]) == listed["bytes"] == size
     human = cli("cache", "stats").stdout
     assert f"({size} bytes: the entry files' sizes" in human, human
+
+
+def test_a_lookup_a_bundle_answers_is_a_bundle_hit_not_a_miss(tmp_path):
+    from cuforge.aot.bundle import write_bundle
+
+    bundle = tmp_path / "app.cfb"
+    write_bundle(bundle, [_entry(_key("bundle", i), i) for i in range(2)])
+    cache_dir = str(tmp_path / "cache")
+    cache = cuforge.Cache(cache_dir, memory=False)
+    cache.add_bundle(bundle)
+    for i in range(2):
+        assert cache.get_with_tier(_key("bundle", i), kind="kernel")[1] == "bundle"
+    assert cache.get_with_tier(_key("absent", 0), kind="kernel") == (None, None)
+    telemetry.flush(cache_dir)
+    doc = Cli(cache_dir).json("cache", "stats")
+    assert doc["tiers"]["bundle"]["hits"] == 2, doc["tiers"]
+    assert (doc["lookups"]["hits"], doc["lookups"]["misses"]) == (2, 1), doc["lookups"]

@@ -33,6 +33,7 @@ unreachable (then it is skipped, bounded by its timeouts); the memory tier is pe
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from _contextvars import ContextVar
@@ -414,22 +415,29 @@ class Cache:
             return None, None
         if not self._bundles:
             return store.get_with_tier(key, kind=kind)
-        # the writable chain's miss is counted once the bundles have been asked too: a
-        # bundle's answer is a hit of that tier, not a miss (cuforge.store.telemetry.tally)
-        note = getattr(store, "note_other_tier", None)
-        if note is None:
+        with self.counted_lookup() as answered:
             entry, tier = store.get_with_tier(key, kind=kind)
-        else:
-            entry, tier = store.get_with_tier(key, kind=kind, count_miss=False)
-        if entry is not None:
-            return entry, tier
-        for bundle in self._bundles:
-            entry, tier = bundle.get_with_tier(key, kind=kind)
             if entry is not None:
-                break
-        if note is not None:
-            note(key, kind, entry, tier or "bundle")
-        return (entry, tier) if entry is not None else (None, None)
+                return entry, tier
+            for bundle in self._bundles:
+                entry, tier = bundle.get_with_tier(key, kind=kind)
+                if entry is not None:
+                    answered(entry, tier or "bundle")
+                    return entry, tier
+        return None, None
+
+    @contextlib.contextmanager
+    def counted_lookup(self) -> Iterator[Callable[[Entry, str], None]]:
+        """A lookup that walks :attr:`chain` past the writable tiers: the writable chain's
+        misses wait, and a bundle's answer (reported through the function it yields, with
+        ``(entry, tier name)``) is one hit of that tier instead of a miss; with no answer,
+        the misses count (``cuforge cache stats``: one definition of a hit)."""
+        held = getattr(self.store, "misses_held", None)
+        if not self._bundles or held is None:
+            yield lambda entry, tier: None
+            return
+        with held() as answered:
+            yield answered
 
     def get(self, key: str, *, kind: str | None = None) -> Entry | None:
         return self.get_with_tier(key, kind=kind)[0]

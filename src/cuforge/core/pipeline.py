@@ -646,16 +646,21 @@ def _lookup(
     mkey = manifest_key(base_digest)
     entry = None
     # the writable chain, then each bundle: a manifest and its entry come from one place
-    for where in cache.chain:
-        found = match(read_variants(where, mkey), lambda p: real_path(p, root))
-        if found is None:
-            continue  # no manifest, or every header set it remembers has changed since
-        variant, current, sigs = found
-        final = _final_key(base, current)
-        key = final.hexdigest()
-        entry, tier = where.get_with_tier(key, kind="kernel")
-        if entry is not None:
-            break
+    store = cache.store
+    # a bundle's answer is one hit of the bundle, not a miss of the writable tiers before it
+    with cache.counted_lookup() as answered:
+        for where in cache.chain:
+            found = match(read_variants(where, mkey), lambda p: real_path(p, root))
+            if found is None:
+                continue  # no manifest, or every header set it remembers has changed since
+            variant, current, sigs = found
+            final = _final_key(base, current)
+            key = final.hexdigest()
+            entry, tier = where.get_with_tier(key, kind="kernel")
+            if entry is not None:
+                if where is not store:
+                    answered(entry, tier or "bundle")
+                break
     if entry is None:
         return None
     probes = [real_path(p, root) for p in variant.probes]

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 
 from cuforge.store import telemetry as _telemetry
 from cuforge.store.base import Entry, EntryInfo, Store, StoreStats
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: see docs/architecture.md, the warm path
 if TYPE_CHECKING:  # pragma: no cover
-    from collections.abc import Iterator, Sequence
+    from collections.abc import Callable, Iterator, Sequence
 
 
 __all__ = ["TieredStore"]
@@ -78,6 +80,8 @@ class TieredStore(Store):
         # (kind, key) that missed the whole chain and were not stored since (counted once)
         self._missed: set[tuple[str | None, str]] = set()
         self._pid = os.getpid()
+        #: this thread's held misses (:meth:`misses_held`)
+        self._hold = threading.local()
         #: per tier: whether its hits are checked against revoked signers (local tiers
         #: that outlive the process: not memory, not a remote, not a bundle)
         self._kept = tuple(t.tier not in ("memory", "remote", "bundle") for t in self.tiers)
@@ -92,11 +96,10 @@ class TieredStore(Store):
         return self.get_with_tier(key, kind=kind)[0]
 
     def get_with_tier(
-        self, key: str, *, kind: str | None = None, count_miss: bool = True
+        self, key: str, *, kind: str | None = None
     ) -> tuple[Entry | None, str | None]:
         """(entry, name of the tier that had it) or (None, None). Copies a hit into every
-        faster local tier. ``count_miss=False``: a miss here is not counted yet (the caller
-        asks read-only tiers next and counts with :meth:`note_other_tier`)."""
+        faster local tier."""
         record = self._root is not None
         tiers = self.tiers
         for i, tier in enumerate(tiers):
@@ -125,32 +128,49 @@ class TieredStore(Store):
                     self._chain("hit", entry.kind)
                 return entry, tier.tier
         self.misses += 1
-        if record and count_miss:
+        if record:
             self._note_miss(kind, key)
         return None, None
 
-    def note_other_tier(self, key: str, kind: str | None, entry: Entry | None, tier: str) -> None:
-        """Count a lookup that this chain missed (``count_miss=False``) and a read-only tier
-        outside it (a bundle: ``tier``) answered with ``entry``, or nobody (None): a hit of
-        that tier or one miss, by the one definition (:func:`cuforge.store.telemetry.tally`)."""
-        root = self._root
-        if root is None:
-            return
-        if entry is None:
-            self._note_miss(kind, key)
-        elif entry.kind != "manifest":
-            _telemetry.record(
-                root,
-                "hit",
-                tier=tier,
-                kind=entry.kind,
-                name=entry.meta.get("name"),
-                nbytes=len(entry.payload),
-                seconds_saved=entry.meta.get("compile_seconds", 0),
-            )
-            self._chain("hit", entry.kind)
+    @contextlib.contextmanager
+    def misses_held(self) -> Iterator[Callable[[Entry, str], None]]:
+        """Within the block, this thread's misses of this chain are held, not counted: the
+        caller asks read-only tiers outside it next (bundles) and calls the function it is
+        given with ``(entry, tier name)`` when one answers. At the end that answer is one
+        hit of that tier and the held misses are dropped; with no answer, they count (one
+        definition of a hit: :func:`cuforge.store.telemetry.tally`)."""
+        hold = self._hold
+        prior = getattr(hold, "misses", None)
+        held: list[tuple[str | None, str]] = []
+        hold.misses = held
+        answers: list[tuple[Entry, str]] = []
+        try:
+            yield lambda entry, tier: answers.append((entry, tier))
+        finally:
+            hold.misses = prior
+            root = self._root
+            if answers and root is not None:
+                entry, tier = answers[0]
+                if entry.kind != "manifest":
+                    _telemetry.record(
+                        root,
+                        "hit",
+                        tier=tier,
+                        kind=entry.kind,
+                        name=entry.meta.get("name"),
+                        nbytes=len(entry.payload),
+                        seconds_saved=entry.meta.get("compile_seconds", 0),
+                    )
+                    self._chain("hit", entry.kind)
+            elif root is not None:
+                for kind, key in held:
+                    self._note_miss(kind, key)
 
     def _note_miss(self, kind: str | None, key: str) -> None:
+        held = getattr(self._hold, "misses", None)
+        if held is not None:
+            held.append((kind, key))
+            return
         missed = self._missed
         if (kind, key) not in missed:
             if len(missed) >= _MISSED_MAX:
