@@ -1,8 +1,13 @@
 """cuforge: compile CUDA once, load in milliseconds, launch in microseconds.
 
-The public API. ``import cuforge`` loads the compile path (and nothing heavy: no torch,
-CuPy, CUDA Python bindings, json or typing), so that a warm cache hit right after the
-import costs only the lookup. The launch runtime and the torch helpers load on first use:
+The public API. ``import cuforge`` loads the cache (:class:`Cache`, :func:`default_cache`,
+:func:`using`) and the errors, nothing heavy (no torch, CuPy, CUDA Python bindings, json or
+typing). Every other name loads on first use: the kernel compile path (:func:`compile`,
+:func:`compile_file`, :func:`explain_miss`, :func:`cache`, :class:`Program`: the pipeline,
+the compilers' front ends, the toolchain's identity) on the first ``cuforge.compile``, so
+that the adapters (``cuforge.jax``, ``cuforge.triton``, ...), which never compile a kernel,
+do not pay for it, and a warm cache hit costs that one import and the lookup. The launch
+runtime and the torch helpers load on first use too:
 
 * :func:`compile`, :func:`compile_file` -> :class:`Program` (cached by content)
 * :meth:`Program.kernel` -> :class:`Kernel`, launched as ``k[grid, block](*args)``
@@ -24,8 +29,12 @@ from __future__ import annotations
 from cuforge._version import __version__
 from cuforge.base.errors import ArchError, CompileError, ConfigError, CuforgeError, ToolchainError
 from cuforge.core.caching import Cache, default_cache, using
-from cuforge.frontend.api import cache, compile, compile_file, explain_miss
-from cuforge.frontend.program import Program
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # the lazy names below, for type checkers and IDEs
+    from cuforge.frontend.api import cache, compile, compile_file, explain_miss
+    from cuforge.frontend.program import Program
+del TYPE_CHECKING  # not a public name
 
 __all__ = [
     "__version__",
@@ -60,6 +69,13 @@ __all__ = [
 ]
 
 _LAZY = {
+    # the kernel compile path (cuforge.frontend.api -> cuforge.core.pipeline -> the
+    # compilers and the toolchain): loaded by the first compile, not by `import cuforge`
+    "compile": ("cuforge.frontend.api", "compile"),
+    "compile_file": ("cuforge.frontend.api", "compile_file"),
+    "explain_miss": ("cuforge.frontend.api", "explain_miss"),
+    "cache": ("cuforge.frontend.api", "cache"),
+    "Program": ("cuforge.frontend.program", "Program"),
     "Kernel": ("cuforge.runtime.kernel", "Kernel"),
     "Pointer": ("cuforge.runtime.args", "Pointer"),
     "LaunchError": ("cuforge.runtime.errors", "LaunchError"),
@@ -95,16 +111,22 @@ _SUBPACKAGES = (
 
 
 def __getattr__(name: str):
-    # unknown names fail before importlib is imported: `from cuforge import _fs` asks here
-    # first, and importlib (with warnings) would add ~1 ms to `import cuforge`
-    if name not in _SUBPACKAGES and name not in _LAZY:
-        raise AttributeError(f"module 'cuforge' has no attribute {name!r}")
-    import importlib
-
+    # unknown names fail first: `from cuforge import _fs` asks here. __import__ and
+    # sys.modules, not importlib.import_module: importlib (with warnings) would add ~1 ms
+    # to the first compile, a disk hit's path
     if name in _SUBPACKAGES:
-        return importlib.import_module(f"cuforge.{name}")
-    module_name, attr = _LAZY[name]
-    value = getattr(importlib.import_module(module_name), attr)
+        module_name = f"cuforge.{name}"
+    elif name in _LAZY:
+        module_name = _LAZY[name][0]
+    else:
+        raise AttributeError(f"module 'cuforge' has no attribute {name!r}")
+    import sys
+
+    __import__(module_name)
+    module = sys.modules[module_name]
+    if name in _SUBPACKAGES:
+        return module
+    value = getattr(module, _LAZY[name][1])
     globals()[name] = value
     return value
 

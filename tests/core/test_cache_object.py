@@ -155,21 +155,40 @@ def _imported(code: str) -> set[str]:
     return names
 
 
-def test_import_cuforge_loads_only_the_warm_path():
-    """``import cuforge`` imports cuforge's warm-path modules and a short allow-list of light
-    standard-library modules, nothing else (no typing, json, importlib, redis, torch):
-    imports belong inside functions only off the warm path."""
+#: the light standard-library modules the warm path may import (``import cuforge`` and the
+#: compile entry point); nothing else: no typing, json, importlib, redis, torch
+WARM_PATH_STDLIB = {
+    "itertools", "keyword", "operator", "reprlib", "collections", "collections.abc",
+    "atexit", "types", "weakref", "functools", "threading", "contextlib", "hashlib",
+    "struct", "errno", "math", "heapq",
+}  # fmt: skip
+#: the kernel compile path, which ``import cuforge`` leaves to the first compile (the
+#: adapters, cuforge.jax / cuforge.triton / ..., never compile a kernel)
+COMPILE_PATH = (
+    "cuforge.frontend",
+    "cuforge.core.pipeline",
+    "cuforge.compiler",
+    "cuforge.toolchain",
+    "cuforge.keys",
+)
+
+
+@pytest.mark.parametrize("code", ["import cuforge", "import cuforge; cuforge.compile"])
+def test_import_cuforge_loads_only_the_warm_path(code):
+    """``import cuforge``, and the compile entry point it loads on first use, import
+    cuforge's warm-path modules and a short allow-list of light standard-library modules,
+    nothing else: imports belong inside functions only off the warm path."""
     baseline = _imported("pass")  # the interpreter's and the venv's .pth hooks
-    names = _imported("import cuforge") - baseline
-    allowed_stdlib = {
-        "itertools", "keyword", "operator", "reprlib", "collections", "collections.abc",
-        "atexit", "types", "weakref", "functools", "threading", "contextlib", "hashlib",
-        "struct", "errno", "math", "heapq",
-    }  # fmt: skip
+    names = _imported(code) - baseline
     foreign = sorted(
-        n for n in names if not n.startswith(("cuforge", "_")) and n not in allowed_stdlib
+        n for n in names if not n.startswith(("cuforge", "_")) and n not in WARM_PATH_STDLIB
     )
-    assert not foreign, f"import cuforge imported {foreign}"
+    assert not foreign, f"{code} imported {foreign}"
+    if code == "import cuforge":
+        eager = sorted(n for n in names if n.startswith(COMPILE_PATH))
+        assert not eager, f"import cuforge loaded the compile path: {eager}"
+    else:
+        assert "cuforge.core.pipeline" in names
 
 
 DISK_HIT_CHILD = f"""
@@ -200,12 +219,15 @@ def _imported_by(code: str, env: dict[str, str]) -> tuple[str, set[str]]:
 
 @pytest.mark.parametrize("install", ["matching", "mixed"])
 def test_a_fresh_process_disk_hit_imports_only_the_warm_path(tmp_path, isolated_cache, install):
-    """A fresh process's disk hit, its exit included, imports nothing ``import cuforge`` did
-    not but cuforge's own modules and ``fcntl`` (the entry's lock): the compile is keyed from
-    the toolchain memo (no cuda-pathfinder, no cuda-bindings), its telemetry line written
-    without :mod:`json`. Also when the toolkit's headers are of another release than the pip
-    NVRTC wheel (``mixed``: NVRTC takes its own release's header wheels, which
-    cuda-pathfinder finds once per machine, not once per process)."""
+    """A fresh process's disk hit, its exit included, imports nothing that ``import
+    cuforge`` and its compile entry point (``cuforge.compile``, loaded on first use: the
+    pipeline, the compilers' front ends, the toolchain's identity; light, see
+    :func:`test_import_cuforge_loads_only_the_warm_path`) did not but ``fcntl`` (the entry's
+    lock): not one more cuforge module, no toolchain probe or compiler module, no
+    cuda-pathfinder, no cuda-bindings (the compile is keyed from the toolchain memo), no
+    :mod:`json` (the telemetry line). Also when the toolkit's headers are of another
+    release than the pip NVRTC wheel (``mixed``: NVRTC takes its own release's header
+    wheels, which cuda-pathfinder finds once per machine, not once per process)."""
     from cuforge.toolchain import toolkit_root
 
     real = toolkit_root()
@@ -225,8 +247,8 @@ def test_a_fresh_process_disk_hit_imports_only_the_warm_path(tmp_path, isolated_
     out, names = _imported_by(DISK_HIT_CHILD, env)
     assert out.split() == ["disk", include]  # keyed with the same headers
     assert not {n for n in names if n.startswith(("cuda.pathfinder", "cuda.bindings"))}
-    _, baseline = _imported_by("import cuforge", env)
-    foreign = sorted(n for n in names - baseline if not n.startswith(("cuforge", "_")))
+    _, baseline = _imported_by("import cuforge; cuforge.compile", env)
+    foreign = sorted(n for n in names - baseline if not n.startswith("_"))
     assert foreign in ([], ["fcntl"]), f"a disk hit imported {foreign}"
 
 

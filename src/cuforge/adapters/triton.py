@@ -364,10 +364,12 @@ def build_key() -> str:
     no path of the install enters it), where a file whose contents no longer hash to its
     RECORD digest (a same-size edit) is keyed by its contents instead. Each file is
     hashed once per version of it (:func:`cuforge.toolchain.installed.file_sha256s`,
-    remembered under its size, mtime, ctime and inode): a fresh process stats the 42
-    files and hashes nothing (0.3 ms; the first process on a cache dir hashes them, ~1 s). Otherwise (no dist-info or ``RECORD``, an
-    editable or dev install, a file ``RECORD`` does not list, a size that differs) it is
-    Triton's own ``triton_key()``; :func:`build_key_source` says which and why."""
+    remembered under its size, mtime, ctime and inode): a fresh process stats the files
+    and hashes nothing (0.3 ms); the first process on a cache dir hashes them once, the
+    ~500 MB ``triton_key()`` hashes too (the covered set is exactly Triton's,
+    :func:`_covered_files`). Otherwise (no dist-info or ``RECORD``, an editable or dev
+    install, a file ``RECORD`` does not list, a size that differs) it is Triton's own
+    ``triton_key()``; :func:`build_key_source` says which and why."""
     key = _build_key_memo.get("key")
     if key is None:
         key, source = _record_build_key()
@@ -407,22 +409,110 @@ def _triton_dist_info(site: str) -> str | None:
 
 
 def _covered_files(root: str) -> list[str] | str:
-    """The files Triton's ``triton_key()`` hashes (a superset: every module file under its
-    three dirs, packages or not), as RECORD names them; a string says why not."""
-    import importlib.machinery
+    """The files Triton's ``triton_key()`` hashes, exactly, as RECORD names them (``triton/``
+    relative paths); a string says why not.
 
-    suffixes = tuple(importlib.machinery.all_suffixes())
+    ``triton_key()`` (``triton/runtime/cache.py``, the same from 3.4 to 3.9) hashes its own
+    file, ``_C/libtriton.<ext>`` and the origin of every module ``pkgutil.walk_packages``
+    finds under ``compiler/``, ``backends/`` and ``language/`` (not those dirs' own
+    ``__init__``). Read here from the file system, as :mod:`pkgutil` and the import
+    system's ``FileFinder`` read it (:func:`_walked_origins`), importing nothing: a
+    directory without ``__init__`` (``backends/*/lib``, ``include``, ``bin``) is not a
+    package, so its files (the AMD codegen library, CUPTI, headers, ``ptxas``) are not
+    hashed by Triton, nor here. The one difference: Triton imports each package before it
+    walks it and skips one whose import raises ImportError; here its modules are covered."""
     ext = (sysconfig.get_config_var("EXT_SUFFIX") or ".so").split(".")[-1]
-    files = ["triton/runtime/cache.py", f"triton/_C/libtriton.{ext}"]
-    for sub in ("compiler", "backends", "language"):
+    files = ["triton/runtime/cache.py"]
+    for sub in ("compiler", "backends", "language"):  # in triton_key()'s order
+        if sub == "language":
+            files.append(f"triton/_C/libtriton.{ext}")
         top = os.path.join(root, sub)
         if not os.path.isdir(top):
             return f"{top} is not a directory"
-        for directory, dirs, names in os.walk(top):
-            dirs[:] = [d for d in dirs if d != "__pycache__"]
-            rel = os.path.relpath(directory, root).replace(os.sep, "/")
-            files.extend(f"triton/{rel}/{n}" for n in names if n.endswith(suffixes))
+        for origin in _walked_origins(top):
+            if origin is None:
+                return f"a namespace package under {top} has no file (Triton cannot hash it)"
+            rel = os.path.relpath(origin, root).replace(os.sep, "/")
+            files.append(f"triton/{rel}")
     return files
+
+
+def _walked_origins(directory: str) -> list[str | None]:
+    """The origins (file paths) of the modules ``pkgutil.walk_packages([directory])`` yields,
+    in its order, packages walked into (their ``__init__`` is their origin); None for a
+    name whose spec has no origin (a namespace package). Mirrors
+    ``pkgutil._iter_file_finder_modules`` (sorted names, ``inspect.getmodulename``: the
+    longest matching suffix of ``importlib.machinery.all_suffixes()``; a directory is a
+    package when it holds an ``__init__`` module; a name with a dot is skipped) and
+    ``FileFinder.find_spec`` (a package's ``__init__`` first, then the module file, in the
+    loaders' order: extension modules, source, bytecode)."""
+    import importlib.machinery as machinery
+
+    suffixes = sorted(machinery.all_suffixes(), key=len, reverse=True)
+    loader_order = [
+        *machinery.EXTENSION_SUFFIXES,
+        *machinery.SOURCE_SUFFIXES,
+        *machinery.BYTECODE_SUFFIXES,
+    ]
+
+    def modulename(name: str) -> str | None:
+        for suffix in suffixes:
+            if name.endswith(suffix):
+                return name[: -len(suffix)]
+        return None
+
+    def origin(where: str, name: str) -> tuple[str | None, bool]:
+        # (FileFinder's origin of `name` in `where`, whether it is a package dir)
+        base = os.path.join(where, name)
+        namespace = False
+        if os.path.isdir(base):
+            for suffix in loader_order:
+                init = os.path.join(base, "__init__" + suffix)
+                if os.path.isfile(init):
+                    return init, True
+            namespace = True
+        for suffix in loader_order:
+            path = base + suffix
+            if os.path.isfile(path):
+                return path, False
+        return None, namespace
+
+    out: list[str | None] = []
+    seen: set[str] = set()
+
+    def walk(where: str) -> None:
+        if where in seen:  # walk_packages' `seen`: each path once
+            return
+        seen.add(where)
+        try:
+            names = sorted(os.listdir(where))
+        except OSError:
+            return
+        yielded: set[str] = set()
+        for fn in names:
+            mod = modulename(fn)
+            if mod == "__init__" or (mod is not None and mod in yielded):
+                continue
+            path = os.path.join(where, fn)
+            ispkg = False
+            if not mod and os.path.isdir(path) and "." not in fn:
+                try:
+                    inside = os.listdir(path)
+                except OSError:
+                    inside = []
+                if not any(modulename(n) == "__init__" for n in inside):
+                    continue  # not a package
+                mod, ispkg = fn, True
+            if not mod or "." in mod:
+                continue
+            yielded.add(mod)
+            found, is_dir = origin(where, mod)
+            out.append(found)
+            if ispkg and is_dir:
+                walk(os.path.join(where, mod))
+
+    walk(directory)
+    return out
 
 
 def _record_build_key(dist_info: str | None = None) -> tuple[str | None, str]:
@@ -625,21 +715,21 @@ class CacheManager(_TritonCacheManager):
         if path is not None:
             return path
         if not self._direct and _is_native(filename):
-            path = self._native_lookup(filename)
+            path = self._single_lookup("native", filename)
             if path is not None:
                 return path
         if not self._direct and filename.endswith(_AUTOTUNE_SUFFIX):
-            return self._autotune_lookup(filename)
+            return self._single_lookup("autotune", filename)
         return self._file_cache().get_file(filename)
 
     def put(self, data: Any, filename: str, binary: bool = True) -> str:
         if self._building is None:
             if not self._direct and _is_native(filename) and isinstance(data, bytes):
-                path = self._native_store(filename, data)
+                path = self._single_store("native", filename, data)
                 if path is not None:
                     return path
             if not self._direct and filename.endswith(_AUTOTUNE_SUFFIX):
-                path = self._autotune_store(filename, data)
+                path = self._single_store("autotune", filename, data)
                 if path is not None:
                     return path
             return self._file_cache().put(data, filename, binary)
@@ -751,25 +841,33 @@ class CacheManager(_TritonCacheManager):
         self._group = paths
         return dict(paths)
 
-    # native modules Triton builds with the C compiler (cuda_utils, __triton_launcher)
-    def _native_key(self, filename: str) -> tuple[str, dict[str, str]]:
-        fields = native_fields()
-        fields["triton_hash"] = self.key
-        fields["module"] = filename
+    # one named file as a triton entry: the native modules Triton builds with the C compiler
+    # (cuda_utils, __triton_launcher) and the autotuner's results (<kernel>.autotune.json)
+    def _single_key(self, what: str, filename: str) -> tuple[str, dict[str, str]]:
+        if what == "native":
+            fields = native_fields()
+            fields["triton_hash"] = self.key
+            fields["module"] = filename
+        else:
+            fields = {"autotune_hash": self.key, "file": filename, "gpu": gpu_model()}
         return make_key("triton", fields)[0], fields
 
-    def _native_lookup(self, filename: str) -> str | None:
+    def _single_lookup(self, what: str, filename: str) -> str | None:
+        """The path of ``filename``, the one file of the ``what`` entry
+        (:data:`_SINGLE_FILES`) keyed by it, materialized; None on a miss, or when the
+        stored entry does not load (it is deleted: Triton builds or benchmarks again)."""
         cache = self.cache
-        ckey, _ = self._native_key(filename)
+        noun, redo, _label, _stored = _SINGLE_FILES[what]
+        ckey, _ = self._single_key(what, filename)
         entry, tier = cache.get_with_tier(ckey, kind="triton")
         if entry is None:
-            cache.count("triton:native_misses")
+            cache.count(f"triton:{what}_misses")
             return None
         source = "remote" if tier and tier.startswith("remote") else tier or "disk"
         try:
             if entry.kind != "triton":
                 raise ValueError(f"the entry is of kind {entry.kind!r}, not 'triton'")
-            if not is_native(entry.kind, entry.meta):
+            if what == "native" and not is_native(entry.kind, entry.meta):
                 # a tier that checks no signature refuses native code by this flag: an
                 # entry at a native key without it is not what this module stored
                 raise ValueError("the entry does not say it holds a native module")
@@ -777,104 +875,51 @@ class CacheManager(_TritonCacheManager):
             if list(files) != [filename]:
                 raise ValueError(f"the entry holds {sorted(files)}, not just {filename!r}")
             path = _materialize(cache, ckey, files)[filename]
-        except Exception as exc:  # noqa: BLE001 - stored bytes that do not load: rebuild
+        except Exception as exc:  # noqa: BLE001 - stored bytes that do not load: redo
             cache.count("triton:load_errors")
             _log.warning(
-                "cuforge: the cached native module %r (key %s, from the %s tier) could not be "
-                "loaded (%s: %s); it is deleted and Triton builds it again",
+                "cuforge: the cached %s %r (key %s, from the %s tier) could not be loaded "
+                "(%s: %s); it is deleted and Triton %s",
+                noun,
                 filename,
                 ckey[:12],
                 source,
                 type(exc).__name__,
                 exc,
+                redo,
             )
             cache.delete(ckey)
             return None
-        cache.count(f"triton:native_{source}")
-        cache.verbose(f"cuforge: triton module {filename} {source} hit key {ckey[:12]}")
+        cache.count(f"triton:{what}_{source}")
+        cache.verbose(f"cuforge: triton {noun} {filename} {source} hit key {ckey[:12]}")
         return path
 
-    def _native_store(self, filename: str, data: bytes) -> str | None:
+    def _single_store(self, what: str, filename: str, data: Any) -> str | None:
+        """Store ``data`` as the one file ``filename`` of a ``what`` entry and return its
+        materialized path; None when it cannot be stored (Triton's own cache keeps it)."""
         cache = self.cache
-        ckey, fields = self._native_key(filename)
-        name = filename[: -len(_EXT_SUFFIX)] if filename.endswith(_EXT_SUFFIX) else filename
+        noun, _redo, label, stored = _SINGLE_FILES[what]
+        raw = data if isinstance(data, bytes) else str(data).encode("utf-8")
+        ckey, fields = self._single_key(what, filename)
+        if what == "native":
+            name = filename[: -len(_EXT_SUFFIX)] if filename.endswith(_EXT_SUFFIX) else filename
+            flags: dict[str, Any] = {"native_module": True}
+            tail = {"triton_key": self.key}
+        else:
+            name, flags, tail = filename[: -len(_AUTOTUNE_SUFFIX)], {"autotune": True}, {}
         meta = {
             "name": name,
             "backend": "triton",
-            "native_module": True,
-            "key_fields": fields,
-            "files": {filename: len(data)},
-            "triton_version": triton.__version__,
-            "triton_key": self.key,
-        }
-        try:
-            cache.record_build(
-                f"triton-module:{name}",
-                ckey,
-                fields,
-                [Entry(ckey, "triton", pack({filename: data}), meta)],
-            )
-            path = _materialize(cache, ckey, {filename: data})[filename]
-        except (OSError, ValueError) as exc:
-            _log.warning(
-                "cuforge: could not store Triton's native module %r (%s); Triton's own cache "
-                "keeps it",
-                filename,
-                exc,
-            )
-            return None
-        cache.count("triton:native_built")
-        return path
-
-    # autotune results (the autotuner's <kernel>.autotune.json)
-    def _autotune_key(self, filename: str) -> tuple[str, dict[str, str]]:
-        fields = {"autotune_hash": self.key, "file": filename, "gpu": gpu_model()}
-        return make_key("triton", fields)[0], fields
-
-    def _autotune_lookup(self, filename: str) -> str | None:
-        cache = self.cache
-        ckey, _ = self._autotune_key(filename)
-        entry, tier = cache.get_with_tier(ckey, kind="triton")
-        if entry is None:
-            cache.count("triton:autotune_misses")
-            return None
-        source = "remote" if tier and tier.startswith("remote") else tier or "disk"
-        try:
-            files = unpack(entry.payload)
-            if entry.kind != "triton" or list(files) != [filename]:
-                raise ValueError(f"the entry holds {sorted(files)}, not just {filename!r}")
-            path = _materialize(cache, ckey, files)[filename]
-        except Exception as exc:  # noqa: BLE001 - stored bytes that do not load: benchmark
-            cache.count("triton:load_errors")
-            _log.warning(
-                "cuforge: the cached autotune result %r (key %s) could not be used (%s: %s); "
-                "it is deleted and Triton benchmarks again",
-                filename,
-                ckey[:12],
-                type(exc).__name__,
-                exc,
-            )
-            cache.delete(ckey)
-            return None
-        cache.count(f"triton:autotune_{source}")
-        return path
-
-    def _autotune_store(self, filename: str, data: Any) -> str | None:
-        cache = self.cache
-        raw = data if isinstance(data, bytes) else str(data).encode("utf-8")
-        ckey, fields = self._autotune_key(filename)
-        meta = {
-            "name": filename[: -len(_AUTOTUNE_SUFFIX)],
-            "backend": "triton",
-            "autotune": True,
+            **flags,
             "key_fields": fields,
             "files": {filename: len(raw)},
             "triton_version": triton.__version__,
+            **tail,
         }
         try:
             _check_filename(filename)
             cache.record_build(
-                f"triton-autotune:{meta['name']}",
+                f"{label}:{name}",
                 ckey,
                 fields,
                 [Entry(ckey, "triton", pack({filename: raw}), meta)],
@@ -882,13 +927,13 @@ class CacheManager(_TritonCacheManager):
             path = _materialize(cache, ckey, {filename: raw})[filename]
         except (OSError, ValueError) as exc:
             _log.warning(
-                "cuforge: could not store Triton's autotune result %r (%s); Triton's own "
-                "cache keeps it",
+                "cuforge: could not store Triton's %s %r (%s); Triton's own cache keeps it",
+                noun,
                 filename,
                 exc,
             )
             return None
-        cache.count("triton:autotune_stored")
+        cache.count(f"triton:{what}_{stored}")
         return path
 
     def _release(self) -> None:
@@ -906,6 +951,13 @@ class CacheManager(_TritonCacheManager):
 
 #: the file name ending of the autotuner's results
 _AUTOTUNE_SUFFIX = ".autotune.json"
+#: the entries that hold one named file (:meth:`CacheManager._single_lookup`): what ->
+#: (what the logs call it, what Triton does when it is not served, the build's label, the
+#: counter suffix of a store: ``triton:native_built``, ``triton:autotune_stored``)
+_SINGLE_FILES = {
+    "native": ("native module", "builds it again", "triton-module", "built"),
+    "autotune": ("autotune result", "benchmarks again", "triton-autotune", "stored"),
+}
 #: a GPU model set by :func:`gpu_model` (tests, a fleet that knows better)
 _gpu_override: list[str] = []
 _gpu_memo: dict[str, str] = {}

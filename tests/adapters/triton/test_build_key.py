@@ -220,6 +220,98 @@ def test_a_same_size_edit_of_a_covered_file_changes_cuforges_build_key(tmp_path,
     assert changed.startswith(ct.triton.__version__ + "-record-")
 
 
+def _triton_key_files(root: str) -> list[str]:
+    """The files Triton's own ``triton_key()`` hashes, in its order, found as it finds them
+    (``pkgutil.walk_packages`` and each module's spec)."""
+    import pkgutil
+    import sysconfig
+
+    ext = sysconfig.get_config_var("EXT_SUFFIX").split(".")[-1]
+    files = ["triton/runtime/cache.py"]
+    for sub in ("compiler", "backends", "language"):
+        if sub == "language":
+            files.append(f"triton/_C/libtriton.{ext}")
+        for lib in pkgutil.walk_packages([os.path.join(root, sub)], prefix=f"triton.{sub}."):
+            origin = lib.module_finder.find_spec(lib.name).origin
+            files.append("triton/" + os.path.relpath(origin, root).replace(os.sep, "/"))
+    return files
+
+
+def test_the_covered_files_are_exactly_the_files_triton_key_hashes():
+    """Not a superset: the libraries under ``backends/*/lib`` (the AMD codegen library,
+    CUPTI), the headers and ``ptxas`` are not modules of a package, so ``triton_key()``
+    does not hash them, and neither does cuforge (a fresh machine's first process hashes
+    what Triton's own first process hashes, ~500 MB on 3.9, not 680 MB)."""
+    root = ct._triton_root()
+    covered = ct._covered_files(root)
+    assert covered == _triton_key_files(root)
+    assert not [f for f in covered if "/lib/" in f or "/include/" in f or "/bin/" in f]
+
+
+def test_the_walk_reads_packages_as_pkgutil_does(tmp_path):
+    """A fake tree: a package's modules and subpackages are walked, a dir without
+    ``__init__`` is not (its .so files and modules are not Triton's to hash), a module
+    name with a dot is skipped, an extension module wins over a same-named source file,
+    and a package wins over a same-named module."""
+    import sysconfig
+
+    ext = sysconfig.get_config_var("EXT_SUFFIX")
+    top = tmp_path / "backends"
+    for rel in (
+        "compiler.py",
+        "a.b.py",
+        "nvidia/__init__.py",
+        "nvidia/driver.py",
+        "nvidia/lib/libcupti.so",
+        "nvidia/lib/helper.py",
+        "nvidia/include/cuda.h",
+        "nvidia/sub/__init__.py",
+        "nvidia/sub/x.py",
+        f"nvidia/fast{ext}",
+        "nvidia/fast.py",
+        "pkg/__init__.py",
+        "pkg.py",
+        "notes.txt",
+    ):
+        (top / rel).parent.mkdir(parents=True, exist_ok=True)
+        (top / rel).write_text("")
+    got = [os.path.relpath(p, top) for p in ct._walked_origins(str(top))]
+    assert got == [
+        "compiler.py",
+        "nvidia/__init__.py",
+        "nvidia/driver.py",
+        f"nvidia/fast{ext}",
+        "nvidia/sub/__init__.py",
+        "nvidia/sub/x.py",
+        "pkg/__init__.py",
+    ]
+
+
+def test_an_edit_of_a_file_triton_key_ignores_keeps_cuforges_build_key(tmp_path, monkeypatch):
+    """A library under ``backends/*/lib`` changed in place (contents and size): Triton's own
+    key does not change, and cuforge's does not either."""
+    site = os.path.dirname(ct._triton_root())
+    dist = ct._triton_dist_info(site)
+    real_key, why = ct._record_build_key(dist)
+    if real_key is None:
+        pytest.skip(f"this Triton install has no usable RECORD: {why}")
+    root = _mirror_triton(tmp_path)
+    libs = sorted(
+        (os.path.getsize(os.path.join(d, n)), os.path.join(d, n))
+        for d, _dirs, names in os.walk(os.path.join(root, "backends"))
+        if os.sep + "lib" in d
+        for n in names
+    )
+    if not libs:
+        pytest.skip("this Triton has no libraries under backends/*/lib")
+    monkeypatch.setattr(ct, "_triton_root", lambda: root)
+    target = libs[0][1]
+    os.unlink(target)
+    with open(target, "wb") as f:
+        f.write(b"not the library pip installed")
+    assert ct._record_build_key(dist) == (real_key, "record")
+
+
 WARM = f"""
 import json, sys, time
 sys.path.insert(0, {ROOT!r})
