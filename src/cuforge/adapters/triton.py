@@ -43,7 +43,9 @@ What happens (see docs/triton.md):
   a second machine with the same GPU model skips the benchmark sweep; another model
   misses. Clocks, power limits and co-tenants also change timings; they are not keyed.
 
-Supported: Triton 3.4 to 3.8 (tested on 3.6.0 on an H100 and on 3.8.0 on the CPU). On another version :func:`enable` warns
+Supported: the window in :mod:`cuforge.adapters.windows` (Triton 3.6 to 3.9: ``make
+test-compat`` runs 3.6.0 and 3.9.0 on the CPU; 3.6.0 runs on an H200). Outside it, the
+contract probe decides: :func:`enable` enables when the probe passes and otherwise warns
 once and leaves Triton's own cache in place; the ``TRITON_CACHE_MANAGER`` route falls back
 to Triton's file cache with the same warning.
 """
