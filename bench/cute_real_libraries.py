@@ -20,8 +20,8 @@ The library is put first on ``sys.path`` (``--library DIR``: the directory that 
 top-level package, e.g. a flash-attention checkout for ``flash_attn.cute``), so it is
 imported from the checkout as it is (a namespace package where it has no
 ``__init__.py``), not from an installed distribution. Which kernels run: ``--driver``, one
-of the built-in drivers (``flash_attn_cute``, ``quack``: their public functions on small
-torch tensors) or a Python file of your own defining ``KERNELS = {name: fn}``, each ``fn()``
+of the built-in drivers (``flash_attn_cute``, ``quack``, ``flashinfer_norm``: their public
+functions on small torch tensors) or a Python file of your own defining ``KERNELS = {name: fn}``, each ``fn()``
 returning a tensor or a tuple of tensors (seed torch yourself). No third-party code is kept
 in this repository.
 
@@ -30,6 +30,10 @@ in this repository.
     PYTHONPATH=src python3 bench/cute_real_libraries.py --library flash-attention \\
         --driver flash_attn_cute --json $OUT/fa_cute.json
     PYTHONPATH=src python3 bench/cute_real_libraries.py --library quack --driver quack
+    PYTHONPATH=src python3 bench/cute_real_libraries.py --library SITE --driver flashinfer_norm
+
+Each row also gives the kernel's first call in the process (its compile or cache load
+included) warm against the baseline's: the issue's "warm fresh process against the DSL".
 """
 
 from __future__ import annotations
@@ -104,7 +108,48 @@ def _quack() -> dict:
     }
 
 
-DRIVERS = {"flash_attn_cute": _flash_attn_cute, "quack": _quack}
+def _flashinfer_norm() -> dict:
+    """FlashInfer's normalization kernels (``flashinfer.norm``), which 0.7.x writes in the
+    CuTe DSL: kernel class instances compiled with ``cute.compile(obj, ...,
+    options="--enable-tvm-ffi")`` on fake tensors with symbolic row counts, each behind its own
+    ``functools.cache`` (so every fresh process compiles them again without cuforge)."""
+    import torch
+    from flashinfer import norm
+
+    if norm._use_cuda_norm(torch.device("cuda")):
+        raise RuntimeError(
+            "flashinfer.norm would take its CUDA JIT kernels here, not the CuTe DSL ones "
+            "(FLASHINFER_USE_CUDA_NORM=1, or the installed DSL cannot target this GPU)"
+        )
+
+    def x(dtype=torch.bfloat16):
+        torch.manual_seed(0)
+        return torch.randn(256, 4096, device="cuda", dtype=dtype)
+
+    def w(dtype=torch.bfloat16):
+        return torch.rand(4096, device="cuda", dtype=dtype) + 0.5
+
+    def fused_add(fn):
+        def run():
+            inp, residual = x(), x() * 0.5
+            fn(inp, residual, w(), eps=1e-6)
+            return inp, residual
+
+        return run
+
+    return {
+        "rmsnorm": lambda: norm.rmsnorm(x(), w(), eps=1e-6),
+        "gemma_rmsnorm": lambda: norm.gemma_rmsnorm(x(), w(), eps=1e-6),
+        "fused_add_rmsnorm": fused_add(norm.fused_add_rmsnorm),
+        "layernorm": lambda: norm.layernorm(x(), w(torch.float32), w(torch.float32) - 1, 1e-6),
+    }
+
+
+DRIVERS = {
+    "flash_attn_cute": _flash_attn_cute,
+    "quack": _quack,
+    "flashinfer_norm": _flashinfer_norm,
+}
 
 
 def _kernels(driver: str) -> dict:
@@ -127,7 +172,7 @@ def _kernels(driver: str) -> dict:
 CHILD = (
     r"""
 import json, os, sys, time
-driver, name, mode, out, ref = sys.argv[1:6]
+driver, name, mode, ref, out = sys.argv[1:6]
 sys.path.insert(0, os.environ["CF_BENCH_LIBRARY"])
 sys.path.insert(1, os.environ["CF_BENCH_HERE"])
 t0 = time.perf_counter()
@@ -141,7 +186,11 @@ import torch
 from cute_real_libraries import _kernels
 result = {"ok": True, "error": None, "same_as_baseline": None}
 try:
-    outputs = _kernels(driver)[name]()
+    fn = _kernels(driver)[name]
+    t_call = time.perf_counter()
+    outputs = fn()
+    torch.cuda.synchronize()
+    result["first_call_s"] = time.perf_counter() - t_call
     outputs = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
     torch.cuda.synchronize()
     outputs = [o.detach().cpu() for o in outputs]
@@ -175,7 +224,7 @@ def _run(opts: argparse.Namespace, name: str, mode: str, cache_dir: str, ref: st
         "CF_BENCH_ATOL": str(opts.atol),
         "QUACK_CACHE_ENABLED": os.environ.get("QUACK_CACHE_ENABLED", "0"),  # the only cache
     }
-    result = run_child(CHILD, [opts.driver, name, mode], env, opts.timeout)
+    result = run_child(CHILD, [opts.driver, name, mode, ref], env, opts.timeout)
     stderr = result.pop("stderr")
     result["not_keyed_before_tracing"] = stderr.count("cannot be keyed before tracing")
     result["uncached_warnings"] = stderr.count("runs uncached") + stderr.count(
@@ -217,7 +266,12 @@ def main() -> int:
         base = _run(opts, name, "baseline", cache_dir, ref)
         cold = _run(opts, name, "cold", cache_dir, ref)
         warm = _run(opts, name, "warm", cache_dir, ref)
-        rows.append({"kernel": name, "baseline": base, "cold": cold, "warm": warm})
+        ratio = None
+        if base.get("first_call_s") and warm.get("first_call_s"):
+            ratio = warm["first_call_s"] / base["first_call_s"]
+        rows.append(
+            {"kernel": name, "baseline": base, "cold": cold, "warm": warm, "warm_vs_dsl": ratio}
+        )
         print(
             f"{name:18s} baseline {'ok' if base['ok'] else 'FAIL'} (DSL compiles "
             f"{base.get('pipeline')}) | cold: cute.compile={cold.get('compile')} DSL="
@@ -225,7 +279,9 @@ def main() -> int:
             f"{cold.get('same_as_baseline')} | warm: cute.compile={warm.get('compile')} DSL="
             f"{warm.get('pipeline')} traces={warm.get('trace')} {_served(warm)} same="
             f"{warm.get('same_as_baseline')} warnings={warm.get('not_keyed_before_tracing')}"
-            f"/{warm.get('uncached_warnings')}",
+            f"/{warm.get('uncached_warnings')} | first call: DSL {base.get('first_call_s', 0):.3f} s,"
+            f" warm {warm.get('first_call_s', 0):.3f} s"
+            + (f" ({ratio:.2f}x)" if ratio is not None else ""),
             flush=True,
         )
         for when, r in (("baseline", base), ("cold", cold), ("warm", warm)):

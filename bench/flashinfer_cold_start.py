@@ -13,7 +13,11 @@ or load included) and the whole run:
 3. ``flashinfer-warm``: no cuforge, the workspace of case 1 (FlashInfer's own warm
    workspace: ninja finds everything up to date).
 
-    python bench/flashinfer_cold_start.py [--out DIR] [--json results.json]
+Cases 2 and 3 run ``--runs`` times each, interleaved (case 2 on a new empty workspace and
+cuforge dir each time); the table gives medians and the ratios. Every program a child
+starts is recorded (a spy on ``subprocess.Popen``): machine B's runs must start none.
+
+    python bench/flashinfer_cold_start.py [--out DIR] [--runs 3] [--json results.json]
 
 Needs flashinfer-python 0.7.x, a CUDA GPU, nvcc. ``CUFORGE_REMOTE_NATIVE=allow`` is set for
 the children (the throwaway remote is unsigned). Prints one table; ``--json`` writes it.
@@ -24,14 +28,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
 _CHILD = r"""
-import json, os, sys, time
+import json, os, subprocess, sys, time
 t0 = time.perf_counter()
+spawned = []  # every program this process starts (ninja, nvcc, c++ ...): machine B's must be none
+_popen_init = subprocess.Popen.__init__
+def _spy(self, args, *a, **k):
+    argv = [args] if isinstance(args, (str, bytes)) else list(args)
+    spawned.append(" ".join(map(str, argv))[:300])
+    _popen_init(self, args, *a, **k)
+subprocess.Popen.__init__ = _spy
 if os.environ.get("BENCH_CUFORGE") == "1":
     from cuforge.core.caching import Cache
     import cuforge.flashinfer as cf
@@ -64,7 +76,7 @@ times["total"] = time.perf_counter() - t0
 counters = {}
 if os.environ.get("BENCH_CUFORGE") == "1":
     counters = {k: v for k, v in cache.counters.items() if k.startswith("flashinfer")}
-print("RESULT " + json.dumps({"times": times, "counters": counters}))
+print("RESULT " + json.dumps({"times": times, "counters": counters, "spawned": spawned}))
 """
 
 
@@ -85,41 +97,60 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="work dir (default: a temp dir)")
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument(
+        "--runs", type=int, default=3, help="runs of the two warm cases (medians reported)"
+    )
     args = parser.parse_args()
     root = args.out or tempfile.mkdtemp(prefix="cuforge-fi-bench-")
     remote = os.path.join(root, "remote")
     os.makedirs(remote, exist_ok=True)
     base = dict(os.environ, CUFORGE_REMOTE_NATIVE="allow", BENCH_REMOTE=f"file://{remote}")
-    cases = [
-        (
-            "cold",
-            dict(
-                base,
-                BENCH_CUFORGE="1",
-                FLASHINFER_WORKSPACE_BASE=f"{root}/ws-a",
-                BENCH_CACHE=f"{root}/cuforge-a",
-            ),
-        ),
-        (
-            "cuforge",
-            dict(
-                base,
-                BENCH_CUFORGE="1",
-                FLASHINFER_WORKSPACE_BASE=f"{root}/ws-b",
-                BENCH_CACHE=f"{root}/cuforge-b",
-            ),
-        ),
-        (
-            "flashinfer-warm",
-            dict(base, BENCH_CUFORGE="0", FLASHINFER_WORKSPACE_BASE=f"{root}/ws-a"),
-        ),
-    ]
-    results = {case: _run(case, env) for case, env in cases}
+
+    def machine_b(i: int) -> dict[str, str]:  # an empty workspace and cuforge dir each run
+        return dict(
+            base,
+            BENCH_CUFORGE="1",
+            FLASHINFER_WORKSPACE_BASE=f"{root}/ws-b{i}",
+            BENCH_CACHE=f"{root}/cuforge-b{i}",
+        )
+
+    warm_fi = dict(base, BENCH_CUFORGE="0", FLASHINFER_WORKSPACE_BASE=f"{root}/ws-a")
+    cold_env = dict(
+        base,
+        BENCH_CUFORGE="1",
+        FLASHINFER_WORKSPACE_BASE=f"{root}/ws-a",
+        BENCH_CACHE=f"{root}/cuforge-a",
+    )
+    runs: dict[str, list[dict]] = {
+        "cold": [_run("cold", cold_env)],
+        "cuforge": [],
+        "flashinfer-warm": [],
+    }
+    for i in range(args.runs):  # interleaved, so drift hits both cases alike
+        runs["cuforge"].append(_run("cuforge", machine_b(i)))
+        runs["flashinfer-warm"].append(_run("flashinfer-warm", warm_fi))
     cols = ["import", "decode", "prefill", "sampling", "norm", "total"]
-    print(f"{'case':<16}" + "".join(f"{c:>10}" for c in cols) + "  counters")
-    for case, r in results.items():
-        row = "".join(f"{r['times'][c]:>10.2f}" for c in cols)
-        print(f"{case:<16}{row}  {r['counters']}")
+    median = {
+        case: {c: statistics.median(r["times"][c] for r in rs) for c in cols}
+        for case, rs in runs.items()
+    }
+    print(f"{'case (median)':<16}" + "".join(f"{c:>10}" for c in cols) + "  runs")
+    for case, m in median.items():
+        print(f"{case:<16}" + "".join(f"{m[c]:>10.2f}" for c in cols) + f"  {len(runs[case])}")
+    for case, rs in runs.items():
+        print(
+            f"{case}: counters {rs[-1]['counters']}; programs spawned per run "
+            f"{[len(r['spawned']) for r in rs]} ({sorted({os.path.basename(a.split()[0]) for r in rs for a in r['spawned']})})"
+        )
+    ops = ["decode", "prefill", "sampling", "norm"]
+    jit = {case: sum(m[c] for c in ops) for case, m in median.items()}
+    print(
+        f"machine B (cuforge's remote) against FlashInfer's own warm workspace: "
+        f"{median['cuforge']['total'] / median['flashinfer-warm']['total']:.2f}x whole run, "
+        f"{jit['cuforge'] / jit['flashinfer-warm']:.2f}x the four first calls; against the cold "
+        f"JIT: {median['cuforge']['total'] / median['cold']['total']:.3f}x"
+    )
+    results = {"runs": runs, "median": median}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

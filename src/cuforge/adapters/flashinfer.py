@@ -47,6 +47,7 @@ from flashinfer.jit import env as _fi_env
 from cuforge.adapters.common import refused, warn_once, window_verdict
 from cuforge.adapters.windows import window
 from cuforge.base import _fs
+from cuforge.base.layout import MachineDir
 from cuforge.core.blobcache import BlobFormatError, make_key, offline_error, pack, unpack
 from cuforge.core.caching import Cache, Hit, default_cache
 from cuforge.store.base import Entry
@@ -240,17 +241,31 @@ def _prefixes() -> list[tuple[str, str]]:
 
 
 def _tool_identity(command: str, cuda_home: str) -> str:
-    """``--version`` of a compiler FlashInfer's ninja file names (path-free)."""
+    """``--version`` of a compiler FlashInfer's ninja file names (path-free).
+
+    Probed once per version of the file: kept in this process and in the machine memo
+    (``toolchain.json`` of the cache doing the build, keyed by the file's stat, as
+    :mod:`cuforge.toolchain.identity` keeps ``nvcc --version``), so a second process on the
+    machine runs neither ``nvcc --version`` nor ``c++ --version``. The memo caches the text
+    only; what runs is the path found again in this process."""
     path = command.replace("$cuda_home", cuda_home)
     import shutil
 
+    from cuforge.toolchain import memo as _memo
+
     found = shutil.which(path) or path
-    try:
-        st = os.stat(found)
-    except OSError as exc:
-        raise Uncacheable(f"the compiler {path} cannot be found ({exc})") from exc
-    memo = (found, st.st_size, st.st_mtime_ns)
-    if memo not in _identities:
+    sig = _memo.file_stat_key(found)
+    if sig is None:
+        raise Uncacheable(f"the compiler {path} cannot be found")
+    key = (found, *sig)
+    if key in _identities:
+        return _identities[key]
+    with _memo.lock:
+        machine = _memo.load()
+        known = _memo.probed(machine, "flashinfer-tool", found, sig)
+        if known is not None and isinstance(known.get("identity"), str):
+            _identities[key] = known["identity"]
+            return _identities[key]
         try:
             out = subprocess.run(
                 [found, "--version"], capture_output=True, text=True, timeout=60, check=False
@@ -261,8 +276,10 @@ def _tool_identity(command: str, cuda_home: str) -> str:
         if not lines:
             raise Uncacheable(f"{path} --version printed nothing")
         # nvcc's first line is "nvcc: NVIDIA (R) Cuda compiler driver", the rest its build
-        _identities[memo] = " | ".join(lines[:6])
-    return _identities[memo]
+        _identities[key] = " | ".join(lines[:6])
+        _memo.remember(machine, "flashinfer-tool", found, sig, {"identity": _identities[key]})
+        _memo.save(machine)
+    return _identities[key]
 
 
 def _digest_path(path: str) -> str:
@@ -386,8 +403,10 @@ def _placeholder(path: str, prefixes: list[tuple[str, str]]) -> str:
 
 
 def key_of(spec: Any) -> tuple[str, dict[str, str]]:
-    """(cuforge entry key, labeled fields) of building ``spec`` (ninja file written)."""
-    return make_key(KIND, module_fields(spec))
+    """(cuforge entry key, labeled fields) of building ``spec`` (ninja file written).
+    The compilers' ``--version`` memo goes to the directory of the cache in use."""
+    with MachineDir(_cache().directory):
+        return make_key(KIND, module_fields(spec))
 
 
 # ---------------------------------------------------------------------- entries

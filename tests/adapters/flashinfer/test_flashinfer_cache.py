@@ -111,6 +111,8 @@ def _machine(world, name: str, **extra: str) -> dict:
         LD_LIBRARY_PATH=os.pathsep.join([world["stub"], os.path.join(_CUDA, "lib64")]),
         CC_LOG=str(log),
         T_CACHE=str(root / "cuforge"),
+        # the default cache dir: a process that passes cache=Cache(T_CACHE) writes nothing here
+        CUFORGE_CACHE_DIR=str(root / "home-cache"),
         T_REMOTE=world["remote"],
         # the remote is unsigned: native modules from it need the explicit yes
         CUFORGE_REMOTE_NATIVE="allow",
@@ -125,6 +127,7 @@ def _machine(world, name: str, **extra: str) -> dict:
     calls = log.read_text().splitlines() if log.exists() else []
     out["compiles"] = sum(1 for c in calls if c.startswith("nvcc ") and " -c " in c)
     out["links"] = sum(1 for c in calls if c.startswith("c++ ") and "-shared" in c.split())
+    out["probes"] = sum(1 for c in calls if c.split()[1:] == ["--version"])
     out["log"] = proc.stderr
     out["so"] = root / "ws"
     return out
@@ -151,6 +154,10 @@ def test_second_machine_builds_nothing_and_loads_the_same_bytes(world):
     again = _machine(world, "b")
     assert again["compiles"] == 0 and again["sha"] == a["sha"]
     assert again["counters"].get("flashinfer:disk") == 1
+    # the compilers' --version: once per machine (B's first process), kept in B's cache dir
+    assert b["probes"] == 2, b["log"]
+    assert again["probes"] == 0, again["log"]
+    assert not os.path.exists(world["root"] / "b" / "home-cache"), "a memo left the cache dir"
 
 
 def test_an_edited_flag_or_source_changes_the_key(world, tmp_path):
