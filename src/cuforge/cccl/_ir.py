@@ -27,13 +27,23 @@ when both digests agree is the result stored under the IR key. :func:`seam` is t
 when a name the hooks need is missing (another cuda.compute), the call runs uncached and
 says why.
 
-Limits, said in the key's documentation: the ABI name of a compiled Python operator holds a
-process-wide counter (``_odr_helpers._make_wrapper_name``), so the IR of the same operator
-differs between processes that compiled a different number of operators before it: such a
-process misses (and builds, and stores) rather than hitting -- never a wrong hit. A device
-address an operator bakes into its code (:func:`cuforge.cccl._key.baked_array`) is not
-traced at all: such calls stay uncached, as before (their IR holds the address, so a hit
-would be correct, but only by the chance of an equal address).
+What a hit needs: the same LTO-IR, byte for byte (NVVM's LTO-IR is an opaque encoding:
+nothing in it can be renamed or normalized). The C-ABI name of a compiled Python operator
+holds a process-wide counter (``_odr_helpers._make_wrapper_name``: ``wrapped_op_0``,
+``wrapped_op_1``...), and the name is in the IR. So a fresh process hits an entry when it
+compiles its Python operators in the same order as the process that stored it (a program
+run again: the usual case); a process that compiled other operators first gets another
+name, misses, builds and stores its own entry (never a wrong hit). Within a process, a new
+closure over a new object compiles a new wrapper and misses, as cuda.compute's own
+in-process cache (which keys such an object by ``id()``) rebuilds it too. A stateful
+operator (device arrays as state) is compiled again by the build after a miss, under a new
+name, so its build never matches its trace: it runs uncached, saying so.
+
+Device addresses: an operator that bakes one into its code
+(:func:`cuforge.cccl._key.baked_array`) is not traced: such calls stay uncached, as before.
+Its LTO-IR would hold the address, so a hit would even be correct, but it could only come
+from another process that happened to allocate at the same address: a disk filled with
+entries no one reads, for nothing.
 """
 
 from __future__ import annotations
@@ -170,7 +180,7 @@ def capture(factory: Callable, args: tuple, kwargs: dict) -> tuple[Any, str | No
 
 
 def describe(args: tuple, kwargs: dict) -> str:
-    """sha256 of the build's arguments (see the module doc)."""
+    """sha256 of the build's arguments (see the module doc), byte for byte."""
     from cuda.compute._serialization import codec
 
     w = codec.Writer()
