@@ -30,7 +30,9 @@ the first such array and the call is not keyed (it runs uncached, the reason nam
 array's path): a build that holds one process's device address must never serve another.
 
 An argument that cannot be keyed the same way in every process raises
-:class:`cuforge.keys.fingerprint.UnstableKeyError`; the caller then builds without caching.
+:class:`cuforge.keys.fingerprint.UnstableKeyError`; the caller then keys an operator or iterator
+by its traced LTO-IR instead (:mod:`cuforge.cccl._ir`; ``key_fields(traced=[])``), and builds
+anything else without caching.
 """
 
 from __future__ import annotations

@@ -12,9 +12,24 @@ checks that the blob deserializes, stores it, and returns the factory's own obje
 Within a thread, the same key returns the same object again (like cuda.compute's own
 per-thread wrapper cache: a deserialized algorithm must not be shared between threads).
 
-A call that cannot be keyed (an argument with no stable value) or made with the HostJIT
-("v2") build backend (it cannot serialize) runs the real factory uncached; the reason is
-logged for ``cuforge cache explain`` and warned once.
+Two keys, in order. The key above is made *before building* (``"pretrace"``: a hit runs
+nothing of cuda.compute but ``deserialize``). When an operator (or an iterator holding one)
+cannot be fingerprinted (an object with no stable value in its closure or globals), the call
+falls back to the key of its *traced operators* (``"ir"``, :mod:`cuforge.cccl._ir`): the
+real factory runs up to cuda.compute's build (``_cccl_interop.build_for_ccs``), compiling
+its operators to LTO-IR on the way; the key is the pre-build fields with that argument
+``"traced"`` plus the digest of what the build would receive (the operators' LTO-IR and ABI
+names, the iterators, the value types: ``key: ir``, ``ir: <sha256>``). A hit deserializes
+the stored algorithm (the operators compiled, no algorithm build); a miss builds, and stores
+only when the build received what the trace saw. A call neither key covers runs the real
+factory *uncached*: a device array the operator bakes into its code (never traced), an
+unkeyable argument that is no operator or iterator, the HostJIT ("v2") build backend (it
+cannot serialize), a cuda.compute without the trace's seam, a trace that does not repeat.
+Each blocked call is warned once per factory and blocker, naming it (the reason is logged
+for ``cuforge cache explain``), and counted by the key that served it
+(:meth:`cuforge.Cache.count_served`: ``"pretrace"``, ``"ir"``, ``"uncached"``; ``cuforge
+cache stats``). ``last_result().reason`` of an IR-served call says why the pre-build key was
+blocked.
 """
 
 from __future__ import annotations
