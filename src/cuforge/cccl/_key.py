@@ -30,7 +30,9 @@ the first such array and the call is not keyed (it runs uncached, the reason nam
 array's path): a build that holds one process's device address must never serve another.
 
 An argument that cannot be keyed the same way in every process raises
-:class:`cuforge.keys.fingerprint.UnstableKeyError`; the caller then builds without caching.
+:class:`cuforge.keys.fingerprint.UnstableKeyError`; the caller then keys an operator or iterator
+by its traced LTO-IR instead (:mod:`cuforge.cccl._ir`; ``key_fields(traced=[])``), and builds
+anything else without caching.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ __all__ = [
     "target_ccs",
     "state_arrays",
     "baked_array",
+    "traceable",
     "BAKED_REASON",
 ]
 
@@ -131,11 +134,22 @@ def target_ccs(compute_capability: Any) -> str | None:
     return ",".join(f"{major}.{minor}" for major, minor in ccs)
 
 
-def key_fields(algorithm: str, signature: Any, args: tuple, kwargs: dict) -> dict[str, str] | None:
+def key_fields(
+    algorithm: str,
+    signature: Any,
+    args: tuple,
+    kwargs: dict,
+    traced: list[UnstableKeyError] | None = None,
+) -> dict[str, str] | None:
     """The key fields of ``algorithm(*args, **kwargs)`` (see the module doc), or None when
     the targets cannot be determined (no device and no ``compute_capability=``). Raises
     :class:`cuforge.keys.fingerprint.UnstableKeyError` for an argument that cannot be keyed, and the
-    binding's TypeError for arguments the factory would reject."""
+    binding's TypeError for arguments the factory would reject.
+
+    ``traced``: a list to collect, instead of raising, the errors of arguments the IR key
+    covers (:func:`traceable`: an operator or an iterator whose fingerprint is refused);
+    their field is ``"traced"``. A baked device array (:data:`BAKED_REASON`) and any other
+    argument still raise."""
 
     bound = signature.bind(*args, **kwargs)
     bound.apply_defaults()
@@ -160,8 +174,28 @@ def key_fields(algorithm: str, signature: Any, args: tuple, kwargs: dict) -> dic
     fields.update(_codegen_versions())
     for name in sorted(values):
         state = baked_array(values[name], name)
-        fields["arg:" + name] = spec(values[name], name, state)
+        try:
+            fields["arg:" + name] = spec(values[name], name, state)
+        except UnstableKeyError as exc:
+            if traced is None or not traceable(values[name]):
+                raise
+            traced.append(exc)
+            fields["arg:" + name] = "traced"
     return fields
+
+
+def traceable(value: Any) -> bool:
+    """Whether everything ``value`` changes in a build reaches the build as LTO-IR and type
+    descriptors (what the IR key digests): an operator (a Python callable, a cuda.compute
+    op adapter) or an iterator, or a list / tuple of them. Classes and plain data are not."""
+    from cuda.compute.iterators._base import IteratorBase
+    from cuda.compute.op import OpAdapter
+
+    if isinstance(value, (list, tuple)):
+        return bool(value) and all(traceable(v) for v in value)
+    if isinstance(value, (IteratorBase, OpAdapter)):
+        return True
+    return callable(value) and not isinstance(value, type)
 
 
 def spec(value: Any, what: str, state: frozenset[int] = frozenset()) -> str:

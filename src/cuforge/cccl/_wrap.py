@@ -12,9 +12,24 @@ checks that the blob deserializes, stores it, and returns the factory's own obje
 Within a thread, the same key returns the same object again (like cuda.compute's own
 per-thread wrapper cache: a deserialized algorithm must not be shared between threads).
 
-A call that cannot be keyed (an argument with no stable value) or made with the HostJIT
-("v2") build backend (it cannot serialize) runs the real factory uncached; the reason is
-logged for ``cuforge cache explain`` and warned once.
+Two keys, in order. The key above is made *before building* (``"pretrace"``: a hit runs
+nothing of cuda.compute but ``deserialize``). When an operator (or an iterator holding one)
+cannot be fingerprinted (an object with no stable value in its closure or globals), the call
+falls back to the key of its *traced operators* (``"ir"``, :mod:`cuforge.cccl._ir`): the
+real factory runs up to cuda.compute's build (``_cccl_interop.build_for_ccs``), compiling
+its operators to LTO-IR on the way; the key is the pre-build fields with that argument
+``"traced"`` plus the digest of what the build would receive (the operators' LTO-IR and ABI
+names, the iterators, the value types: ``key: ir``, ``ir: <sha256>``). A hit deserializes
+the stored algorithm (the operators compiled, no algorithm build); a miss builds, and stores
+only when the build received what the trace saw. A call neither key covers runs the real
+factory *uncached*: a device array the operator bakes into its code (never traced), an
+unkeyable argument that is no operator or iterator, the HostJIT ("v2") build backend (it
+cannot serialize), a cuda.compute without the trace's seam, a trace that does not repeat.
+Each blocked call is warned once per factory and blocker, naming it (the reason is logged
+for ``cuforge cache explain``), and counted by the key that served it
+(:meth:`cuforge.Cache.count_served`: ``"pretrace"``, ``"ir"``, ``"uncached"``; ``cuforge
+cache stats``). ``last_result().reason`` of an IR-served call says why the pre-build key was
+blocked.
 """
 
 from __future__ import annotations
@@ -27,7 +42,8 @@ import types
 from typing import TYPE_CHECKING
 
 from cuforge.base.arch import ArchError, normalize_arch
-from cuforge.cccl._key import key_fields
+from cuforge.cccl import _ir
+from cuforge.cccl._key import BAKED_REASON, key_fields
 
 # loaded with the module: `import cuforge.cccl` is the import cost, the first call is not
 from cuforge.core.blobcache import BlobResult, fence_uncached, get_or_build, make_key
@@ -182,11 +198,11 @@ def _call(name: str, original: Callable, signature: Any, args: tuple, kwargs: di
         cache = kwargs.pop("cache")  # cuforge's keyword, not cuda.compute's
     cache = resolve(cache if cache is not None else _enabled_cache[0])
     reason = None
+    blocked = None  # why the pre-build key cannot be made (then: the IR key, or uncached)
     try:
         fields = key_fields(name, signature, args, kwargs)
     except UnstableKeyError as exc:
-        fields = {"algorithm": name, "unkeyable": exc.path}
-        reason = str(exc)
+        fields, blocked, reason = _blocked_fields(name, signature, args, kwargs, exc)
     if fields is None:  # no device and no compute_capability: the factory explains
         return original(*args, **kwargs)
     if not cache.enabled and not cache.offline:  # cuda.compute exactly as it is
@@ -196,7 +212,9 @@ def _call(name: str, original: Callable, signature: Any, args: tuple, kwargs: di
         _local.last = BlobResult(value, "compiled", "", fields, "CUFORGE_DISABLE_CACHE is set")
         return value
     if reason is None and _uses_hostjit():
-        reason = HOSTJIT_REASON
+        reason = HOSTJIT_REASON if blocked is None else f"{blocked}; and {HOSTJIT_REASON}"
+    if reason is None and blocked is not None:
+        return _call_ir(name, original, args, kwargs, cache, fields, blocked)
     memo = _memo(cache)
     key = None
     if reason is None:
@@ -235,11 +253,182 @@ def _call(name: str, original: Callable, signature: Any, args: tuple, kwargs: di
         value = built[-1]  # the factory's own object (already bound to this device)
         result.value = value
     _local.last = result
-    # one key (made before building); a call it cannot cover is uncached (cuforge cache stats)
+    # a call the pre-build key cannot cover and the IR key does not try is uncached
     cache.count_served(KIND, "uncached" if result.source_of_result == "uncached" else "pretrace")
     if key is not None:
         memo[key] = value
     return value
+
+
+def _blocked_fields(
+    name: str, signature: Any, args: tuple, kwargs: dict, exc: UnstableKeyError
+) -> tuple[dict[str, str] | None, str | None, str | None]:
+    """``(fields, blocked, reason)`` of a call whose pre-build key raised ``exc``: the IR
+    key's base fields (the unkeyable operators ``"traced"``) and why the pre-build key is
+    blocked; or uncached fields and the reason, when the IR key cannot cover it either (a
+    baked device address, an argument that is no operator or iterator, no seam)."""
+    uncached = {"algorithm": name, "unkeyable": exc.path}
+    if exc.reason == BAKED_REASON:  # stays uncached: see cuforge.cccl._ir
+        return uncached, None, str(exc)
+    errors: list[UnstableKeyError] = []
+    try:
+        fields = key_fields(name, signature, args, kwargs, traced=errors)
+    except UnstableKeyError as again:
+        return uncached, None, str(again)
+    if fields is None:
+        return None, None, None
+    blocked = "; ".join(str(e) for e in errors)
+    missing = _ir.seam()
+    if missing is not None:
+        return uncached, None, f"{blocked}; and the IR key cannot trace it ({missing})"
+    return fields, blocked, None
+
+
+def _call_ir(
+    name: str,
+    original: Callable,
+    args: tuple,
+    kwargs: dict,
+    cache: Cache,
+    base: dict[str, str],
+    blocked: str,
+) -> Any:
+    """The second key: trace the call to its build (the operators' LTO-IR, no algorithm
+    build), key on what the build would receive (:mod:`cuforge.cccl._ir`), and serve the
+    stored algorithm on a hit; on a miss build, check that the build received what the
+    trace saw, and store under the IR key."""
+    what = f"cccl/{name}"
+    _warn_blocked(cache, name, blocked)
+    try:
+        how, traced = _ir.trace(original, args, kwargs)
+    except _ir.Undescribable as exc:
+        return _uncached_ir(cache, name, original, args, kwargs, base, f"{blocked}; and {exc}")
+    seen = _seen()
+    if how == "object":  # cuda.compute's own per-thread cache had it: no build ran
+        known = seen.get(id(traced))
+        if known is not None and known[0] is traced:
+            _local.last = BlobResult(traced, "memory", known[1], known[2], blocked)
+            cache.count_served(KIND, "ir")
+            return traced
+        why = (
+            f"{blocked}; and cuda.compute served it from its own in-process cache, made "
+            f"without cuforge, so no trace reached {_ir.SEAM}"
+        )
+        cache.warn_once(f"cuforge.cccl: {name} runs uncached: {why}")
+        _local.last = BlobResult(traced, "uncached", "", base, why)
+        cache.count_served(KIND, "uncached")
+        return traced
+    fields = {**base, "key": "ir", "ir": traced}
+    memo = _memo(cache)
+    key, recorded = make_key(KIND, fields)
+    found = memo.get(key)
+    if found is not None:
+        _local.last = BlobResult(found, "memory", key, recorded, blocked)
+        cache.count_served(KIND, "ir")
+        return found
+    built: list[Any] = []
+
+    def build() -> dict[str, bytes]:
+        obj, digest = _ir.capture(original, args, kwargs)
+        built.append(obj)
+        if digest != traced:
+            raise _NotTraced(obj, digest)
+        return {"algorithm": _compute().serialize(obj)}
+
+    def load(files: Any) -> Any:
+        return _compute().deserialize(files["algorithm"])
+
+    try:
+        result = get_or_build(
+            KIND,
+            what,
+            fields,
+            build,
+            load,
+            meta={"arch": _arch_text(fields.get("compute_capability", ""))},
+            cache=cache,
+        )
+    except _NotTraced as exc:
+        why = (
+            f"{blocked}; and the build received other operators than its trace "
+            "(the trace is not deterministic), so the IR key cannot cover it either"
+            if exc.digest is not None
+            else f"{blocked}; and its build did not go through {_ir.SEAM}"
+        )
+        cache.warn_once(f"cuforge.cccl: {name} runs uncached: {why}")
+        if cache.enabled:
+            cache.record_build(what, key, recorded, uncached=why)
+        _local.last = BlobResult(exc.obj, "uncached", key, recorded, why)
+        cache.count_served(KIND, "uncached")
+        return exc.obj
+    value = result.value
+    if result.source_of_result == "compiled" and built:
+        value = built[-1]  # the factory's own object (already bound to this device)
+        result.value = value
+    result.reason = blocked
+    _local.last = result
+    cache.count_served(KIND, "ir")
+    memo[key] = value
+    seen[id(value)] = (value, key, recorded)
+    return value
+
+
+def _uncached_ir(
+    cache: Cache,
+    name: str,
+    original: Callable,
+    args: tuple,
+    kwargs: dict,
+    fields: dict[str, str],
+    why: str,
+) -> Any:
+    """Build uncached (the trace found nothing it can key), saying why."""
+    result = get_or_build(
+        KIND,
+        f"cccl/{name}",
+        fields,
+        lambda: {"uncached": b""},
+        lambda files: original(*args, **kwargs),
+        uncacheable=why,
+        cache=cache,
+    )
+    _local.last = result
+    cache.count_served(KIND, "uncached")
+    return result.value
+
+
+class _NotTraced(Exception):  # noqa: N818
+    """The build after a miss did not receive what its trace saw: not stored."""
+
+    def __init__(self, obj: Any, digest: str | None) -> None:
+        super().__init__("not traced")
+        self.obj = obj
+        self.digest = digest
+
+
+#: what to do about a call the pre-build key cannot cover (said with every such warning)
+_HINT = (
+    "To key it before building: give the object a __cuforge_fingerprint__() method returning "
+    "plain data (or cuforge.keys.fingerprint.register(its class, fn)), or keep such state out "
+    "of what the operator reaches"
+)
+
+
+def _warn_blocked(cache: Cache, name: str, why: str) -> None:
+    cache.warn_once(
+        f"cuforge.cccl: {name} cannot be keyed before building ({why}); it is served by the "
+        "key of its operators' LTO-IR instead: every call compiles its operators (no "
+        "algorithm build when cached). " + _HINT
+    )
+
+
+def _seen() -> dict[int, tuple[Any, str, dict[str, str]]]:
+    """This thread's algorithms served by the IR key: id -> (object, key, fields), to
+    recognize one cuda.compute's own per-thread cache hands back to a later trace."""
+    seen = getattr(_local, "seen", None)
+    if seen is None:
+        seen = _local.seen = {}
+    return seen
 
 
 def _arch_text(ccs: str) -> str:
