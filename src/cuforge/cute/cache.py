@@ -652,20 +652,29 @@ def _symbol_for(key: str) -> str:
     return "cuforge_cute_" + key[:24]
 
 
-def _trace_hashes(owner: Any, module: Any, function_name: str) -> tuple[str, str]:
-    """``(portable trace hash, the DSL's own module hash)`` of a traced module."""
+def _trace_hashes(
+    owner: Any, module: Any, function_name: str, dsl_hash: bool = True
+) -> tuple[str, str | None]:
+    """``(portable trace hash, the DSL's own module hash)`` of a traced module. The DSL's
+    hash (recorded in a built entry) goes through its ``get_version()``, which hashes the
+    DSL's files again in each process: a trace alone (the IR key's lookup) skips it
+    (``dsl_hash=False``: None)."""
 
     # the module as text without locations: the bytecode the DSL hashes carries source file
     # paths, so the same code in another checkout would hash differently
     text = module.operation.get_asm(enable_debug_info=False)
     if isinstance(text, str):
         text = text.encode("utf-8")
-    h = hashlib.sha256(b"cuforge-cute-trace 1\n")
-    h.update(owner.get_version().digest())
+    # the DSL's identity as the pre-trace key has it (cuforge's digest of what the DSL's own
+    # get_version() covers, memoized by stat): get_version() itself re-hashes the DSL's
+    # sources and its 190 MB compiler library in each process, ~44 ms that a trace alone
+    # never pays (bench/cute_ir_key_cpu.py)
+    h = hashlib.sha256(b"cuforge-cute-trace 2\n")
+    h.update(dsl_version().encode())
     h.update(text)
     h.update(_portable_settings(owner.envar.cache_key_str()).encode())
     h.update(owner.compile_options.to_str().encode())
-    return h.hexdigest(), owner.get_module_hash(module, function_name)
+    return h.hexdigest(), owner.get_module_hash(module, function_name) if dsl_hash else None
 
 
 def _hooks_with(user_hooks: Any, mine: Any) -> list:
@@ -676,12 +685,13 @@ def _hooks_with(user_hooks: Any, mine: Any) -> list:
     return [*list(user_hooks), mine]
 
 
-def _trace(fn: Any, args: tuple, fkwargs: dict, info: dict) -> tuple[str, str]:
-    """Trace ``fn`` (no compile) and return its hashes (see :func:`_trace_hashes`)."""
-    found: list[tuple[str, str]] = []
+def _trace(fn: Any, args: tuple, fkwargs: dict, info: dict) -> tuple[str, str | None]:
+    """Trace ``fn`` (no compile) and return its portable hash (see :func:`_trace_hashes`;
+    the DSL's own hash is not computed: None)."""
+    found: list[tuple[str, str | None]] = []
 
     def hook(owner: Any, module: Any, function_name: str) -> None:
-        found.append(_trace_hashes(owner, module, function_name))
+        found.append(_trace_hashes(owner, module, function_name, dsl_hash=False))
 
     kw = dict(fkwargs)
     if info["options"] is not None:
