@@ -1,8 +1,9 @@
 """cuforge: compile CUDA once, load in milliseconds, launch in microseconds.
 
 The public API. ``import cuforge`` loads the cache (:class:`Cache`, :func:`default_cache`,
-:func:`using`) and the errors, nothing heavy (no torch, CuPy, CUDA Python bindings, json or
-typing). Every other name loads on first use: the kernel compile path (:func:`compile`,
+:func:`using`), nothing heavy (no torch, CuPy, CUDA Python bindings, json or typing). Every
+other name loads on first use (the errors with the first one named or raised): the kernel
+compile path (:func:`compile`,
 :func:`compile_file`, :func:`explain_miss`, :func:`cache`, :class:`Program`: the pipeline,
 the compilers' front ends, the toolchain's identity) on the first ``cuforge.compile``, so
 that the adapters (``cuforge.jax``, ``cuforge.triton``, ...), which never compile a kernel,
@@ -27,11 +28,17 @@ runtime and the torch helpers load on first use too:
 from __future__ import annotations
 
 from cuforge._version import __version__
-from cuforge.base.errors import ArchError, CompileError, ConfigError, CuforgeError, ToolchainError
 from cuforge.core.caching import Cache, default_cache, using
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # the lazy names below, for type checkers and IDEs
+    from cuforge.base.errors import (
+        ArchError,
+        CompileError,
+        ConfigError,
+        CuforgeError,
+        ToolchainError,
+    )
     from cuforge.frontend.api import cache, compile, compile_file, explain_miss
     from cuforge.frontend.program import Program
 del TYPE_CHECKING  # not a public name
@@ -84,6 +91,12 @@ _LAZY = {
     "Options": ("cuforge.base.options", "Options"),
     "load_binary": ("cuforge.frontend.api", "load_binary"),
     "load_bundle": ("cuforge.aot.bundle", "load_bundle"),
+    # the errors: loaded by the first use of one (a cache hit raises none)
+    "CuforgeError": ("cuforge.base.errors", "CuforgeError"),
+    "CompileError": ("cuforge.base.errors", "CompileError"),
+    "ArchError": ("cuforge.base.errors", "ArchError"),
+    "ConfigError": ("cuforge.base.errors", "ConfigError"),
+    "ToolchainError": ("cuforge.base.errors", "ToolchainError"),
     "OfflineMissError": ("cuforge.base.errors", "OfflineMissError"),
     "SpecializationError": ("cuforge.frontend.jitkernel", "SpecializationError"),
     "fence": ("cuforge.core.fencing", "fence"),

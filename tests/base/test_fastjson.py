@@ -1,5 +1,5 @@
 """_fastjson.loads decodes exactly as json.loads, _fastjson.dumps encodes as compact
-json.dumps, and both refuse what json refuses."""
+json.dumps (ASCII or not), and both refuse what json refuses."""
 
 from __future__ import annotations
 
@@ -173,6 +173,17 @@ def test_generated_values_encode_as_json_dumps_does():
     values += [float("nan"), [float("inf"), -float("inf")], {1: 2, 2.5: None, False: "x", None: []}]
     for value in values:
         assert dumps(value) == json.dumps(value, separators=(",", ":"))
+
+
+def test_generated_values_encode_as_json_dumps_does_without_ensure_ascii():
+    """``dumps(obj, ensure_ascii=False)`` (an entry file's metadata) writes what
+    ``json.dumps(obj, separators=(",", ":"), ensure_ascii=False)`` writes."""
+    rng = random.Random(20261203)
+    values = [_value(rng, 0) for _ in range(3000)]
+    values += ["中文 \u2028 🙂", {"é": float("nan")}, {"k": "\x00\x1f\x7f\ud800"}]
+    for value in values:
+        want = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+        assert dumps(value, ensure_ascii=False) == want
 
 
 def test_dumps_refuses_what_json_dumps_refuses():

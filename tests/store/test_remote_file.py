@@ -7,6 +7,8 @@ import stat
 
 import pytest
 
+from cuforge import Cache
+from cuforge.store.base import Entry
 from cuforge.store.remote.base import RemoteError
 from cuforge.store.remote.envelope import namespace
 from cuforge.store.remote.file import FileBackend
@@ -105,6 +107,61 @@ def test_two_processes_share_through_the_directory(tmp_path):
         child_env(CUFORGE_CACHE_DIR=str(tmp_path / "c"), **{**common, "CUFORGE_REMOTE_KEY": "x"}),
     )
     assert c == {"tier": None, "payload": None}
+
+
+LOOKUP_CHILD = """
+import sys
+before = set(sys.modules)
+import cuforge
+cache = cuforge.Cache({cache_dir!r}, remotes=[{url!r}])
+e, tier = cache.get_with_tier({key!r}, kind="kernel")
+again, local = cache.replace().get_with_tier({key!r}, kind="kernel")  # the copy on disk
+new = sorted(set(sys.modules) - before)
+import json
+print(json.dumps({{"tier": tier, "local": local, "payload": e.payload.decode() if e else None,
+                  "new": new}}))
+"""
+
+#: what a file:// lookup has no use for: the other backends and their helpers, signing
+#: (no key is configured), and the standard-library modules they, a URL parser or
+#: :mod:`json` would bring (urllib.parse, re, json, hmac: ~10-20 ms where none is loaded)
+NOT_FOR_FILE = (
+    "cuforge.store.remote.http",
+    "cuforge.store.remote.redis",
+    "cuforge.store.remote.resp",
+    "cuforge.store.remote.s3",
+    "cuforge.store.remote.proxy",
+    "cuforge.store.remote.sync",
+    "cuforge.store.remote.plugin",
+    "cuforge.base.signing",
+    "cuforge.base.errors",  # nothing is raised: the errors load with the first one
+    "cryptography",
+    "redis",
+    "boto3",
+    "http.client",
+    "urllib.parse",
+    "re",
+    "json",
+    "hmac",
+)
+
+
+def test_a_file_remote_lookup_imports_no_other_backend(tmp_path):
+    """A fresh process with a fresh cache dir and a file:// remote: its first lookup (a
+    remote hit, copied to the disk) and a lookup from the disk copy import no other
+    backend's module (http, redis, s3, the plug-in loader), no signing module (no key is
+    configured), not the errors and none of urllib.parse, re, json, hmac (``sys.modules``
+    before ``import cuforge`` against after the lookups)."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    key = key_of("file-lookup")
+    url = f"file://{shared}"
+    writer = Cache(tmp_path / "a", remotes=[url])
+    assert writer.put(Entry(key, "kernel", b"payload-" + key.encode(), {"name": "k.cu"}))
+    out = run_child(LOOKUP_CHILD.format(cache_dir=str(tmp_path / "b"), url=url, key=key))
+    assert (out["tier"], out["local"], out["payload"]) == ("remote", "disk", "payload-" + key)
+    assert "cuforge.store.remote.file" in out["new"]  # it did open the file:// backend
+    assert not [m for m in NOT_FOR_FILE if m in out["new"]]
 
 
 def test_concurrent_writers_of_one_key(tmp_path):

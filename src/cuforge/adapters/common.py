@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from cuforge.core import blobcache
+from cuforge.core import blobformat
 from cuforge.store.base import Entry
 
 if TYPE_CHECKING:
@@ -119,9 +119,9 @@ def read_files(cache: Cache, key: str, kind: str, what: str) -> dict[str, bytes]
         return None
     try:
         if entry.kind != kind:
-            raise blobcache.BlobFormatError(f"the entry is of kind {entry.kind!r}")
-        return blobcache.unpack(entry.payload)
-    except blobcache.BlobFormatError as exc:
+            raise blobformat.BlobFormatError(f"the entry is of kind {entry.kind!r}")
+        return blobformat.unpack(entry.payload)
+    except blobformat.BlobFormatError as exc:
         damaged(cache, key, kind, what, exc)
         return None
 
@@ -140,4 +140,4 @@ def write_files(
     cache: Cache, key: str, kind: str, files: dict[str, bytes], meta: dict[str, Any]
 ) -> None:
     """Store ``files`` as the ``kind`` entry ``key``."""
-    cache.put(Entry(key, kind, blobcache.pack(files), meta))
+    cache.put(Entry(key, kind, blobformat.pack(files), meta))

@@ -50,7 +50,7 @@ from cuforge.adapters.common import (
     write_files,
 )
 from cuforge.adapters.windows import window
-from cuforge.core import blobcache
+from cuforge.core import blobformat
 from cuforge.core.caching import Cache, resolve
 from cuforge.keys.deps import file_digest, scan_includes
 
@@ -219,7 +219,7 @@ def _headers_hold(recorded: Any, include_dirs: Sequence[str]) -> bool:
 def entry_key(name: str) -> str:
     """The cuforge entry key of CuPy's kernel name ``name`` (a pure function of it; the
     user headers are checked at load against what :func:`headers_of` recorded)."""
-    return blobcache.make_key(KIND, {"cupy_name": name})[0]
+    return blobformat.make_key(KIND, {"cupy_name": name})[0]
 
 
 def backend(cache: Cache | None = None, include_dirs: Sequence[str] = ()) -> Any:

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING
 
 from cuforge.adapters.common import read_files, refused, warn_once, window_verdict, write_files
 from cuforge.adapters.windows import window
-from cuforge.core import blobcache
+from cuforge.core import blobformat
 from cuforge.core.caching import Cache, resolve
 
 if TYPE_CHECKING:
@@ -103,7 +103,7 @@ def _probe() -> str | None:
 def entry_key(key: str) -> str:
     """The cuforge entry key of JAX's cache key ``key`` (a pure function of it: cuforge adds
     nothing, so nothing machine-specific enters the key)."""
-    return blobcache.make_key(KIND, {"jax_key": key})[0]
+    return blobformat.make_key(KIND, {"jax_key": key})[0]
 
 
 def _adapter_class() -> type:

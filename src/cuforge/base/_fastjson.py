@@ -3,9 +3,9 @@
 ``import json`` pulls in :mod:`re` and compiles its patterns: ~7-10 ms on a small machine,
 more than a whole warm cache hit. The C scanner and encoder behind ``json`` (``_json``)
 need none of that, so the hit path decodes metadata with the one, and a process's exit
-writes its telemetry line with the other (:func:`dumps`: what
-``json.dumps(obj, separators=(",", ":"))`` gives, through the same C encoder). Other
-encoding (on the write path: indents, sorted keys) uses :mod:`json` itself.
+writes its telemetry line, and the disk tier an entry's metadata, with the other
+(:func:`dumps`: what ``json.dumps(obj, separators=(",", ":"), ensure_ascii=...)`` gives,
+through the same C encoder). Other encoding (indents, sorted keys) uses :mod:`json` itself.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ loads = _make_loads()
 
 def _make_dumps():
     try:
-        from _json import encode_basestring_ascii, make_encoder
+        from _json import encode_basestring, encode_basestring_ascii, make_encoder
     except ImportError:  # pragma: no cover - a Python built without the accelerator
         make_encoder = None
     if make_encoder is not None:
@@ -70,22 +70,23 @@ def _make_dumps():
             make_encoder = None
     if make_encoder is None:  # pragma: no cover
 
-        def dumps_json(obj) -> str:
+        def dumps_json(obj, *, ensure_ascii: bool = True) -> str:
             import json
 
-            return json.dumps(obj, separators=(",", ":"))
+            return json.dumps(obj, separators=(",", ":"), ensure_ascii=ensure_ascii)
 
         return dumps_json
 
     def default(obj):
         raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
 
-    def dumps(obj) -> str:
-        """``json.dumps(obj, separators=(",", ":"))``: ASCII, NaN allowed, a circular
-        structure refused (ValueError), a value JSON cannot hold refused (TypeError)."""
-        encode = make_encoder(
-            {}, default, encode_basestring_ascii, None, ":", ",", False, False, True
-        )
+    def dumps(obj, *, ensure_ascii: bool = True) -> str:
+        """``json.dumps(obj, separators=(",", ":"), ensure_ascii=ensure_ascii)``: ASCII
+        (or, with ``ensure_ascii=False``, non-ASCII characters as they are), NaN allowed, a
+        circular structure refused (ValueError), a value JSON cannot hold refused
+        (TypeError)."""
+        strings = encode_basestring_ascii if ensure_ascii else encode_basestring
+        encode = make_encoder({}, default, strings, None, ":", ",", False, False, True)
         return "".join(encode(obj, 0))
 
     return dumps

@@ -1,6 +1,7 @@
 """cuforge's settings: every ``CUFORGE_*`` environment variable, read in one place.
 
-The bottom layer. It imports only :mod:`cuforge.base.errors` from the rest of cuforge.
+The bottom layer. It imports only :mod:`cuforge.base.errors` from the rest of cuforge, and that
+only with the first :class:`ConfigError` it raises.
 
 Settings are live: :func:`settings` notices when the environment changes (a test's
 ``monkeypatch.setenv``, a user's ``os.environ[...] = ...``) and re-reads it. It costs a
@@ -103,7 +104,9 @@ import _thread
 import os
 import sys
 
-from cuforge.base.errors import ConfigError
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: see docs/architecture.md, the warm path
+if TYPE_CHECKING:  # pragma: no cover
+    from cuforge.base.errors import ConfigError
 
 __all__ = [
     "ConfigError",
@@ -320,7 +323,7 @@ class Settings:
         #: or badly signed when read); CUFORGE_REMOTE_KEY_FILE names a file holding it
         self.remote_key: str = get("CUFORGE_REMOTE_KEY") or ""
         if not self.remote_key.strip() and get("CUFORGE_REMOTE_KEY") is not None:
-            raise ConfigError(
+            raise _error(
                 "CUFORGE_REMOTE_KEY is set but empty (a CI secret that did not expand?); "
                 "an empty key would silently mean unsigned entries. Set it to the shared key, "
                 "or unset it (unset CUFORGE_REMOTE_KEY) to use unsigned entries"
@@ -441,7 +444,7 @@ def _switch(get, name: str, default):
         return True
     if text in _FALSE:
         return False
-    raise ConfigError(
+    raise _error(
         f"{name}={value!r} is not a switch: use 1 (or true/yes/on) to turn it on, "
         f"0 (or false/no/off) to turn it off, or unset it"
     )
@@ -454,7 +457,7 @@ def _choice(get, name: str, accepted: tuple[str, ...], default: str) -> str:
     if not text:
         return default
     if text not in accepted:
-        raise ConfigError(
+        raise _error(
             f"{name}={value!r} is not one of {', '.join(accepted)} (default {default}); "
             f"set one of those or unset it"
         )
@@ -492,7 +495,7 @@ def parse_size(text: str) -> int:
     number = raw.rstrip("abcdefghijklmnopqrstuvwxyz")
     unit = raw[len(number) :]
     if not number or unit not in _SIZE_UNITS:
-        raise ConfigError(f"cannot read size {text!r}: use bytes or a unit such as 512M, 5G, 5GiB")
+        raise _error(f"cannot read size {text!r}: use bytes or a unit such as 512M, 5G, 5GiB")
     try:
         # whole numbers stay exact (a float would round 2**63 - 1 up past the range)
         value = (
@@ -501,13 +504,11 @@ def parse_size(text: str) -> int:
             else float(number) * _SIZE_UNITS[unit]
         )
     except ValueError:
-        raise ConfigError(
+        raise _error(
             f"cannot read size {text!r}: use bytes or a unit such as 512M, 5G, 5GiB"
         ) from None
     if value != value or not 0 <= value <= MAX_SIZE:  # nan, negative, inf, overflow
-        raise ConfigError(
-            f"size {text!r} is out of range: use 0 to {MAX_SIZE} bytes (e.g. 512M, 5GiB)"
-        )
+        raise _error(f"size {text!r} is out of range: use 0 to {MAX_SIZE} bytes (e.g. 512M, 5GiB)")
     return int(value)
 
 
@@ -518,7 +519,7 @@ def _size(get, name: str, default: int) -> int:
     try:
         return parse_size(value)
     except ValueError as exc:
-        raise ConfigError(f"{name}={value!r}: {exc}") from None
+        raise _error(f"{name}={value!r}: {exc}") from None
 
 
 #: how ``inf`` may be spelled where it means "wait forever" (``float`` reads these)
@@ -540,13 +541,31 @@ def _seconds(get, name: str, default: float, *, forever: bool = False) -> float:
     try:
         seconds = float(value)
     except ValueError:
-        raise ConfigError(f"{name}={value!r} is not a number of seconds: {accepts}") from None
+        raise _error(f"{name}={value!r} is not a number of seconds: {accepts}") from None
     if seconds != seconds or seconds < 0:  # nan, negative
-        raise ConfigError(f"{name}={value!r} is out of range: {accepts} seconds")
+        raise _error(f"{name}={value!r} is out of range: {accepts} seconds")
     if seconds == float("inf"):
         if not (forever and value.strip().lower() in _FOREVER):
-            raise ConfigError(
+            raise _error(
                 f"{name}={value!r} is not a finite number of seconds (read as infinite, "
                 f"it would never time out): {accepts}"
             )
     return min(seconds, _thread.TIMEOUT_MAX)
+
+
+def _error(message: str) -> ConfigError:
+    """A :class:`~cuforge.base.errors.ConfigError` saying ``message``. The errors module is
+    imported with the first one: a process whose settings are sound (every cache hit) never
+    loads it."""
+    from cuforge.base.errors import ConfigError
+
+    return ConfigError(message)
+
+
+def __getattr__(name: str):
+    # ConfigError, a name of this module's API, loads on first use (see _error)
+    if name == "ConfigError":
+        from cuforge.base.errors import ConfigError
+
+        return ConfigError
+    raise AttributeError(f"module 'cuforge.base.config' has no attribute {name!r}")

@@ -58,7 +58,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from cuforge.adapters.windows import window
-from cuforge.core.blobcache import make_key
+from cuforge.core.blobformat import make_key
 from cuforge.core.caching import Cache, default_cache
 from cuforge.store.base import Entry
 

@@ -115,8 +115,6 @@ def backend_class(url: str, plugin: str = "") -> type[RemoteBackend] | None:
     when it lists the URL's scheme, else the built-in one; None (after one warning) when a
     built-in backend cannot be imported. Raises :class:`~cuforge.base.errors.ConfigError` for a
     scheme nothing serves, or a plug-in that is not one."""
-    from cuforge.base.errors import ConfigError
-
     scheme = scheme_of(url)
     if plugin:
         from cuforge.store.remote.plugin import load_backend_class
@@ -126,6 +124,7 @@ def backend_class(url: str, plugin: str = "") -> type[RemoteBackend] | None:
             return cls
     spec = BUILTIN.get(scheme)
     if spec is None:
+        from cuforge.base.errors import ConfigError
         from cuforge.store.remote.base import redact
 
         raise ConfigError(
@@ -208,7 +207,6 @@ def open_remotes(current: Settings, *, telemetry_root: str | None = None) -> lis
     urls = current.remote
     if not urls:
         return []
-    from cuforge.base.errors import ConfigError
     from cuforge.store.remote.tier import RemoteStore
 
     secret = read_secret(current)
@@ -232,14 +230,17 @@ def open_remotes(current: Settings, *, telemetry_root: str | None = None) -> lis
                 ttl=current.remote_ttl,
                 max_bytes=current.remote_max_bytes,
             )
-        except ConfigError:
-            raise
         except ImportError as exc:  # a backend importing its client library lazily
             _skip(
                 url, f"{cls.__name__} needs a missing module ({exc})", _install_fix(scheme_of(url))
             )
             continue
         except Exception as exc:  # noqa: BLE001 - a remote (or plug-in) may raise anything; a remote never fails a compile
+            # (imported here, not for every tier built: a sound URL raises nothing)
+            from cuforge.base.errors import ConfigError
+
+            if isinstance(exc, ConfigError):
+                raise
             _skip(
                 url,
                 f"{cls.__name__} could not be set up ({type(exc).__name__}: {exc})",

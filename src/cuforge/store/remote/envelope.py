@@ -42,6 +42,11 @@ from __future__ import annotations
 from cuforge.store.remote import namespace  # (defined there: a lazy tier needs no envelope)
 from cuforge.store.remote.base import DEFAULT_MAX_BYTES, DamagedValue
 
+try:  # hmac.compare_digest, picked as hmac picks it, without importing hmac (and warnings)
+    from _hashlib import compare_digest as _compare_digest
+except ImportError:  # pragma: no cover - a Python without OpenSSL
+    from _operator import _compare_digest
+
 TYPE_CHECKING = False  # not `typing.TYPE_CHECKING`: importing typing costs ~10 ms
 if TYPE_CHECKING:  # pragma: no cover
     from typing import Any
@@ -114,8 +119,8 @@ def seal_with_digest(
     a signed manifest names to vouch for this envelope (:func:`open_envelope`'s
     ``vouched``)."""
     import hashlib
-    import json
 
+    from cuforge.base._fastjson import dumps
     from cuforge.store.disk import encode_entry
 
     body = encode_entry(entry)
@@ -128,7 +133,7 @@ def seal_with_digest(
 
         header["ed25519"] = signer.sign(entry_message(ns, entry.kind, entry.key, digest))
         header["kid"] = signer.kid
-    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw = dumps(header).encode()  # json.dumps(header, separators=(",", ":"))
     data = b"".join((MAGIC, bytes((VERSION,)), len(raw).to_bytes(4, "little"), raw, body))
     return data, digest
 
@@ -228,21 +233,20 @@ def open_envelope(
         raise Rejected(f"namespace {header['ns']!r}, this cuforge uses {ns!r}", trust=True)
     body = view[end:]
     import hashlib
-    import hmac
 
     digest = hashlib.sha256(body).hexdigest()
-    if not hmac.compare_digest(digest, header["sha256"]):
+    if not _compare_digest(digest, header["sha256"]):
         raise Rejected("sha256 mismatch (damaged or tampered)")
     if secret is not None:
         sig = header.get("sig")
         if not isinstance(sig, str):
             raise Rejected("unsigned, and CUFORGE_REMOTE_KEY requires signed entries", trust=True)
-        if not hmac.compare_digest(sig, signature(secret, ns, kind, key, digest)):
+        if not _compare_digest(sig, signature(secret, ns, kind, key, digest)):
             raise Rejected("bad signature (written with another key?)", trust=True)
     signer = kid = None
     verified = False
     if keyring is not None:
-        if vouched is not None and hmac.compare_digest(digest, vouched[0]):
+        if vouched is not None and _compare_digest(digest, vouched[0]):
             _, signer, kid = vouched  # these exact bytes are named by a verified signature
         else:
             signing = _signing or _load_signing()
