@@ -186,3 +186,32 @@ def test_checking_the_loaded_nvrtc_never_loads_the_keyed_one(isolated_cache, tmp
     assert planted not in out["maps"]
     assert out["raised"] and "cuda-bindings loaded" in out["raised"]
     assert out["path"] != planted  # repaired: the loaded one is keyed from now on
+
+
+VERSION_CHILD = """
+import json, sys
+from cuforge.toolchain.identity import version_output
+print(json.dumps({"out": version_output(sys.argv[1])}))
+"""
+
+
+def test_a_tools_version_is_probed_once_per_machine_and_again_when_it_changes(
+    isolated_cache, tmp_path
+):
+    log = tmp_path / "runs.log"
+    tool = tmp_path / "fakecc"
+    tool.write_text(f'#!/bin/sh\necho run >> "{log}"\necho "fakecc 1.0"\n')
+    tool.chmod(0o755)
+    code = VERSION_CHILD.replace("sys.argv[1]", repr(str(tool)))
+
+    def probe() -> str:
+        return run_python(code, child_env())["out"]
+
+    def runs() -> int:
+        return len(log.read_text().splitlines()) if log.exists() else 0
+
+    assert probe() == "fakecc 1.0\n" and runs() == 1
+    assert probe() == "fakecc 1.0\n" and runs() == 1  # a fresh process: from the memo
+    # a same-size edit (the stat's ctime changes): probed again, the new text
+    tool.write_text(tool.read_text().replace("1.0", "2.0"))
+    assert probe() == "fakecc 2.0\n" and runs() == 2

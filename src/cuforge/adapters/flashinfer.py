@@ -35,7 +35,6 @@ import hashlib
 import logging
 import os
 import re
-import subprocess
 import sys
 import sysconfig
 from typing import TYPE_CHECKING
@@ -78,7 +77,6 @@ _MAX_HASHED_BYTES = 256 * 1024 * 1024
 
 _log = logging.getLogger("cuforge")
 _state: dict[str, Any] = {"cache": None, "original": None, "first": None}
-_identities: dict[tuple, str] = {}
 #: an absolute path in a ninja value: alone, after ``=``, or glued to ``-I`` / ``-L``
 _ABS_PATH = re.compile(r"(?:(?<![\w<>$])|(?<=-I)|(?<=-L))/[^\s$:;,'\"]+")
 
@@ -241,45 +239,25 @@ def _prefixes() -> list[tuple[str, str]]:
 
 
 def _tool_identity(command: str, cuda_home: str) -> str:
-    """``--version`` of a compiler FlashInfer's ninja file names (path-free).
-
-    Probed once per version of the file: kept in this process and in the machine memo
-    (``toolchain.json`` of the cache doing the build, keyed by the file's stat, as
-    :mod:`cuforge.toolchain.identity` keeps ``nvcc --version``), so a second process on the
-    machine runs neither ``nvcc --version`` nor ``c++ --version``. The memo caches the text
-    only; what runs is the path found again in this process."""
+    """``--version`` of a compiler FlashInfer's ninja file names (path-free), probed once
+    per version of the file (:func:`cuforge.toolchain.identity.version_output`: a second
+    process on the machine runs neither ``nvcc --version`` nor ``c++ --version``)."""
     path = command.replace("$cuda_home", cuda_home)
     import shutil
 
-    from cuforge.toolchain import memo as _memo
+    from cuforge.toolchain.identity import version_output
 
     found = shutil.which(path) or path
-    sig = _memo.file_stat_key(found)
-    if sig is None:
+    if not os.path.exists(found):
         raise Uncacheable(f"the compiler {path} cannot be found")
-    key = (found, *sig)
-    if key in _identities:
-        return _identities[key]
-    with _memo.lock:
-        machine = _memo.load()
-        known = _memo.probed(machine, "flashinfer-tool", found, sig)
-        if known is not None and isinstance(known.get("identity"), str):
-            _identities[key] = known["identity"]
-            return _identities[key]
-        try:
-            out = subprocess.run(
-                [found, "--version"], capture_output=True, text=True, timeout=60, check=False
-            ).stdout
-        except (OSError, subprocess.SubprocessError) as exc:
-            raise Uncacheable(f"{path} --version failed ({exc})") from exc
-        lines = [line.strip() for line in out.strip().splitlines() if line.strip()]
-        if not lines:
-            raise Uncacheable(f"{path} --version printed nothing")
-        # nvcc's first line is "nvcc: NVIDIA (R) Cuda compiler driver", the rest its build
-        _identities[key] = " | ".join(lines[:6])
-        _memo.remember(machine, "flashinfer-tool", found, sig, {"identity": _identities[key]})
-        _memo.save(machine)
-    return _identities[key]
+    out = version_output(found)
+    if out is None:
+        raise Uncacheable(f"{path} --version failed")
+    lines = [line.strip() for line in out.strip().splitlines() if line.strip()]
+    if not lines:
+        raise Uncacheable(f"{path} --version printed nothing")
+    # nvcc's first line is "nvcc: NVIDIA (R) Cuda compiler driver", the rest its build
+    return " | ".join(lines[:6])
 
 
 def _digest_path(path: str) -> str:

@@ -31,6 +31,7 @@ __all__ = [
     "cuda_bindings_version",
     "nvrtc_header_mismatch",
     "supported_archs",
+    "version_output",
 ]
 
 
@@ -152,6 +153,51 @@ def _probe_nvcc(path: str) -> dict:
         if idx >= 0:
             version = output[idx + len(marker) :].split()[0].rstrip(",")
     return {"version": version, "version_output": output}
+
+
+# (path, mtime_ns, size, inode, ctime_ns) -> stdout of ``path --version``
+_version_outputs: dict[tuple, str] = {}
+
+
+def version_output(path: str, timeout: float = 60) -> str | None:
+    """The stdout of ``path --version`` (a host compiler, nvcc), or None when it cannot run.
+
+    Probed once per version of the file: remembered in this process and in the machine memo
+    (``toolchain.json`` of the cache doing the work) under the file's stat (mtime, size,
+    inode, ctime), so a second process runs no subprocess. The memo caches the text only:
+    what runs is ``path``, which the caller derived in this process. A probe that fails is
+    not remembered."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    sig = [st.st_mtime_ns, st.st_size, st.st_ino, st.st_ctime_ns]
+    key = (path, *sig)
+    found = _version_outputs.get(key)
+    if found is not None:
+        return found
+    with _memo.lock:
+        memo = _memo.load()
+        known = _memo.probed(memo, "version-output", path, sig)
+        if known is not None and isinstance(known.get("stdout"), str):
+            found = known["stdout"]
+        else:
+            import subprocess  # only when a tool is probed (memoized)
+
+            try:
+                found = subprocess.run(
+                    [path, "--version"],
+                    capture_output=True,
+                    text=True,
+                    timeout=timeout,
+                    check=False,
+                ).stdout
+            except (OSError, subprocess.SubprocessError):
+                return None
+            _memo.remember(memo, "version-output", path, sig, {"stdout": found})
+            _memo.save(memo)
+    _version_outputs[key] = found
+    return found
 
 
 # --------------------------------------------------------------------------- identity

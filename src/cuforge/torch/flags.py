@@ -22,7 +22,6 @@ import importlib.machinery
 import json
 import os
 import shutil
-import subprocess
 import sys
 import sysconfig
 
@@ -32,7 +31,7 @@ from cuforge.base.arch import gencode_flags
 from cuforge.base.config import settings
 from cuforge.base.errors import ToolchainError
 from cuforge.base.layout import CacheLayout, machine_dir
-from cuforge.keys.deps import stat_signature
+from cuforge.toolchain.identity import version_output
 
 __all__ = [
     "PRESETS",
@@ -139,13 +138,11 @@ def launcher(choice: str | None = None) -> str | None:
     return None
 
 
-_tool_memo: dict[tuple, str] = {}
-
-
 def tool_identity(program: str) -> str:
-    """``<program> --version`` of a host tool (the C++ compiler), remembered by the
-    executable's (real path, size, mtime) in this process and in ``paths.json``: a warm
-    process runs no subprocess to learn it."""
+    """``<program> --version`` of a host tool (the C++ compiler), its first line: probed
+    once per version of the executable (:func:`cuforge.toolchain.identity.version_output`,
+    remembered by its real path and stat in this process and in the machine memo), so a
+    warm process runs no subprocess to learn it."""
     path = shutil.which(program)
     if path is None:
         raise ToolchainError(
@@ -153,30 +150,8 @@ def tool_identity(program: str) -> str:
             "`apt-get install g++`) or set CXX to a C++ compiler."
         )
     real = os.path.realpath(path)
-    stat = stat_signature(real)
-    sig = list(stat) if stat is not None else None
-    memo_key = (real, tuple(sig or ()))
-    found = _tool_memo.get(memo_key)
-    if found is not None:
-        return found
-    memo = _load_memo()
-    tools = memo.setdefault("tools", {})
-    entry = tools.get(real)
-    if isinstance(entry, dict) and entry.get("sig") == sig and isinstance(entry.get("id"), str):
-        ident = entry["id"]
-    else:
-        try:
-            done = subprocess.run(
-                [real, "--version"], capture_output=True, text=True, timeout=60, check=False
-            )
-            ident = (done.stdout.splitlines() or [""])[0].strip()
-        except (OSError, subprocess.SubprocessError):
-            ident = ""
-        ident = f"{os.path.basename(real)}: {ident}"
-        tools[real] = {"sig": sig, "id": ident}
-        _save_memo(memo)
-    _tool_memo[memo_key] = ident
-    return ident
+    out = version_output(real) or ""
+    return f"{os.path.basename(real)}: {(out.splitlines() or [''])[0].strip()}"
 
 
 # ------------------------------------------------------------------ the environment
